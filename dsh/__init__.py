@@ -1,0 +1,43 @@
+"""dsh: run LLM agents as a tree of pluggy plugins.
+
+The public API is small and imported lazily, so that ``import dsh`` (and ``dsh --help``) stays
+cheap: ``hookimpl``, ``tool``, ``context``, ``App``, ``Agent``, the event base ``Event``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from dsh._version import __version__
+
+if TYPE_CHECKING:
+    from dsh.app import App
+    from dsh.context import RunContext
+    from dsh.context import context
+    from dsh.events import Event
+    from dsh.hookspecs import hookimpl
+    from dsh.tools import tool
+
+__all__ = ["App", "Event", "RunContext", "__version__", "context", "hookimpl", "tool"]
+
+_LAZY = {
+    "App": "dsh.app",
+    "RunResult": "dsh.app",
+    "RunContext": "dsh.context",
+    "context": "dsh.context",
+    "Event": "dsh.events",
+    "hookimpl": "dsh.hookspecs",
+    "tool": "dsh.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dsh' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

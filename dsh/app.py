@@ -1,0 +1,404 @@
+"""The library API: assemble an app from a config, run prompts, resume sessions.
+
+Assembly (MISSION D1) reads the config and builds plugin managers, tool tables and prompts;
+it does no other I/O. Execution happens per run: a :class:`~dsh.context.RunContext` is opened,
+events are appended to the session ledger, and ``run_turn`` drives the loop.
+
+    app = App.from_config("dsh.toml")          # or a dict, or None for the defaults
+    result = app.run("hello", model="echo")
+    again = app.run("and then?", session=result.session_id)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsh.config import Config
+from dsh.config import config_from_dict
+from dsh.config import load_config
+from dsh.context import Budget
+from dsh.context import CancelToken
+from dsh.context import Limits
+from dsh.context import RunContext
+from dsh.context import activate
+from dsh.errors import Cancelled
+from dsh.errors import DshError
+from dsh.errors import PluginError
+from dsh.errors import UsageError
+from dsh.events import StepEnded
+from dsh.events import ToolReturned
+from dsh.events import TurnEnded
+from dsh.events import TurnStarted
+from dsh.ledger import INTERRUPTED
+from dsh.ledger import Ledger
+from dsh.ledger import new_session_id
+from dsh.llm.base import Model
+from dsh.llm.base import ModelEntry
+from dsh.loop import Inbox
+from dsh.loop import Turn
+from dsh.manager import PluginRecord
+from dsh.manager import discover
+from dsh.manager import make_plugin_manager
+from dsh.manager import plugin_of
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+from dsh.prompt import PromptPart
+from dsh.prompt import collect_prompt
+from dsh.scope import AgentInfo
+from dsh.tools import ToolDef
+from dsh.tools import collect_tools
+
+
+@attrs.frozen
+class RunResult:
+    """What a run produced. ``outcome`` is one of ``completed``, ``rejected``, ``stopped``,
+    ``aborted``, ``budget``, ``error``; ``error`` holds the exception for ``error``."""
+
+    output: str
+    session_id: str
+    outcome: str
+    reason: str = ""
+    steps: int = 0
+    usage: Usage = Usage()
+    error: BaseException | None = attrs.field(default=None, eq=False)
+    path: Path | None = None
+
+    def check(self) -> RunResult:
+        """Raise the run's error, if it ended with one; return self otherwise."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+class Agent:
+    """An assembled agent: its own plugin manager (scope), tools, prompt and model."""
+
+    def __init__(self, app: App, name: str, *, model: str | None = None,
+                 system: str | None = None, tools: list[str] | None = None,
+                 max_steps: int | None = None, options: Mapping[str, Any] | None = None) -> None:
+        cfg = app.config
+        acfg = cfg.agent_config(name)
+        self.app = app
+        self.name = name
+        self.model_id = model or acfg.model or cfg.model
+        self.max_steps = max_steps if max_steps is not None else (
+            acfg.max_steps if acfg.max_steps is not None else cfg.max_steps)
+        self.options: dict[str, Any] = {**acfg.options, **(options or {})}
+        self.info = AgentInfo(
+            name=name, model=self.model_id, settings=attrs.asdict(acfg),
+            plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
+            all_plugin_settings=cfg.plugins,
+        )
+        installed = [r.name for r in app.plugins if r.obj is not None]
+        chosen = app.pm.hook.agent_plugins(agent=self.info, installed=installed)
+        unknown = [p for p in chosen if p not in {r.name for r in app.plugins}]
+        if unknown:
+            where = f" ({cfg.source})" if cfg.source else ""
+            raise UsageError(
+                f"agent {name!r}{where}: unknown plugin(s) {', '.join(unknown)}; installed: "
+                + (", ".join(installed) or "none")
+            )
+        self.plugin_names = tuple(chosen)
+        records = [r for r in app.plugins if r.name in set(chosen)]
+        self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins)
+        self.pm.hook.configure.call_historic(kwargs={"app": app})
+        allow = tools if tools is not None else acfg.tools
+        self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info, allow)
+        self.tool_specs: tuple[ToolSpec, ...] = tuple(t.spec for t in self.tools.values())
+        self.system, self.prompt_parts = collect_prompt(
+            self.pm, self.info, system if system is not None else acfg.system)
+        self._model: Model | None = None
+
+    @property
+    def model(self) -> Model:
+        """The adapter, built on first use (so assembling never imports provider code)."""
+        if self._model is None:
+            self._model = self.app.build_model(self.model_id)
+        return self._model
+
+    @property
+    def observed(self) -> bool:
+        """True when some plugin of this agent implements ``observe_event``."""
+        return bool(self.pm.hook.observe_event.get_hookimpls())
+
+
+class Session:
+    """An open session of one agent: its ledger (locked) and inbox.
+
+    Use as a context manager; :meth:`send` runs one turn.
+    """
+
+    def __init__(self, agent: Agent, ledger: Ledger) -> None:
+        self.agent = agent
+        self.ledger = ledger
+        self.inbox = Inbox()
+
+    @property
+    def id(self) -> str:
+        return self.ledger.session_id
+
+    def inject(self, text: str, source: str = "api") -> None:
+        """Queue context for the next turn; it never starts a turn by itself (B3)."""
+        self.inbox.inject(text, source)
+
+    def send(
+        self,
+        text: str,
+        *,
+        observe: bool | None = None,
+        on_event: Callable[[Any], None] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        limits: Limits | None = None,
+        cancel: CancelToken | None = None,
+        parent: RunContext | None = None,
+        context_hook: Callable[[RunContext], None] | None = None,
+    ) -> RunResult:
+        """Run one turn with ``text`` as the user message.
+
+        :param observe: force observation on (live events built, provider streams) or off;
+            default: observed when ``on_event``/``on_text`` is given or a plugin observes.
+        :param on_event: receives every persistent event as written and every live event.
+        :param on_text: receives text deltas as they stream.
+        :param cancel: the caller's cancellation signal, combined with the run's own.
+        :param context_hook: called with the RunContext once it exists (to keep a handle for
+            ``stop()`` / ``abort()`` from another thread or a signal handler).
+        """
+        agent = self.agent
+        ledger = self.ledger
+        pm = agent.pm
+        watched = observe if observe is not None else (
+            on_event is not None or on_text is not None or agent.observed)
+        emit = None
+        if watched:
+            hook_observe = pm.hook.observe_event
+            has_hook = bool(hook_observe.get_hookimpls())
+
+            def emit(event: Any) -> None:
+                if on_event is not None:
+                    on_event(event)
+                if has_hook:
+                    hook_observe(event=event)
+
+            def stream_text(delta: str) -> None:
+                from dsh.recorder import emit as emit_live
+
+                emit_live("llm/stream", delta=delta)
+                if on_text is not None:
+                    on_text(delta)
+
+        ctx = RunContext(
+            run_id=secrets.token_hex(6), agent=agent.name, ledger=ledger,
+            cancel=CancelToken(cancel), emit=emit,
+            budget=Budget(limits or Limits(), parent=parent.budget if parent else None),
+        )
+        if context_hook is not None:
+            context_hook(ctx)
+        ledger.observer = emit
+        self.inbox.put(text)
+        proj = ledger.projection
+        number = proj.turn + 1
+        turn = Turn(number, agent, ledger, self.inbox, ctx, agent.max_steps,
+                    agent.app.config.max_continuations,
+                    on_text=stream_text if watched else None)
+        outcome, error = "error", None
+        with activate(ctx):
+            try:
+                ledger.append(
+                    TurnStarted, turn=number, agent=agent.name,
+                    model=_changed(agent.model_id, proj.model),
+                    system=_changed(agent.system, proj.system),
+                    tools=_changed(agent.tool_specs, proj.tools),
+                    options=_changed(agent.options, proj.options),
+                )
+                outcome = pm.hook.run_turn(turn=turn) or "completed"
+            except Cancelled as exc:
+                outcome, turn.reason, error = "aborted", str(exc), exc
+            except KeyboardInterrupt as exc:
+                outcome, turn.reason, error = "aborted", "interrupted", exc
+            except Exception as exc:
+                outcome, error = "error", exc
+                turn.reason = describe_error(pm, exc)
+            finally:
+                self._close_turn(turn, outcome)
+                ledger.observer = None
+                cleanup_errors = ctx.run_cleanups()
+        if error is None and cleanup_errors:
+            error = cleanup_errors[0]
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+        return RunResult(
+            output=turn.output, session_id=ledger.session_id, outcome=outcome,
+            reason=turn.reason, steps=turn.steps, error=error, path=ledger.path,
+            usage=Usage(input_tokens=ctx.budget.input_tokens,
+                        output_tokens=ctx.budget.output_tokens),
+        )
+
+    def _close_turn(self, turn: Turn, outcome: str) -> None:
+        """Whatever happened, leave the ledger consistent: no dangling call, no open step."""
+        ledger = self.ledger
+        if ledger.closed:
+            return
+        p = ledger.projection
+        for call in list(p.pending.values()):
+            ledger.append(ToolReturned, call_id=call.id, name=call.name, status="interrupted",
+                          output=INTERRUPTED)
+        if p.step_open:
+            ledger.append(StepEnded, turn=p.turn, step=p.step)
+        ledger.append(TurnEnded, turn=turn.number, outcome=outcome, reason=turn.reason)
+        ledger.step_boundary()
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _changed(value: Any, current: Any) -> Any:
+    return None if value == current else value
+
+
+def describe_error(pm: Any, exc: BaseException) -> str:
+    """A one-line reason naming the plugin and hook that raised, when it was a plugin."""
+    if isinstance(exc, DshError) and not isinstance(exc, PluginError):
+        found = plugin_of(pm, exc)
+        return f"{exc} (plugin {found[0]}, hook {found[1]})" if found else str(exc)
+    found = plugin_of(pm, exc)
+    if found:
+        return f"plugin {found[0]} raised in hook {found[1]}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, DshError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class App:
+    """An assembled dsh application: config, plugins, agents, session store."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self._plugins: list[PluginRecord] | None = None
+        self._pm: Any = None
+        self._agents: dict[Any, Agent] = {}
+        self._models: dict[str, ModelEntry] | None = None
+        self._store: Any = None
+
+    @classmethod
+    def from_config(cls, source: str | Path | Mapping[str, Any] | None = None) -> App:
+        """Assemble from a TOML file path, a mapping, or (``None``) the default config file."""
+        if isinstance(source, Mapping):
+            return cls(config_from_dict(source))
+        return cls(load_config(source))
+
+    @property
+    def plugins(self) -> list[PluginRecord]:
+        """Installed plugins (imported once), with their load errors."""
+        if self._plugins is None:
+            cfg = self.config
+            self._plugins = discover(cfg.autoload, cfg.load, cfg.strict_plugins)
+        return self._plugins
+
+    @property
+    def pm(self) -> Any:
+        """The app-wide plugin manager: built-ins plus every installed plugin."""
+        if self._pm is None:
+            cfg = self.config
+            self._pm = make_plugin_manager(self.plugins, cfg.disable, cfg.strict_plugins)
+            self._pm.hook.configure.call_historic(kwargs={"app": self})
+        return self._pm
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = self.pm.hook.session_store(app=self)
+            if self._store is None:
+                raise PluginError("no plugin provides 'session_store' (is dsh.ledger blocked?)",
+                                  hook="session_store")
+        return self._store
+
+    @property
+    def models(self) -> dict[str, ModelEntry]:
+        if self._models is None:
+            table: dict[str, ModelEntry] = {}
+            for impl in reversed(self.pm.hook.register_models.get_hookimpls()):
+                plugin = impl.plugin_name
+
+                def register(prefix: str, factory: Any, description: str = "",
+                             _plugin: str = plugin) -> None:
+                    if prefix in table:
+                        raise PluginError(
+                            f"model prefix {prefix!r} registered twice: by "
+                            f"{table[prefix].plugin} and {_plugin}", plugin=_plugin,
+                            hook="register_models")
+                    table[prefix] = ModelEntry(prefix, factory, _plugin, description)
+
+                impl.function(register)
+            self._models = table
+        return self._models
+
+    def build_model(self, model_id: str) -> Model:
+        """The adapter for ``model_id`` (``echo``, ``scripted:PATH``, ``openai:gpt-4o``, or a
+        ``[models.ID]`` alias with an ``adapter`` key)."""
+        settings = dict(self.config.models.get(model_id, {}))
+        if "adapter" in settings:
+            prefix, name = settings["adapter"], settings.get("model", model_id)
+        else:
+            prefix, _, name = model_id.partition(":")
+        entry = self.models.get(prefix)
+        if entry is None:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise UsageError(f"unknown model {model_id!r}: no adapter {prefix!r} "
+                             f"(known: {known})")
+        model = entry.build(name, settings)
+        model.check()
+        return model
+
+    def agent(self, name: str | None = None, **overrides: Any) -> Agent:
+        """The assembled agent ``name`` (default: the config's ``agent``), memoised."""
+        name = name or self.config.agent
+        if name not in self.config.agent_names():
+            known = ", ".join(self.config.agent_names())
+            raise UsageError(f"unknown agent {name!r} (configured: {known})")
+        key = (name, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
+        agent = self._agents.get(key)
+        if agent is None:
+            agent = self._agents[key] = Agent(self, name, **overrides)
+        return agent
+
+    def open_session(self, agent: Agent, session_id: str | None = None, *,
+                     save: bool = True) -> Session:
+        """A new session (``session_id=None``), or an existing one resumed."""
+        agent.model  # noqa: B018 - resolve the adapter (and check its key) before any I/O
+        if not save:
+            if session_id is not None:
+                raise UsageError("--no-save cannot resume a saved session")
+            return Session(agent, Ledger(new_session_id()))
+        if session_id is None:
+            return Session(agent, self.store.create())
+        return Session(agent, self.store.open(session_id))
+
+    def session(self, agent: str | None = None, session_id: str | None = None, *,
+                save: bool = True, **overrides: Any) -> Session:
+        return self.open_session(self.agent(agent, **overrides), session_id, save=save)
+
+    def run(self, prompt: str, *, agent: str | None = None, session: str | None = None,
+            save: bool = True, inject: list[str] | None = None, **kwargs: Any) -> RunResult:
+        """Run ``prompt`` as one turn; ``session`` resumes that session.
+
+        Agent overrides (``model``, ``system``, ``tools``, ``max_steps``, ``options``) and
+        :meth:`Session.send` options are accepted as keywords.
+        """
+        overrides = {k: kwargs.pop(k) for k in ("model", "system", "tools", "max_steps",
+                                                "options") if kwargs.get(k) is not None}
+        with self.session(agent, session, save=save, **overrides) as s:
+            for item in inject or ():
+                s.inject(item)
+            return s.send(prompt, **kwargs)

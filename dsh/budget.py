@@ -1,0 +1,33 @@
+"""Budget counting as a layer of the chat and tool chains (MISSION D3, D8).
+
+A model request counts once it has resolved with its usage; a tool call counts when it has run.
+Limits are checked by the loop between units of work, so a run may overshoot by one model
+call per nesting level (documented in docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from dsh.context import current_or_none
+from dsh.hookspecs import hookimpl
+
+
+@hookimpl(wrapper=True, tryfirst=True)
+def request(call: Any) -> Generator[None, Any, Any]:
+    response = yield
+    ctx = current_or_none()
+    if ctx is not None:
+        u = response.usage
+        ctx.budget.add(requests=1, input_tokens=u.input_tokens, output_tokens=u.output_tokens)
+    return response
+
+
+@hookimpl(wrapper=True, tryfirst=True)
+def execute(call: Any) -> Generator[None, Any, Any]:
+    outcome = yield
+    ctx = current_or_none()
+    if ctx is not None:
+        ctx.budget.add(tool_calls=1)
+    return outcome

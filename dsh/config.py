@@ -1,0 +1,191 @@
+"""Configuration: TOML → attrs classes through a strict cattrs converter (docs/config.md).
+
+Every error names the file, the key (and its line when it can be found) and what was
+expected; an unknown key is rejected with the nearest valid name. cattrs is imported only when
+a config file is actually read, so a run without one does not pay for it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsh.errors import ConfigError
+
+FSYNC_CHOICES = ("event", "step", "never")
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """``[agents.NAME]``."""
+
+    model: str | None = None
+    system: str | None = None
+    #: Entry-point names of the plugins this agent uses; ``None`` means every installed one.
+    plugins: list[str] | None = None
+    #: Allow list of tool names; ``None`` means every tool of its plugins.
+    tools: list[str] | None = None
+    max_steps: int | None = None
+    options: dict[str, Any] = attrs.field(factory=dict)
+    #: Per-agent overrides of ``[plugins.NAME]`` settings.
+    plugin_settings: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """The whole configuration. ``source`` is the file it came from (not a TOML key)."""
+
+    model: str = "echo"
+    agent: str = "default"
+    agents: dict[str, AgentConfig] = attrs.field(factory=dict)
+    #: ``[plugins.NAME]``: settings handed to that plugin.
+    plugins: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: ``[models.ID]``: per-model settings (base_url, api_key_env, options, …).
+    models: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: Plugin names to block: built-ins (``dsh.prompt``) or installed plugins.
+    disable: list[str] = attrs.field(factory=list)
+    #: Load installed plugins through their entry points.
+    autoload: bool = True
+    #: Extra plugin modules to import and register, by dotted name.
+    load: list[str] = attrs.field(factory=list)
+    #: A plugin that fails to load is fatal instead of a warning.
+    strict_plugins: bool = False
+    max_steps: int = 20
+    max_continuations: int = 3
+    fsync: str = "step"
+    sessions_dir: str | None = None
+    source: str | None = None
+
+    def agent_config(self, name: str) -> AgentConfig:
+        return self.agents.get(name) or AgentConfig()
+
+    def plugin_settings(self, name: str) -> Mapping[str, Any]:
+        return self.plugins.get(name, {})
+
+    def agent_names(self) -> list[str]:
+        names = list(self.agents)
+        if self.agent not in names:
+            names.insert(0, self.agent)
+        return names
+
+
+def default_config_path() -> Path:
+    """``$DSH_CONFIG``, else ``$XDG_CONFIG_HOME/dsh/config.toml`` (``~/.config``)."""
+    env = os.environ.get("DSH_CONFIG")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(xdg) / "dsh" / "config.toml"
+
+
+def load_config(path: str | Path | None = None, *, required: bool = False) -> Config:
+    """Read the config file (``path``, else :func:`default_config_path`).
+
+    A missing default file gives the defaults; a missing explicit file is an error.
+    """
+    explicit = path is not None or bool(os.environ.get("DSH_CONFIG"))
+    p = Path(path) if path is not None else default_config_path()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if explicit or required:
+            raise ConfigError(f"{p}: config file not found") from None
+        return Config()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc}") from None
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    return config_from_dict(data, source=str(p), text=text)
+
+
+def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
+                     text: str | None = None) -> Config:
+    """Validate a config mapping (from TOML or the API) into a :class:`Config`."""
+    where = source or "config"
+    if "source" in data:
+        raise ConfigError(f"{where}: unknown key 'source'")
+    _check_keys(data, Config, where, text, prefix="")
+    for name, agent in (data.get("agents") or {}).items():
+        if isinstance(agent, Mapping):
+            _check_keys(agent, AgentConfig, where, text, prefix=f"agents.{name}.")
+    conv = _converter()
+    import cattrs
+
+    try:
+        cfg = conv.structure({**data, "source": source}, Config)
+    except cattrs.BaseValidationError as exc:
+        msgs = cattrs.transform_error(exc, path="")
+        raise ConfigError(f"{where}: " + "; ".join(_tidy(m) for m in msgs)) from None
+    if cfg.fsync not in FSYNC_CHOICES:
+        raise ConfigError(
+            f"{where}{_line_of(text, 'fsync')}: fsync must be one of "
+            f"{', '.join(FSYNC_CHOICES)}, not {cfg.fsync!r}"
+        )
+    for name, value in (("max_steps", cfg.max_steps), ("max_continuations", cfg.max_continuations)):
+        if value < 0:
+            raise ConfigError(f"{where}{_line_of(text, name)}: {name} must be ≥ 0")
+    return cfg
+
+
+def _tidy(msg: str) -> str:
+    # cattrs says "invalid value for type, expected int @ $.max_steps"; name the key plainly.
+    m = re.match(r"(.*) @ \$?\.?(.*)$", msg)
+    if m:
+        return f"key {m.group(2).lstrip('.')!r}: {m.group(1)}"
+    return msg
+
+
+def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None,
+                prefix: str) -> None:
+    valid = [f.name for f in attrs.fields(cls) if f.name != "source"]
+    for key in data:
+        if key not in valid:
+            near = difflib.get_close_matches(key, valid, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(valid)}"
+            raise ConfigError(f"{where}{_line_of(text, key)}: unknown key {prefix}{key!r}{hint}")
+
+
+def _line_of(text: str | None, key: str) -> str:
+    """``:LINE`` of the first line that sets ``key``, or ``""``."""
+    if not text:
+        return ""
+    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
+    m = pat.search(text)
+    if not m:
+        pat = re.compile(rf"^\s*\[[^\]]*\b{re.escape(key)}\b[^\]]*\]", re.M)
+        m = pat.search(text)
+    return f":{text.count(chr(10), 0, m.start()) + 1}" if m else ""
+
+
+def _converter() -> Any:
+    import cattrs
+
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    return conv
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The TOML-ready mapping of ``cfg`` (defaults left out)."""
+    out: dict[str, Any] = {}
+    defaults = Config()
+    for f in attrs.fields(Config):
+        value = getattr(cfg, f.name)
+        if f.name == "source" or value == getattr(defaults, f.name):
+            continue
+        if f.name == "agents":
+            value = {
+                n: {k: v for k, v in attrs.asdict(a).items() if v not in (None, {}, [])}
+                for n, a in value.items()
+            }
+        out[f.name] = value
+    return out

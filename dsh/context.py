@@ -1,0 +1,219 @@
+"""RunContext (MISSION D2): the unit of isolation of one run, carried in a contextvar.
+
+``context()`` is a free function: it works anywhere inside a run (hooks, tools, adapters) and
+raises :class:`~dsh.errors.NoRunContext` outside one, including in a thread that was started
+without ``contextvars.copy_context()``, instead of returning another run's data.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+from typing import Any
+
+import attrs
+
+from dsh.errors import Cancelled
+from dsh.errors import NoRunContext
+
+if TYPE_CHECKING:
+    from dsh.ledger import Ledger
+
+_current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("dsh_run_context")
+
+
+class CancelToken:
+    """A run's cancellation signal: the caller's signal (``parent``) combined with the handle's
+    own ``abort()``. Callbacks registered with :meth:`on_cancel` run once, when it fires (an
+    HTTP adapter closes its in-flight stream there)."""
+
+    def __init__(self, parent: CancelToken | None = None) -> None:
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self.reason = ""
+        if parent is not None:
+            parent.on_cancel(lambda: self.cancel(parent.reason))
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, reason: str = "aborted") -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.reason = reason
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the token fires (at once if it already has). Returns a function
+        that unregisters it."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._remove(callback)
+        callback()
+        return lambda: None
+
+    def _remove(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if the token has fired."""
+        if self._event.is_set():
+            raise Cancelled(f"run aborted: {self.reason}")
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+@attrs.define
+class Limits:
+    """Budget limits of one run; ``None`` means unlimited."""
+
+    steps: int | None = None
+    requests: int | None = None
+    tool_calls: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    seconds: float | None = None
+
+
+@attrs.define
+class Budget:
+    """Counters of one run, checked between units of work (MISSION D8). A nested run's budget
+    is chained to its parent's: counts go to both, and the first exceeded limit stops it."""
+
+    limits: Limits = attrs.Factory(Limits)
+    parent: Budget | None = None
+    steps: int = 0
+    requests: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    started: float = attrs.Factory(time.monotonic)
+
+    def add(self, **counts: int) -> None:
+        b: Budget | None = self
+        while b is not None:
+            for key, value in counts.items():
+                setattr(b, key, getattr(b, key) + value)
+            b = b.parent
+
+    def exceeded(self) -> str | None:
+        """The first exceeded limit, as a human sentence, or ``None``."""
+        b: Budget | None = self
+        while b is not None:
+            reason = b._own_exceeded()
+            if reason:
+                return reason if b is self else f"{reason} (parent run)"
+            b = b.parent
+        return None
+
+    def _own_exceeded(self) -> str | None:
+        lim = self.limits
+        pairs = (
+            ("steps", self.steps, lim.steps),
+            ("model requests", self.requests, lim.requests),
+            ("tool calls", self.tool_calls, lim.tool_calls),
+            ("input tokens", self.input_tokens, lim.input_tokens),
+            ("output tokens", self.output_tokens, lim.output_tokens),
+            ("total tokens", self.input_tokens + self.output_tokens, lim.total_tokens),
+        )
+        for name, used, limit in pairs:
+            if limit is not None and used >= limit:
+                return f"{name} limit reached ({used}/{limit})"
+        if lim.seconds is not None:
+            elapsed = time.monotonic() - self.started
+            if elapsed >= lim.seconds:
+                return f"time limit reached ({elapsed:.1f}s/{lim.seconds}s)"
+        return None
+
+
+@attrs.define(eq=False)
+class RunContext:
+    """The state of one run. Obtain it with :func:`dsh.context` inside the run."""
+
+    run_id: str
+    agent: str
+    ledger: Ledger
+    cancel: CancelToken = attrs.Factory(CancelToken)
+    budget: Budget = attrs.Factory(Budget)
+    #: Called with every live event when the run is observed (D7); None when nobody watches.
+    emit: Callable[[Any], None] | None = None
+    data: dict[str, Any] = attrs.Factory(dict)
+    #: Resources shared by the run's steps (the HTTP client lives here), closed on cleanup.
+    resources: dict[str, Any] = attrs.Factory(dict)
+    stop_requested: bool = False
+    _cleanups: list[Callable[[], None]] = attrs.Factory(list)
+
+    @property
+    def observed(self) -> bool:
+        return self.emit is not None
+
+    @property
+    def session_id(self) -> str:
+        return self.ledger.session_id
+
+    def add_cleanup(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the run ends, however it ends (reverse registration order)."""
+        self._cleanups.append(callback)
+
+    def stop(self) -> None:
+        """Finish the current step, then resolve normally with the output so far."""
+        self.stop_requested = True
+
+    def abort(self, reason: str = "aborted") -> None:
+        """Cancel the run now: in-flight HTTP is closed and the next check raises."""
+        self.cancel.cancel(reason)
+
+    def run_cleanups(self) -> list[BaseException]:
+        """Run every cleanup in reverse order; return the errors they raised (never raise)."""
+        errors: list[BaseException] = []
+        while self._cleanups:
+            cb = self._cleanups.pop()
+            try:
+                cb()
+            except BaseException as exc:  # noqa: BLE001 - a cleanup must not stop the others
+                errors.append(exc)
+        return errors
+
+
+def context() -> RunContext:
+    """Return the current run's :class:`RunContext`.
+
+    :raises NoRunContext: outside a run, or in a thread started without copying the run's
+        context (``contextvars.copy_context().run(fn)``).
+    """
+    try:
+        return _current.get()
+    except LookupError:
+        raise NoRunContext(
+            "dsh.context() called outside a run; if this is a thread or callback started by "
+            "the run, start it inside contextvars.copy_context().run(...)"
+        ) from None
+
+
+def current_or_none() -> RunContext | None:
+    return _current.get(None)
+
+
+@contextmanager
+def activate(ctx: RunContext) -> Iterator[RunContext]:
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

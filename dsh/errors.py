@@ -1,0 +1,79 @@
+"""Errors dsh raises on purpose, each with the process exit code the CLI maps it to.
+
+Exit codes (documented in docs/cli.md): 0 completed; 1 runtime or provider error; 2 usage or
+configuration error; 3 step or budget limit reached; 4 rejected by a plugin; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_LIMIT = 3
+EXIT_REJECTED = 4
+EXIT_INTERRUPTED = 130
+
+
+class DshError(Exception):
+    """Base of every error dsh raises deliberately; ``str(err)`` is the user-facing message."""
+
+    exit_code: int = EXIT_ERROR
+
+
+class ConfigError(DshError):
+    """The configuration is wrong: the message names the file, the key or line, and what was
+    expected."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(DshError):
+    """The caller asked for something that cannot be done (unknown agent, model, session)."""
+
+    exit_code = EXIT_USAGE
+
+
+class PluginError(DshError):
+    """A plugin failed to import, register or run; names the plugin (and hook, if any)."""
+
+    def __init__(self, message: str, *, plugin: str = "", hook: str = "") -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.hook = hook
+
+
+class SessionInUse(DshError):
+    """Another process holds the session's lock."""
+
+
+class LedgerError(DshError):
+    """The session ledger cannot be read or written."""
+
+
+class InvariantViolation(DshError):
+    """A model request differs from what the ledger records (MISSION C3). Always a bug: some
+    layer changed what the model would see without writing it to the log."""
+
+
+class ProviderError(DshError):
+    """A model provider failed in a way the user can act on (HTTP status, network, stream)."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class NoRunContext(DshError):
+    """``dsh.context()`` was called outside a run (or in a thread started without copying the
+    run's context)."""
+
+
+class Cancelled(DshError):
+    """The run was aborted."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+class ToolError(DshError):
+    """Raised by a tool to return a clean error message to the model (no traceback)."""

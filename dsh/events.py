@@ -1,0 +1,160 @@
+"""Persistent events: the lines of the session ledger (MISSION C1, docs/events.md).
+
+Each class is frozen and carries a stable ``type`` tag (``"turn/start"``), never derived from
+its Python name, so renaming a class never breaks an old ledger. Every line also carries the
+schema version ``v``, the session-wide sequence number ``seq``, an ISO-8601 UTC timestamp
+``ts`` and the ``session`` id. Fields this version does not know (written by a newer dsh)
+are kept in ``extra`` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import ClassVar
+
+import attrs
+
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+
+SCHEMA_VERSION = 1
+
+OUTCOMES = ("completed", "rejected", "stopped", "aborted", "budget", "error")
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Base of persistent events."""
+
+    type: ClassVar[str] = ""
+    seq: int = 0
+    ts: str = ""
+    session: str = ""
+    #: Unknown fields read from a newer schema, preserved on a round trip.
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class TurnStarted(Event):
+    """A turn opened. ``system``, ``tools``, ``model`` and ``options`` are what this turn's
+    requests use; each is ``None`` when unchanged since the previous turn of the session."""
+
+    type: ClassVar[str] = "turn/start"
+    turn: int
+    agent: str
+    model: str | None = None
+    system: str | None = None
+    tools: tuple[ToolSpec, ...] | None = None
+    options: dict[str, Any] | None = attrs.field(default=None, hash=False)
+
+
+@attrs.frozen(kw_only=True)
+class StepStarted(Event):
+    type: ClassVar[str] = "step/start"
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True)
+class UserMessage(Event):
+    """A user message; ``source`` is ``user``, or the plugin that continued the turn."""
+
+    type: ClassVar[str] = "user/message"
+    text: str
+    source: str = "user"
+
+
+@attrs.frozen(kw_only=True)
+class ContextInjected(Event):
+    """Injected context, written when a turn consumes it (before that turn's user message)."""
+
+    type: ClassVar[str] = "context/injected"
+    text: str
+    source: str = "api"
+
+
+@attrs.frozen(kw_only=True)
+class AssistantMessage(Event):
+    type: ClassVar[str] = "assistant/message"
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    tool_call_source: str | None = None
+    model: str | None = None
+    stop_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolCalled(Event):
+    type: ClassVar[str] = "tool/call"
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict, hash=False)
+    #: For a sub-agent tool: the child session it runs in.
+    child_session: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ToolReturned(Event):
+    """A tool's result. ``status`` is ``ok``, ``error`` or ``interrupted`` (the run ended
+    before the tool returned; written on resume)."""
+
+    type: ClassVar[str] = "tool/result"
+    call_id: str
+    name: str
+    status: str = "ok"
+    output: str = ""
+    duration_ms: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class StepRejected(Event):
+    """``pre_step`` refused the step (B4): the step was attempted but did not run."""
+
+    type: ClassVar[str] = "step/rejected"
+    turn: int
+    step: int
+    reason: str = ""
+    plugin: str | None = None
+    text: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class StepEnded(Event):
+    type: ClassVar[str] = "step/end"
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True)
+class TurnEnded(Event):
+    """A turn closed with one of :data:`OUTCOMES` and a human-readable reason."""
+
+    type: ClassVar[str] = "turn/end"
+    turn: int
+    outcome: str
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class UnknownEvent(Event):
+    """A line whose ``type`` this version does not know (a newer dsh, or a plugin that is no
+    longer installed). Kept verbatim in ``extra`` and written back unchanged."""
+
+    type: ClassVar[str] = "unknown"
+    tag: str = ""
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    TurnStarted,
+    StepStarted,
+    UserMessage,
+    ContextInjected,
+    AssistantMessage,
+    ToolCalled,
+    ToolReturned,
+    StepRejected,
+    StepEnded,
+    TurnEnded,
+)

@@ -1,0 +1,130 @@
+"""``derive_messages``: the projection of the ledger into model messages (MISSION C3, C4).
+
+The projection is a fold over events. The ledger feeds it every event it appends, so it is
+maintained incrementally: a step costs the same at event 10 and at event 100,000. Resuming a
+session folds the loaded events through the same code, which is why a resumed session's next
+request is the one it would have sent before the restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dsh.events import AssistantMessage
+from dsh.events import ContextInjected
+from dsh.events import Event
+from dsh.events import StepEnded
+from dsh.events import StepStarted
+from dsh.events import ToolReturned
+from dsh.events import TurnEnded
+from dsh.events import TurnStarted
+from dsh.events import UserMessage
+from dsh.messages import Message
+from dsh.messages import MessageView
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+
+
+def context_message(text: str, source: str) -> str:
+    """How injected context is shown to the model (a user-role message of its own)."""
+    return f'<context source="{source}">\n{text}\n</context>'
+
+
+class Projection:
+    """What the next request will contain, derived from the events so far.
+
+    ``messages`` is append-only; :meth:`view` returns an O(1) immutable view of it.
+    ``system``, ``tools``, ``model`` and ``options`` follow the latest ``turn/start`` that set
+    them. ``pending`` holds tool calls the model made that have no result yet, in call order.
+    """
+
+    __slots__ = (
+        "_messages",
+        "system",
+        "tools",
+        "model",
+        "options",
+        "pending",
+        "turn",
+        "step",
+        "turn_open",
+        "step_open",
+        "seq",
+    )
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self.system = ""
+        self.tools: tuple[ToolSpec, ...] = ()
+        self.model = ""
+        self.options: dict[str, Any] = {}
+        self.pending: dict[str, ToolCall] = {}
+        self.turn = 0
+        self.step = 0
+        self.turn_open = False
+        self.step_open = False
+        self.seq = -1
+
+    def view(self) -> MessageView:
+        return MessageView(self._messages)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def apply(self, event: Event) -> None:
+        self.seq = event.seq
+        t = type(event)
+        if t is UserMessage:
+            self._messages.append(Message(role="user", content=event.text))  # type: ignore[attr-defined]
+        elif t is AssistantMessage:
+            e: Any = event
+            self._messages.append(
+                Message(role="assistant", content=e.text, tool_calls=e.tool_calls)
+            )
+            for call in e.tool_calls:
+                self.pending[call.id] = call
+        elif t is ToolReturned:
+            r: Any = event
+            self.pending.pop(r.call_id, None)
+            self._messages.append(
+                Message(
+                    role="tool",
+                    content=r.output,
+                    tool_call_id=r.call_id,
+                    name=r.name,
+                    is_error=r.status != "ok",
+                )
+            )
+        elif t is ContextInjected:
+            c: Any = event
+            self._messages.append(Message(role="user", content=context_message(c.text, c.source)))
+        elif t is StepStarted:
+            self.step = event.step  # type: ignore[attr-defined]
+            self.step_open = True
+        elif t is StepEnded:
+            self.step_open = False
+        elif t is TurnStarted:
+            s: Any = event
+            self.turn = s.turn
+            self.turn_open = True
+            self.step_open = False
+            if s.system is not None:
+                self.system = s.system
+            if s.tools is not None:
+                self.tools = s.tools
+            if s.model is not None:
+                self.model = s.model
+            if s.options is not None:
+                self.options = s.options
+        elif t is TurnEnded:
+            self.turn_open = False
+            self.step_open = False
+
+
+def derive_messages(events: Iterable[Event]) -> MessageView:
+    """The model history that ``events`` (a whole session's ledger, in order) project to."""
+    p = Projection()
+    for event in events:
+        p.apply(event)
+    return p.view()

@@ -1,0 +1,276 @@
+"""Every hook dsh calls, in lifecycle order. Each docstring is the hook's contract, and
+docs/hooks.md is checked against these signatures by tests/test_docs.py.
+
+Hooks are called with keyword arguments only. An implementation may accept any subset of a
+spec's arguments (pluggy passes only those it names), which is why specs only ever *gain*
+arguments. Implementations must not give their parameters defaults.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import click
+
+    from dsh.app import App
+    from dsh.loop import StepDraft
+    from dsh.loop import Turn
+    from dsh.llm.builtin import ModelCall
+    from dsh.messages import ModelResponse
+    from dsh.scope import AgentInfo
+    from dsh.tools import ToolInvocation
+    from dsh.tools import ToolOutcome
+
+hookspec = pluggy.HookspecMarker("dsh")
+hookimpl = pluggy.HookimplMarker("dsh")
+
+
+# --------------------------------------------------------------------------------------------
+# Assembly: once per process / per agent, no I/O
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def configure(app: App) -> None:
+    """Called once when the app is assembled, after every plugin is registered.
+
+    :param app: the assembled :class:`dsh.App`; ``app.config.plugin_settings(name)`` returns
+        the ``[plugins.NAME]`` table of the config.
+
+    Historic: a plugin registered later still receives the call. Cannot be wrapped.
+
+    **Use in plugins:** read settings and validate them; raise :class:`dsh.errors.ConfigError`
+    for bad settings. Do no I/O here (MISSION D1).
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def agent_plugins(agent: AgentInfo, installed: list[str]) -> list[str] | None:
+    """Decide which installed (non built-in) plugins take part in ``agent``'s scope (A6).
+
+    :param agent: the agent being assembled (name, model, settings).
+    :param installed: the names of every installed plugin, in load order.
+    :return: firstresult: the first non-None list of plugin names wins.
+
+    The built-in implementation (``dsh.scope``, ``trylast``) returns the agent's explicit
+    ``plugins`` list from the config, or every installed plugin when it has none. Called on the
+    app-wide plugin manager.
+
+    **Use in plugins:** implement it to impose another scoping policy (for example by tag).
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def register_models(register: Callable[..., None]) -> None:
+    """Register model adapters.
+
+    :param register: ``register(prefix, factory, description="")``. ``factory(name, settings)``
+        returns a :class:`dsh.llm.base.Model`; it may be a ``"module:attr"`` string so the
+        adapter module is imported only when used. The id ``"PREFIX:NAME"`` selects it.
+
+    Called on the app-wide plugin manager: models are app-wide, not per agent. A later
+    registration of the same prefix is an error naming both plugins.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
+    """Register tools for ``agent``.
+
+    :param register: ``register(fn, *, name=None, description=None, sequential=False,
+        timeout=None)``. ``fn`` is a plain Python function; its JSON Schema comes from its type
+        hints and its description from the docstring (``:param x:`` or ``Args:`` sections).
+        A function decorated with :func:`dsh.tool` carries its own options.
+    :param agent: the agent whose scope is being assembled.
+
+    Called once per agent at assembly, on that agent's plugin manager, so a tool registered by
+    a plugin the agent does not enable never reaches it. A duplicate name is an error naming
+    both plugins.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def register_prompt(register: Callable[..., None], agent: AgentInfo) -> None:
+    """Register fragments of the system prompt.
+
+    :param register: ``register(text, *, order=100, name=None)``. Fragments are stitched after
+        the agent's own ``system`` text, by ascending ``order``, then by registration order,
+        separated by blank lines. Provenance (plugin, name, order) is kept for ``dsh agents``.
+    :param agent: the agent whose scope is being assembled.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def register_commands(cli: click.Group) -> None:
+    """Add commands to the ``dsh`` command line.
+
+    :param cli: the root :class:`click.Group`; call ``cli.add_command(...)``.
+
+    Called only when a command that is not built in is looked up, so ``dsh --help`` and
+    ``dsh --version`` load no plugin. Import heavy modules inside the command, not at import.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def session_store(app: App) -> Any:
+    """Provide the session store (the ledger backend).
+
+    :param app: the app being assembled.
+    :return: firstresult: an object with the interface of :class:`dsh.ledger.JsonlStore`.
+
+    The built-in JSON Lines store (``dsh.ledger``) is ``trylast``: a plugin returning another
+    store (SQLite, PostgreSQL) replaces it.
+
+    .. versionadded:: 0.1
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# A turn and its steps
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def run_turn(turn: Turn) -> str | None:
+    """Drive one turn: take input from the inbox, run steps until no work is due (A1, B2).
+
+    :param turn: the turn's state: ``agent``, ``session``, ``ledger``, ``pm``, ``inbox``.
+    :return: firstresult: the turn's outcome (``completed``, ``rejected``, ``stopped``,
+        ``budget``); the driver writes ``turn/end`` itself.
+
+    The built-in driver (``dsh.loop``, ``trylast``) is the agent loop. Replacing it replaces
+    the whole step (MISSION D10); it must keep writing the events of docs/events.md.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def pre_step(step: StepDraft) -> None:
+    """Inspect, rewrite or reject what the next step will send (``agent/pre-step``, B4).
+
+    :param step: the draft: ``step.text`` (the user message, mutable), ``step.context``
+        (injected context items, mutable list), ``step.messages`` (the history so far, read
+        only), ``step.index`` and ``step.agent``. Call ``step.reject(reason)`` to refuse it.
+
+    Called before every step, before anything of the step is written to the ledger, so a
+    rewrite is what gets logged (C3). A rejection, or a first step rewritten to empty, writes
+    ``step/rejected`` and closes the turn with outcome ``rejected``.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def request(call: ModelCall) -> ModelResponse | None:
+    """The chat chain: send ``call.request`` to the model (``agent/request``).
+
+    :param call: ``call.request`` (a frozen :class:`dsh.messages.ModelRequest`), ``call.model``
+        (the adapter), ``call.agent``, ``call.on_text``.
+    :return: firstresult: the :class:`dsh.messages.ModelResponse`.
+
+    The built-in implementation (``dsh.llm.builtin``, ``trylast``) checks invariant C3, calls
+    the adapter and rescues tool calls written as text (D5). Budget counting (``dsh.budget``)
+    and live-event recording (``dsh.recorder``) are built-in wrappers.
+
+    **Use in plugins:** wrappers are welcome (``@hookimpl(wrapper=True)``): code before
+    ``yield`` sees the request, ``response = yield`` runs the inner layers, return the
+    response. To change the request, swap it: ``call.request = attrs.evolve(call.request, …)``
+    — but anything that changes the messages must be written to the ledger first, or C3 fails.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def execute(call: ToolInvocation) -> ToolOutcome | None:
+    """The tool chain: run one tool call.
+
+    :param call: ``call.call`` (the model's :class:`dsh.messages.ToolCall`), ``call.tool``
+        (the registered tool, or None if unknown), ``call.arguments`` (mutable).
+    :return: firstresult: the :class:`dsh.tools.ToolOutcome`.
+
+    The built-in implementation (``dsh.tools``, ``trylast``) validates the arguments against
+    the schema and calls the function; exceptions and timeouts become error outcomes. The
+    built-in wrapper ``dsh.tools.dispatch`` calls :func:`pre_execute` and :func:`post_execute`.
+
+    **Use in plugins:** wrappers are welcome; they run in the tool's worker thread, inside the
+    run's context.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def pre_execute(call: ToolInvocation) -> None:
+    """Inspect, rewrite or block a tool call before it runs (``tools/pre-execute``).
+
+    :param call: change ``call.arguments`` to rewrite; ``call.block(reason)`` to refuse: the
+        model then receives an error result naming the plugin's reason.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
+    """Inspect or rewrite a tool's result before it is logged (``tools/post-execute``).
+
+    :param call: the invocation.
+    :param outcome: mutable: ``outcome.output`` (text the model will read) and
+        ``outcome.status`` (``ok`` or ``error``).
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def turn_stopping(turn: Turn) -> str | None:
+    """No work is due and the turn is about to close (``agent/turn-stopping``).
+
+    :param turn: the turn's state.
+    :return: firstresult: a message to continue the turn with one more step (it is written to
+        the ledger as a ``user/message`` whose ``source`` names the plugin), or None to let the
+        turn close. Bounded: after ``max_continuations`` (default 3) the turn closes anyway.
+
+    .. versionadded:: 0.1
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Observation
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def observe_event(event: Any) -> None:
+    """Receive live events (observers, MISSION C2 and D7).
+
+    :param event: a persistent :class:`dsh.events.Event` as it is written, or a
+        :class:`dsh.recorder.LiveEvent` (``agent/pre-step``, ``agent/request``,
+        ``llm/stream``, ``tools/pre-execute``, ``tools/post-execute``,
+        ``agent/turn-stopping``).
+
+    Implementing this hook makes every run of the agent *observed*: live events are built and
+    providers stream. Unobserved runs build none (D7). Must be fast and must not raise.
+
+    .. versionadded:: 0.1
+    """

@@ -1,0 +1,359 @@
+"""The session ledger (MISSION A5, C1): one append-only JSON Lines file per session.
+
+Durability rules (docs/architecture.md, "The ledger"):
+
+* each event is written with a single ``write(2)`` on an ``O_APPEND`` descriptor, so a crash
+  leaves at most one torn line, and only at the end;
+* ``fsync`` at every step boundary by default (``fsync = "event" | "step" | "never"``);
+* a new file is created ``0600`` and its directory is fsynced, so the file itself survives;
+* the writing run holds an exclusive ``flock``: a second writer gets :class:`SessionInUse`;
+* on open, a torn last line is reported and cut; every earlier line is kept. A corrupt line
+  *before* the last is an error naming the file and line, never silently dropped;
+* a tool call without a result, and a turn without an end, are closed on open (``interrupted``)
+  so no provider ever sees a dangling call.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from datetime import UTC
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from typing import TypeVar
+
+import attrs
+
+from dsh.errors import LedgerError
+from dsh.errors import SessionInUse
+from dsh.errors import UsageError
+from dsh.events import AssistantMessage
+from dsh.events import Event
+from dsh.events import StepEnded
+from dsh.events import ToolReturned
+from dsh.events import TurnEnded
+from dsh.events import TurnStarted
+from dsh.events import UserMessage
+from dsh.history import Projection
+from dsh.hookspecs import hookimpl
+from dsh.serialize import EventCodec
+from dsh.serialize import dump_event
+
+E = TypeVar("E", bound=Event)
+FSYNC_POLICIES = ("event", "step", "never")
+INTERRUPTED = "interrupted: the run ended before this tool returned"
+
+
+def new_session_id() -> str:
+    """Sortable by creation time, unique enough: ``20261130-142501-3f9a1c``."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Ledger:
+    """An open session: appends events, keeps the projection, holds the lock.
+
+    ``path=None`` is an in-memory ledger (``--no-save``). ``observer`` is called with every
+    event appended (live observation); it is ``None`` on unobserved runs.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        path: Path | None = None,
+        *,
+        fd: int | None = None,
+        fsync: str = "step",
+        projection: Projection | None = None,
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise UsageError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.session_id = session_id
+        self.path = path
+        self._fd = fd
+        self.fsync = fsync
+        self.projection = projection or Projection()
+        self.observer: Callable[[Event], None] | None = None
+        #: What loading had to repair (torn tail, dangling calls), for the caller to report.
+        self.notes: list[str] = []
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None and self.path is not None
+
+    def append(self, cls: type[E], **fields: Any) -> E:
+        """Build, write and project one event; return it."""
+        event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id, **fields)
+        self._write(event)
+        return event
+
+    def write_event(self, event: Event) -> None:
+        """Append an already built event (its ``seq`` must follow the last one)."""
+        if event.seq != self.projection.seq + 1:
+            raise LedgerError(f"event seq {event.seq} does not follow {self.projection.seq}")
+        self._write(event)
+
+    def _write(self, event: Event) -> None:
+        if self._fd is not None:
+            data = (dump_event(event) + "\n").encode()
+            try:
+                n = os.write(self._fd, data)
+                if n != len(data):  # pragma: no cover - regular files do not short-write
+                    raise OSError(f"short write ({n} of {len(data)} bytes)")
+                if self.fsync == "event":
+                    os.fsync(self._fd)
+            except OSError as exc:
+                raise LedgerError(f"cannot write session ledger {self.path}: {exc}") from exc
+        elif self.path is not None:
+            raise LedgerError(f"session {self.session_id} is closed")
+        self.projection.apply(event)
+        if self.observer is not None:
+            self.observer(event)
+
+    def step_boundary(self) -> None:
+        """Make everything written so far durable, per the fsync policy."""
+        if self._fd is not None and self.fsync != "never":
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                self.step_boundary()
+            finally:
+                os.close(self._fd)  # closing the descriptor releases the flock
+                self._fd = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def recover(self) -> None:
+        """Close what a crash left open: dangling tool calls get an ``interrupted`` result,
+        an open step a ``step/end``, an open turn a ``turn/end`` with outcome ``aborted``."""
+        p = self.projection
+        if p.pending:
+            dangling = list(p.pending.values())
+            for call in dangling:
+                self.append(
+                    ToolReturned, call_id=call.id, name=call.name, status="interrupted",
+                    output=INTERRUPTED,
+                )
+            self.notes.append(
+                f"closed {len(dangling)} dangling tool call(s) as interrupted: "
+                + ", ".join(c.name for c in dangling)
+            )
+        if p.step_open:
+            self.append(StepEnded, turn=p.turn, step=p.step)
+        if p.turn_open:
+            self.append(
+                TurnEnded, turn=p.turn, outcome="aborted",
+                reason="interrupted: the process ended during this turn (closed on resume)",
+            )
+            self.notes.append(f"closed turn {p.turn}, interrupted by the end of a process")
+        self.step_boundary()
+
+
+@attrs.frozen
+class SessionInfo:
+    """A summary of one session for ``dsh sessions list``."""
+
+    id: str
+    path: Path
+    agent: str = ""
+    model: str = ""
+    started: str = ""
+    turns: int = 0
+    first_prompt: str = ""
+    parent: str | None = None
+
+
+def read_lines(path: Path, codec: EventCodec) -> tuple[list[Event], int, int]:
+    """Parse a ledger file: ``(events, good_bytes, torn_bytes)``.
+
+    Only the last line may be torn (no newline, or unparseable): it is left out and its size
+    returned. Any earlier bad line raises :class:`LedgerError` naming the file and line.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"no session ledger at {path}") from None
+    events: list[Event] = []
+    pos = 0
+    lineno = 0
+    size = len(data)
+    while pos < size:
+        end = data.find(b"\n", pos)
+        lineno += 1
+        if end == -1:  # torn tail: no newline was ever written after it
+            return events, pos, size - pos
+        line = data[pos:end]
+        if line.strip():
+            try:
+                events.append(codec.load(line, f"{path}:{lineno}"))
+            except LedgerError:
+                if end + 1 >= size:  # a complete but garbled last line is a torn tail too
+                    return events, pos, size - pos
+                raise
+        pos = end + 1
+    return events, size, 0
+
+
+class JsonlStore:
+    """The built-in session store: ``<dir>/<session>.jsonl``."""
+
+    def __init__(self, directory: Path, *, fsync: str = "step", codec: EventCodec | None = None):
+        self.directory = directory
+        self.fsync = fsync
+        self._codec = codec
+
+    @property
+    def codec(self) -> EventCodec:
+        if self._codec is None:
+            self._codec = EventCodec()
+        return self._codec
+
+    def path(self, session_id: str) -> Path:
+        if not session_id or "/" in session_id or session_id.startswith("."):
+            raise UsageError(f"invalid session id {session_id!r}")
+        return self.directory / f"{session_id}.jsonl"
+
+    def exists(self, session_id: str) -> bool:
+        return self.path(session_id).exists()
+
+    def create(self, session_id: str | None = None) -> Ledger:
+        """Create a new session file (``0600``, directory fsynced) and lock it."""
+        session_id = session_id or new_session_id()
+        path = self.path(session_id)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        except FileExistsError:
+            raise UsageError(f"session {session_id} already exists ({path})") from None
+        except OSError as exc:
+            raise LedgerError(f"cannot create session ledger {path}: {exc}") from exc
+        _lock(fd, session_id, path)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return Ledger(session_id, path, fd=fd, fsync=self.fsync)
+
+    def open(self, session_id: str) -> Ledger:
+        """Open an existing session for appending: lock, load, repair, project."""
+        path = self.path(session_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        try:
+            _lock(fd, session_id, path)
+            events, good, torn = read_lines(path, self.codec)
+            ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync)
+            if torn:
+                os.ftruncate(fd, good)
+                os.fsync(fd)
+                ledger.notes.append(
+                    f"{path}: cut a torn last line ({torn} bytes) left by a crash; "
+                    f"{len(events)} earlier events kept"
+                )
+            for event in events:
+                ledger.projection.apply(event)
+            ledger.recover()
+        except BaseException:
+            os.close(fd)
+            raise
+        return ledger
+
+    def read(self, session_id: str) -> list[Event]:
+        """Every event of a session, without locking or repairing (a torn tail is skipped)."""
+        return read_lines(self.path(session_id), self.codec)[0]
+
+    def remove(self, session_id: str) -> Path:
+        path = self.path(session_id)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        try:
+            _lock(fd, session_id, path)
+            path.unlink()
+        finally:
+            os.close(fd)
+        return path
+
+    def ids(self) -> list[str]:
+        """Session ids, newest first."""
+        if not self.directory.is_dir():
+            return []
+        names = [p.stem for p in self.directory.glob("*.jsonl")]
+        return sorted(names, reverse=True)
+
+    def info(self, session_id: str) -> SessionInfo:
+        info: dict[str, Any] = {"id": session_id, "path": self.path(session_id), "turns": 0}
+        for event in self.read(session_id):
+            if isinstance(event, TurnStarted):
+                info["turns"] += 1
+                info.setdefault("agent", event.agent)
+                info.setdefault("started", event.ts)
+                if event.model:
+                    info["model"] = event.model
+            elif isinstance(event, UserMessage) and "first_prompt" not in info:
+                info["first_prompt"] = event.text
+            elif isinstance(event, AssistantMessage) and event.model and "model" not in info:
+                info["model"] = event.model
+        return SessionInfo(**info)
+
+    def sessions(self) -> Iterator[SessionInfo]:
+        for sid in self.ids():
+            try:
+                yield self.info(sid)
+            except (LedgerError, UsageError):
+                continue
+
+    def latest(self, agent: str | None = None) -> str | None:
+        for sid in self.ids():
+            if agent is None:
+                return sid
+            try:
+                if self.info(sid).agent == agent:
+                    return sid
+            except (LedgerError, UsageError):
+                continue
+        return None
+
+
+def _lock(fd: int, session_id: str, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SessionInUse(
+            f"session {session_id} is in use by another process (lock held on {path})"
+        ) from None
+
+
+def default_data_dir() -> Path:
+    """``$DSH_HOME``, else ``$XDG_DATA_HOME/dsh``, else ``~/.local/share/dsh``."""
+    home = os.environ.get("DSH_HOME")
+    if home:
+        return Path(home)
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
+    return Path(xdg) / "dsh"
+
+
+@hookimpl(trylast=True)
+def session_store(app: Any) -> JsonlStore:
+    cfg = app.config
+    directory = Path(cfg.sessions_dir) if cfg.sessions_dir else default_data_dir() / "sessions"
+    return JsonlStore(directory, fsync=cfg.fsync, codec=None)

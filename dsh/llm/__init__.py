@@ -1,0 +1,1 @@
+"""The llm subsystem: adapter interface, built-in adapters and the ``request`` chain."""

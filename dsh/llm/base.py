@@ -1,0 +1,75 @@
+"""The model adapter interface (MISSION A2).
+
+An adapter is a :class:`Model`: given a provider-neutral :class:`~dsh.messages.ModelRequest`
+it returns a :class:`~dsh.messages.ModelResponse`. Adapters are registered by a *prefix* through
+the ``register_models`` hook; the model id ``"openai:gpt-4o-mini"`` asks the factory registered
+as ``openai`` for the model ``gpt-4o-mini``. A factory may be given as a ``"module:attr"`` string
+so that the adapter's module (and httpx) is imported only when that model is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from dsh.messages import ModelRequest
+from dsh.messages import ModelResponse
+
+#: Called with each text delta while a response streams.
+TextCallback = Callable[[str], None]
+
+
+class Model:
+    """Base class of model adapters.
+
+    :param name: the part of the model id after ``prefix:`` (``"gpt-4o-mini"``), or the whole
+        id for adapters registered without a prefix (``"echo"``).
+    :param settings: the model's settings from the config (``[models.ID]``): typically
+        ``base_url``, ``api_key_env``, ``api_key``, ``options``, ``timeout``, ``retries``.
+    """
+
+    #: False for adapters that cannot stream; the loop then never asks them to.
+    can_stream: bool = True
+
+    def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.settings: Mapping[str, Any] = settings or {}
+
+    def check(self) -> None:
+        """Validate what can be validated before any request (a missing API key, a missing
+        file). Raise :class:`~dsh.errors.ProviderError` or :class:`~dsh.errors.ConfigError`."""
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        """Send ``request`` and return the resolved response.
+
+        When ``request.stream`` is true and ``on_text`` is given, call ``on_text(delta)`` with
+        each text delta as it arrives. Inside a run, honour ``dsh.context().cancel`` (close
+        the in-flight request when it fires) and reuse the run's HTTP client.
+        Raise :class:`~dsh.errors.ProviderError` for failures the user can act on.
+        """
+        raise NotImplementedError
+
+
+ModelFactory = Callable[[str, Mapping[str, Any]], Model]
+
+
+@attrs.frozen
+class ModelEntry:
+    """A registered adapter prefix: where it came from and how to build it."""
+
+    prefix: str
+    factory: ModelFactory | str
+    plugin: str
+    description: str = ""
+
+    def build(self, name: str, settings: Mapping[str, Any]) -> Model:
+        factory = self.factory
+        if isinstance(factory, str):
+            import importlib
+
+            module_name, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(module_name), attr)
+        return factory(name, settings)  # type: ignore[operator]

@@ -1,0 +1,270 @@
+"""The llm subsystem as a built-in plugin: model registration and the core of the chat chain.
+
+The ``request`` implementation here is the innermost layer of the onion (``trylast``):
+
+1. it checks invariant C3 — the request must be exactly what the ledger projects;
+2. it calls the adapter (streaming only when someone observes, D7);
+3. it decides whether the answer is a tool call, rescuing calls written as text (D5).
+
+There is deliberately no hook between 3 and the adapter's answer: switching models never
+changes how tool calls are decided.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsh.errors import ConfigError
+from dsh.errors import InvariantViolation
+from dsh.errors import ProviderError
+from dsh.hookspecs import hookimpl
+from dsh.llm.base import Model
+from dsh.llm.base import TextCallback
+from dsh.messages import MessageView
+from dsh.messages import ModelRequest
+from dsh.messages import ModelResponse
+from dsh.messages import ToolCall
+from dsh.messages import Usage
+
+
+@attrs.define(eq=False)
+class ModelCall:
+    """The mutable envelope of one model request travelling through the ``request`` chain.
+    Wrappers swap ``request`` (frozen) with ``attrs.evolve``; they cannot change hook kwargs."""
+
+    request: ModelRequest
+    model: Model
+    agent: str = ""
+    on_text: TextCallback | None = None
+    #: The projection the request must match (set by the loop; checked by the core impl).
+    expected: Any = None
+
+
+@hookimpl
+def register_models(register: Callable[..., None]) -> None:
+    register("echo", EchoModel, description="answers with the last message (offline, tests)")
+    register("scripted", ScriptedModel, description="replays responses from a JSON file")
+    register("openai", "dsh.llm.openai:OpenAIModel",
+             description="OpenAI-compatible Chat Completions (OpenAI, Ollama, vLLM, llama.cpp)")
+    register("anthropic", "dsh.llm.anthropic:AnthropicModel",
+             description="Anthropic Messages API")
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or a == b
+
+
+def check_invariant(request: ModelRequest, expected: Any) -> None:
+    """Fail loudly when the request differs from the ledger's projection (MISSION C3).
+
+    Cheap by construction: the loop hands the provider an O(1) view of the projection, so the
+    normal path is an identity test; only a request some layer rebuilt is compared by value.
+    """
+    if expected is None:
+        return
+    msgs = request.messages
+    view = expected.view()
+    ok_msgs = view.same_as(msgs) or (len(msgs) == len(view) and list(msgs) == list(view))
+    problems = []
+    if not ok_msgs:
+        problems.append(f"messages differ ({len(msgs)} sent, {len(view)} in the ledger)")
+    if not _same(request.system, expected.system):
+        problems.append("system prompt differs")
+    if not _same(request.tools, expected.tools):
+        problems.append("tool schemas differ")
+    if not _same(request.model, expected.model):
+        problems.append(f"model differs ({request.model!r} vs {expected.model!r})")
+    if not _same(request.options, expected.options):
+        problems.append("model options differ")
+    if problems:
+        raise InvariantViolation(
+            "invariant C3 violated: the model request is not what the session ledger records: "
+            + "; ".join(problems)
+            + ". Some plugin changed the request without writing it to the ledger."
+        )
+
+
+@hookimpl(trylast=True)
+def request(call: ModelCall) -> ModelResponse:
+    req = call.request
+    check_invariant(req, call.expected)
+    tool_names = [t.name for t in req.tools]
+    on_text = call.on_text if req.stream else None
+    gate = None
+    if on_text is not None and tool_names:
+        from dsh.llm.rescue import StreamGate
+
+        gate = StreamGate(tool_names)
+        user_cb = on_text
+
+        def on_text(delta: str) -> None:
+            shown = gate.feed(delta)
+            if shown:
+                user_cb(shown)
+
+    response = call.model.complete(req, on_text)
+    if gate is not None and call.on_text is not None:
+        rest = gate.finish()
+        if rest:
+            call.on_text(rest)
+    if not response.tool_calls and tool_names and response.text:
+        response = rescue(response, tool_names)
+    return response
+
+
+def rescue(response: ModelResponse, tool_names: list[str]) -> ModelResponse:
+    """Turn tool calls written as text into real ones (D5); record which format was used."""
+    from dsh.llm.rescue import rescue_tool_calls
+
+    found = rescue_tool_calls(response.text, tool_names)
+    if found is None:
+        return response
+    calls = tuple(
+        ToolCall(id=f"call_{i}_{abs(hash((response.text, i))) % 10**8:08d}", name=n, arguments=a)
+        for i, (n, a) in enumerate(found.calls)
+    )
+    return attrs.evolve(
+        response, text=found.content, tool_calls=calls, tool_call_source=found.source
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Built-in offline models
+# --------------------------------------------------------------------------------------------
+
+
+def _stream_words(text: str, on_text: TextCallback | None) -> None:
+    if on_text is None:
+        return
+    start = 0
+    while start < len(text):
+        end = text.find(" ", start + 1)
+        end = len(text) if end == -1 else end
+        on_text(text[start:end])
+        start = end
+
+
+def _approx_tokens(text: str) -> int:
+    return max(1, len(text) // 4) if text else 0
+
+
+class EchoModel(Model):
+    """``echo``: answers with the last message's text (the user's, stdin block included, or
+    the last tool result). Needs no network and no key."""
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        msgs = request.messages
+        text = msgs[-1].content if len(msgs) else ""
+        _stream_words(text, on_text)
+        usage = Usage(input_tokens=_approx_tokens(request.system) + _approx_tokens(text),
+                      output_tokens=_approx_tokens(text))
+        return ModelResponse(text=text, usage=usage, stop_reason="end_turn", model="echo")
+
+
+class ScriptedModel(Model):
+    """``scripted:PATH``: replays ``{"responses": [...]}`` from a JSON file, in order.
+
+    The position in the script is the number of assistant messages already in the request, so
+    a resumed session continues the script where it stopped. Each response may have ``text``,
+    ``tool_calls`` (``[{"name", "arguments", "id"?}]``), ``usage``, ``stop_reason``, and, to
+    simulate failures, ``error`` (message) with ``status``. In the API, pass the responses as a
+    list: ``ScriptedModel("", {"responses": [...]})``.
+    """
+
+    can_stream = True
+
+    def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name, settings)
+        self._responses: list[dict[str, Any]] | None = None
+        responses = (settings or {}).get("responses")
+        if responses is not None:
+            self._responses = [_check_response(r, i, "responses") for i, r in enumerate(responses)]
+        self._scan: tuple[int, int, int] = (0, 0, 0)  # (id of history list, scanned, count)
+
+    def check(self) -> None:
+        self.responses()
+
+    def responses(self) -> list[dict[str, Any]]:
+        if self._responses is None:
+            path = Path(self.name).expanduser()
+            try:
+                data = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"scripted model: no file {path}") from None
+            except ValueError as exc:
+                raise ConfigError(f"scripted model: {path} is not valid JSON: {exc}") from None
+            if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
+                raise ConfigError(f'scripted model: {path} must hold {{"responses": [...]}}')
+            self._responses = [
+                _check_response(r, i, str(path)) for i, r in enumerate(data["responses"])
+            ]
+        return self._responses
+
+    def _position(self, msgs: Any) -> int:
+        # Counting assistant messages incrementally keeps the per-step cost flat.
+        if isinstance(msgs, MessageView):
+            key = id(msgs._items)
+            seen_key, scanned, count = self._scan
+            if seen_key != key or scanned > len(msgs):
+                scanned, count = 0, 0
+            items = msgs._items
+            for i in range(scanned, len(msgs)):
+                if items[i].role == "assistant":
+                    count += 1
+            self._scan = (key, len(msgs), count)
+            return count
+        return sum(1 for m in msgs if m.role == "assistant")
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        responses = self.responses()
+        pos = self._position(request.messages)
+        if pos >= len(responses):
+            raise ProviderError(
+                f"scripted model {self.name or '(list)'}: no response left "
+                f"(all {len(responses)} used)"
+            )
+        r = responses[pos]
+        if "error" in r:
+            raise ProviderError(f"scripted: {r['error']}", status=r.get("status"))
+        text = r.get("text", "")
+        _stream_words(text, on_text)
+        calls = tuple(
+            ToolCall(id=c.get("id") or f"call_{pos}_{i}", name=c["name"],
+                     arguments=c.get("arguments") or {})
+            for i, c in enumerate(r.get("tool_calls", ()))
+        )
+        u = r.get("usage") or {}
+        return ModelResponse(
+            text=text,
+            tool_calls=calls,
+            usage=Usage(input_tokens=u.get("input_tokens", 0),
+                        output_tokens=u.get("output_tokens", 0)),
+            stop_reason=r.get("stop_reason", "tool_use" if calls else "end_turn"),
+            tool_call_source="native" if calls else None,
+            model="scripted",
+        )
+
+
+def _check_response(r: Any, i: int, where: str) -> dict[str, Any]:
+    if not isinstance(r, dict):
+        raise ConfigError(f"scripted model: {where}: responses[{i}] must be an object")
+    for j, c in enumerate(r.get("tool_calls", ())):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise ConfigError(
+                f"scripted model: {where}: responses[{i}].tool_calls[{j}] needs a 'name'"
+            )
+        if not isinstance(c.get("arguments", {}), dict):
+            raise ConfigError(
+                f"scripted model: {where}: responses[{i}].tool_calls[{j}].arguments "
+                "must be an object"
+            )
+    return r
+
+
+__all__ = ["EchoModel", "ModelCall", "ScriptedModel"]

@@ -1,0 +1,579 @@
+"""Shared HTTP plumbing of the model adapters (MISSION A2, D9).
+
+* one ``httpx.Client`` per run, kept in ``ctx.resources["httpx"]`` and closed by the run's
+  cleanups (:func:`get_client`);
+* per-request timeouts, bounded retries with exponential backoff and full jitter, honouring
+  ``Retry-After``; waits wake early when the run is cancelled;
+* cancellation that ends a blocked read at once: the client records every socket it opens
+  (through httpcore's ``trace`` extension) and an abort *shuts them down* — closing a socket
+  from another thread does not wake a ``recv`` blocked on it, ``shutdown`` does;
+* :class:`HTTPModel`, the base of the OpenAI and Anthropic adapters: key lookup, the retry loop,
+  and HTTP failures turned into :class:`~dsh.errors.ProviderError` messages a user can act on.
+
+httpx is imported here and in the adapters only; ``import dsh`` never pays for it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import ipaddress
+import json
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+import attrs
+import httpx
+
+from dsh._version import __version__
+from dsh.context import RunContext
+from dsh.context import current_or_none
+from dsh.errors import ConfigError
+from dsh.errors import ProviderError
+from dsh.llm.base import Model
+from dsh.llm.base import TextCallback
+from dsh.llm.sse import SSEEvent
+from dsh.llm.sse import SSEParser
+from dsh.messages import ModelRequest
+from dsh.messages import ModelResponse
+
+log = logging.getLogger(__name__)
+
+#: Statuses worth retrying (529 is Anthropic's "overloaded").
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+#: Key under which unparseable tool-call arguments are kept (see :func:`parse_tool_arguments`).
+INVALID_JSON_KEY = "__invalid_json__"
+_MAX_DETAIL = 300
+_CONTEXT_RE = re.compile(
+    r"context.(length|window|size)|maximum context|prompt is too long|too many tokens"
+    r"|reduce the length of the messages",
+    re.IGNORECASE,
+)
+
+# -- the per-run client ----------------------------------------------------------------------
+
+_sockets: weakref.WeakKeyDictionary[httpx.Client, weakref.WeakSet[socket.socket]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.Lock()
+
+
+def new_client() -> httpx.Client:
+    """A client that remembers the sockets it opens, so :func:`abort_client` can end reads."""
+    socks: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+
+    def on_request(request: httpx.Request) -> None:
+        previous = request.extensions.get("trace")
+
+        def trace(event: str, info: dict[str, Any]) -> None:
+            if event.endswith((".connect_tcp.complete", ".start_tls.complete")):
+                stream = info.get("return_value")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                if isinstance(sock, socket.socket):
+                    with _lock:
+                        socks.add(sock)
+            if previous is not None:
+                previous(event, info)
+
+        request.extensions["trace"] = trace
+
+    client = httpx.Client(
+        timeout=httpx.Timeout(600.0, connect=10.0),
+        headers={"user-agent": f"dsh/{__version__}"},
+        event_hooks={"request": [on_request]},
+    )
+    with _lock:
+        _sockets[client] = socks
+    return client
+
+
+def get_client(settings: Mapping[str, Any] | None = None) -> httpx.Client:
+    """The run's shared client (created on first use, closed by the run's cleanups); outside a
+    run a new client that the caller must close. ``settings`` is accepted for per-model client
+    options; today timeouts and headers are applied per request, so all models share one."""
+    ctx = current_or_none()
+    if ctx is None:
+        return new_client()
+    with _lock:
+        client = ctx.resources.get("httpx")
+    if isinstance(client, httpx.Client):
+        return client
+    fresh = new_client()
+    with _lock:
+        client = ctx.resources.setdefault("httpx", fresh)
+    if client is fresh:
+        ctx.add_cleanup(fresh.close)
+    else:  # another thread of the run won the race
+        fresh.close()
+    return client  # type: ignore[no-any-return]
+
+
+def shutdown_socket(sock: socket.socket) -> None:
+    try:
+        # The plain-socket method on purpose: ssl.SSLSocket.shutdown would also drop its SSL
+        # object under the reading thread's feet.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+def _remember_socket(client: httpx.Client, resp: httpx.Response) -> None:
+    """Also record the response's own socket: covers a client not made by :func:`new_client`."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with _lock:
+            _sockets.setdefault(client, weakref.WeakSet()).add(sock)
+
+
+def _scrub(err: ProviderError, key: str | None) -> ProviderError:
+    """A provider echoing the API key in its error text must not leak it to the user or logs."""
+    if not key or key not in str(err):
+        return err
+    after = err.retry_after if isinstance(err, ProviderHTTPError) else None
+    return ProviderHTTPError(
+        str(err).replace(key, "[redacted]"),
+        status=err.status,
+        retryable=err.retryable,
+        retry_after=after,
+    )
+
+
+def abort_client(client: httpx.Client) -> None:
+    """Shut down every socket ``client`` opened: blocked reads return at once with an error."""
+    with _lock:
+        socks = list(_sockets.get(client, ()))
+    for sock in socks:
+        shutdown_socket(sock)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class HTTPSettings:
+    """The transport part of a model's settings, validated once."""
+
+    timeout: float = 600.0  # read timeout: the longest silence accepted from the server
+    connect_timeout: float = 10.0
+    retries: int = 4
+    retry_base: float = 0.5  # first backoff ceiling; doubles per retry
+    retry_cap: float = 30.0  # largest backoff ceiling without a Retry-After
+    max_retry_wait: float = 60.0  # cap on a server's Retry-After
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], where: str) -> HTTPSettings:
+        values: dict[str, Any] = {}
+        for key in ("timeout", "connect_timeout", "retry_base", "retry_cap", "max_retry_wait"):
+            if key in settings:
+                v = settings[key]
+                if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                    raise ConfigError(f"{where}: `{key}` must be a number of seconds, got {v!r}")
+                values[key] = float(v)
+        if "retries" in settings:
+            v = settings["retries"]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{where}: `retries` must be an integer >= 0, got {v!r}")
+            values["retries"] = v
+        headers = settings.get("headers") or {}
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise ConfigError(f"{where}: `headers` must be a table of strings")
+        values["headers"] = dict(headers)
+        return cls(**values)
+
+    @property
+    def httpx_timeout(self) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout, pool=self.connect_timeout)
+
+
+# -- small helpers ---------------------------------------------------------------------------
+
+
+def is_loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds — fractions accepted
+    as an extension — or an HTTP date); ``None`` when absent or unreadable."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = (headers.get("retry-after") or "").strip()
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def backoff(attempt: int, base: float, cap: float) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2**attempt)]."""
+    return random.uniform(0.0, min(cap, base * 2**attempt))
+
+
+def truncate(text: str, limit: int = _MAX_DETAIL) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_tool_arguments(raw: Any) -> dict[str, Any]:
+    """Decode a tool call's arguments. Never raises: text that is not a JSON object becomes
+    ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
+    the model receives an error result it can read and correct."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {INVALID_JSON_KEY: raw}
+        if isinstance(value, dict):
+            return value
+    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
+
+
+class ProviderHTTPError(ProviderError):
+    """A :class:`ProviderError` that also carries the server's ``Retry-After`` (seconds)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status, retryable=retryable)
+        self.retry_after = retry_after
+
+
+def iter_sse(response: httpx.Response) -> Iterator[SSEEvent]:
+    """Parse a streaming response's body into SSE events as bytes arrive."""
+    parser = SSEParser()
+    for chunk in response.iter_bytes():
+        yield from parser.feed(chunk)
+    yield from parser.flush()
+
+
+# -- the adapter base ------------------------------------------------------------------------
+
+
+class HTTPModel(Model):
+    """Base of the HTTP adapters. Subclasses set the class attributes and implement the four
+    protocol methods (``build_body``, ``auth_headers``, ``parse_json``, ``parse_stream``)."""
+
+    provider: ClassVar[str]
+    default_key_env: ClassVar[str]
+    base_url_env: ClassVar[str]
+    default_base_url: ClassVar[str]
+    path: ClassVar[str]
+    #: Local servers (llama.cpp, Ollama) need no key: allow none on a loopback base URL.
+    key_optional_on_loopback: ClassVar[bool] = False
+
+    def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name, settings)
+        where = f"{self.provider}:{name}"
+        self.model_name = str(self.settings.get("model") or name)
+        base = self.settings.get("base_url") or os.environ.get(self.base_url_env)
+        self.base_url = str(base or self.default_base_url).rstrip("/")
+        parts = urlsplit(self.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{where}: base_url must be an http(s) URL, got {self.base_url!r}")
+        self.url = self.endpoint()
+        self.http = HTTPSettings.from_settings(self.settings, where)
+        options = self.settings.get("options") or {}
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"{where}: `options` must be a table")
+        self.options: dict[str, Any] = dict(options)
+
+    def __repr__(self) -> str:  # never the settings: they may hold a literal api_key
+        return f"{type(self).__name__}({self.name!r}, base_url={self.base_url!r})"
+
+    def endpoint(self) -> str:
+        return self.base_url + self.path
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    @property
+    def key_source(self) -> str:
+        """Where the key comes from, for messages: an env var name or the ``api_key`` setting."""
+        if self.settings.get("api_key"):
+            return "the api_key setting"
+        return str(self.settings.get("api_key_env") or self.default_key_env)
+
+    def api_key(self) -> str | None:
+        literal = self.settings.get("api_key")
+        if literal:
+            return str(literal)
+        explicit = self.settings.get("api_key_env")
+        env = str(explicit or self.default_key_env)
+        key = os.environ.get(env, "").strip()
+        if key:
+            return key
+        if self.key_optional_on_loopback and not explicit and is_loopback(self.base_url):
+            return None
+        raise ProviderError(
+            f"{self.provider}: no API key — set the environment variable {env} "
+            "(or `api_key_env` / `api_key` in the model's settings)"
+        )
+
+    def check(self) -> None:
+        self.api_key()
+
+    # -- protocol methods ---------------------------------------------------------------------
+
+    def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def auth_headers(self, key: str | None) -> dict[str, str]:
+        raise NotImplementedError
+
+    def parse_json(self, data: Any) -> ModelResponse:
+        raise NotImplementedError
+
+    def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
+        raise NotImplementedError
+
+    def error_details(self, payload: Any) -> tuple[str, str]:
+        """``(message, code)`` from an error body (decoded JSON, or the raw text)."""
+        if isinstance(payload, dict):
+            err = payload.get("error", payload)
+            if isinstance(err, dict):
+                code = err.get("code") or err.get("type") or ""
+                msg = err.get("message") or err.get("detail") or ""
+                return str(msg), str(code)
+            return str(err), ""
+        return str(payload), ""
+
+    # -- the request --------------------------------------------------------------------------
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        key = self.api_key()
+        stream = bool(request.stream and on_text is not None)
+        body = self.build_body(request, stream)
+        try:
+            content = json.dumps(body, ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{self.provider}: request is not JSON-serialisable: {exc}") from None
+        headers = {"content-type": "application/json", **self.auth_headers(key)}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        headers.update(self.http.headers)
+        ctx = current_or_none()
+        client = get_client(self.settings)
+        try:
+            if ctx is None:
+                return self._attempts(None, client, content, headers, stream, on_text, key)
+            unregister = ctx.cancel.on_cancel(lambda: abort_client(client))
+            try:
+                return self._attempts(ctx, client, content, headers, stream, on_text, key)
+            finally:
+                unregister()
+        finally:
+            if ctx is None:
+                client.close()
+
+    def _attempts(
+        self,
+        ctx: RunContext | None,
+        client: httpx.Client,
+        content: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        on_text: TextCallback | None,
+        key: str | None,
+    ) -> ModelResponse:
+        delivered = False
+
+        def emit(text: str) -> None:
+            nonlocal delivered
+            if text and on_text is not None:
+                delivered = True
+                on_text(text)
+
+        attempt = 0
+        while True:
+            if ctx is not None:
+                ctx.cancel.check()
+            try:
+                return self._once(client, content, headers, stream, emit)
+            except ProviderError as caught:
+                if ctx is not None:
+                    ctx.cancel.check()  # a read ended by an abort is a cancellation
+                err = _scrub(caught, key)
+                if not err.retryable:
+                    raise err from None
+                if delivered:  # the user has seen part of this answer: never send it twice
+                    raise ProviderError(
+                        f"{err} (not retried: part of the answer was already streamed)",
+                        status=err.status,
+                    ) from None
+                if attempt >= self.http.retries:
+                    suffix = f" — still failing after {attempt} retries" if attempt else ""
+                    raise ProviderError(f"{err}{suffix}", status=err.status) from None
+                after = err.retry_after if isinstance(err, ProviderHTTPError) else None
+                if after is not None:
+                    wait = min(after, self.http.max_retry_wait)
+                else:
+                    wait = backoff(attempt, self.http.retry_base, self.http.retry_cap)
+                attempt += 1
+                log.info("%s; retry %d/%d in %.2fs", err, attempt, self.http.retries, wait)
+            if ctx is None:
+                time.sleep(wait)
+            elif ctx.cancel.wait(wait):
+                ctx.cancel.check()
+
+    def _once(
+        self,
+        client: httpx.Client,
+        content: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        emit: TextCallback,
+    ) -> ModelResponse:
+        p, url = self.provider, self.url
+        started = False  # response headers received
+        try:
+            with client.stream(
+                "POST", url, content=content, headers=headers, timeout=self.http.httpx_timeout
+            ) as resp:
+                started = True
+                _remember_socket(client, resp)
+                if resp.status_code >= 400:
+                    raise self.status_error(resp.status_code, resp.read(), resp.headers)
+                ctype = resp.headers.get("content-type", "")
+                if stream and "json" not in ctype:
+                    return self.parse_stream(iter_sse(resp), emit)
+                result = self.parse_json(self.decode_json(resp.read()))
+                if stream:  # asked to stream, the server answered whole: deliver it at once
+                    emit(result.text)
+                return result
+        except httpx.ConnectTimeout:
+            raise ProviderError(
+                f"{p}: timed out connecting to {self.base_url} "
+                f"(connect_timeout {self.http.connect_timeout:g}s)",
+                retryable=True,
+            ) from None
+        except httpx.ConnectError as exc:
+            raise ProviderError(
+                f"{p}: cannot connect to {self.base_url} ({exc}) — is the server running and "
+                "the base_url right?",
+                retryable=True,
+            ) from None
+        except httpx.TimeoutException:
+            raise ProviderError(
+                f"{p}: no data from {url} for {self.http.timeout:g}s (read timeout) — the server "
+                "is stuck or slow; raise `timeout` in the model's settings",
+            ) from None
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            where = "connection lost mid-stream" if started else "connection closed before a reply"
+            raise ProviderError(f"{p}: {where} from {url}: {exc}", retryable=True) from None
+        except httpx.HTTPError as exc:
+            raise ProviderError(f"{p}: request to {url} failed: {exc}") from None
+
+    def decode_json(self, raw: bytes) -> Any:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ProviderError(
+                f"{self.provider}: malformed response from {self.url}: not JSON: "
+                f"{truncate(raw.decode('utf-8', 'replace'), 120)!r}"
+            ) from None
+
+    def event_json(self, event: SSEEvent) -> Any:
+        """Decode one stream event's data; garbage is a malformed stream, never retried."""
+        try:
+            return json.loads(event.data)
+        except ValueError:
+            raise ProviderError(
+                f"{self.provider}: malformed stream from {self.url}: event data is not JSON: "
+                f"{truncate(event.data, 120)!r}"
+            ) from None
+
+    def truncated(self, marker: str) -> ProviderError:
+        return ProviderError(
+            f"{self.provider}: connection lost mid-stream from {self.url} (the stream ended "
+            f"before {marker})",
+            retryable=True,
+        )
+
+    def status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> ProviderError:
+        """Turn an HTTP error reply into the message the user reads."""
+        text = raw.decode("utf-8", "replace")
+        try:
+            payload: Any = json.loads(text)
+        except ValueError:
+            payload = text
+        message, code = self.error_details(payload)
+        message = truncate(message)
+        detail = f": {message}" if message else ""
+        p, model = self.provider, self.model_name
+        retryable = status in RETRY_STATUSES
+        should = headers.get("x-should-retry")
+        if should in ("true", "false"):
+            retryable = should == "true"
+        if code in ("context_length_exceeded", "exceed_context_size_error") or (
+            400 <= status < 500 and _CONTEXT_RE.search(message)
+        ):
+            msg = (
+                f"{p}: context too long for model {model!r} (HTTP {status}){detail} — shorten "
+                "the input, lower max_tokens, or start a new session"
+            )
+            retryable = False
+        elif status == 401:
+            msg = f"{p}: authentication failed (HTTP 401) — check {self.key_source}{detail}"
+        elif status == 403:
+            msg = f"{p}: permission denied (HTTP 403) — check {self.key_source}{detail}"
+        elif code == "model_not_found" or (status == 404 and "model" in message.lower()):
+            msg = f"{p}: unknown model {model!r} at {self.base_url} (HTTP {status}){detail}"
+        elif status == 404:
+            msg = (
+                f"{p}: {self.url} not found (HTTP 404) — check base_url (OpenAI-compatible "
+                f"servers usually end in /v1){detail}"
+            )
+        elif status == 429 and code == "insufficient_quota":
+            msg = f"{p}: quota exceeded (HTTP 429){detail} — check your plan and billing"
+            retryable = False
+        elif status == 429:
+            msg = f"{p}: rate limited (HTTP 429){detail}"
+        elif status == 529:
+            msg = f"{p}: overloaded (HTTP 529){detail}"
+        elif status >= 500:
+            msg = f"{p}: server error (HTTP {status}){detail}"
+        else:
+            msg = f"{p}: request rejected (HTTP {status}){detail}"
+        return ProviderHTTPError(
+            msg, status=status, retryable=retryable, retry_after=parse_retry_after(headers)
+        )

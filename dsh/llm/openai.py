@@ -1,0 +1,215 @@
+"""The OpenAI-compatible chat completions adapter (``openai:MODEL``).
+
+One wire protocol covers OpenAI itself and the servers that copy it: Ollama, llama.cpp server,
+vLLM, LM Studio, OpenRouter. The key comes from ``OPENAI_API_KEY`` (or ``api_key_env`` /
+``api_key``); the base URL from the ``base_url`` setting, then ``OPENAI_BASE_URL``, then
+``https://api.openai.com/v1``. On a loopback base URL a missing key is allowed, since local
+servers need none. Text tool-call rescue is not done here: the core does it after we return.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from dsh.errors import ProviderError
+from dsh.llm.base import TextCallback
+from dsh.llm.http import HTTPModel
+from dsh.llm.http import parse_tool_arguments
+from dsh.llm.http import truncate
+from dsh.llm.sse import SSEEvent
+from dsh.messages import Message
+from dsh.messages import ModelRequest
+from dsh.messages import ModelResponse
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+
+_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def _call_id() -> str:
+    # Some local servers omit ids; the ledger and the tool messages need one, unique per session.
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def map_message(m: Message) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        return {
+            "role": "assistant",
+            "content": m.content or None,
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in m.tool_calls
+            ],
+        }
+    return {"role": m.role, "content": m.content}
+
+
+def map_tool(t: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters or _EMPTY_SCHEMA,
+        },
+    }
+
+
+def map_usage(raw: Any) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    return Usage(
+        input_tokens=int(raw.get("prompt_tokens") or 0),
+        output_tokens=int(raw.get("completion_tokens") or 0),
+    )
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts, as some servers answer
+        return "".join(
+            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+class OpenAIModel(HTTPModel):
+    """``openai:MODEL``: the chat completions protocol at ``base_url + /chat/completions``."""
+
+    provider = "openai"
+    default_key_env = "OPENAI_API_KEY"
+    base_url_env = "OPENAI_BASE_URL"
+    default_base_url = "https://api.openai.com/v1"
+    path = "/chat/completions"
+    key_optional_on_loopback = True
+
+    def auth_headers(self, key: str | None) -> dict[str, str]:
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        if request.system:
+            messages.append({"role": "system", "content": request.system})
+        messages.extend(map_message(m) for m in request.messages)
+        body: dict[str, Any] = {"model": self.model_name, "messages": messages}
+        if request.tools:
+            body["tools"] = [map_tool(t) for t in request.tools]
+        if stream:
+            # usage arrives in a last chunk with empty choices; options may override this
+            body["stream_options"] = {"include_usage": True}
+        body.update(self.options)
+        body.update(request.options)
+        body["stream"] = stream
+        return body
+
+    def parse_json(self, data: Any) -> ModelResponse:
+        if isinstance(data, dict) and "error" in data:
+            raise self._stream_error(data["error"])
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not choices or not isinstance(choices[0], dict):
+            raise ProviderError(f"openai: malformed response from {self.url}: no choices")
+        choice = choices[0]
+        msg = choice.get("message") or {}
+        calls = []
+        for raw in msg.get("tool_calls") or []:
+            fn = raw.get("function") or {}
+            calls.append(
+                ToolCall(
+                    id=raw.get("id") or _call_id(),
+                    name=str(fn.get("name") or ""),
+                    arguments=parse_tool_arguments(fn.get("arguments")),
+                )
+            )
+        return ModelResponse(
+            text=_text_of(msg.get("content")),
+            tool_calls=tuple(calls),
+            usage=map_usage(data.get("usage")),
+            stop_reason=choice.get("finish_reason"),
+            tool_call_source="native" if calls else None,
+            model=data.get("model") or self.model_name,
+        )
+
+    def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
+        text: list[str] = []
+        slots: dict[int, dict[str, Any]] = {}  # tool calls by their delta index
+        usage = Usage()
+        finish: str | None = None
+        model: str | None = None
+        done = False
+        for event in events:
+            if event.data.strip() == "[DONE]":
+                done = True
+                break
+            chunk = self.event_json(event)
+            if not isinstance(chunk, dict):
+                raise ProviderError(f"openai: malformed stream from {self.url}: {chunk!r}")
+            if "error" in chunk:
+                raise self._stream_error(chunk["error"])
+            model = chunk.get("model") or model
+            if chunk.get("usage"):
+                usage = map_usage(chunk["usage"])
+            for choice in chunk.get("choices") or ():
+                if choice.get("index", 0) != 0:
+                    continue  # n > 1 is not supported: the first choice is the answer
+                delta = choice.get("delta") or {}
+                content = delta.get("content")
+                if isinstance(content, str) and content:
+                    text.append(content)
+                    emit(content)
+                for tc in delta.get("tool_calls") or ():
+                    self._merge_call(slots, tc)
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        if not done and finish is None:
+            raise self.truncated("[DONE]")
+        calls = tuple(
+            ToolCall(
+                id=s["id"] or _call_id(),
+                name=s["name"],
+                arguments=parse_tool_arguments("".join(s["args"])),
+            )
+            for _, s in sorted(slots.items())
+        )
+        return ModelResponse(
+            text="".join(text),
+            tool_calls=calls,
+            usage=usage,
+            stop_reason=finish,
+            tool_call_source="native" if calls else None,
+            model=model or self.model_name,
+        )
+
+    @staticmethod
+    def _merge_call(slots: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
+        """Fold one tool-call delta in: id and name come first, arguments in fragments."""
+        index = tc.get("index")
+        if not isinstance(index, int):  # servers that omit the index: a new id opens a call
+            known = {s["id"] for s in slots.values()}
+            index = len(slots) if (tc.get("id") and tc["id"] not in known) else max(slots, default=0)
+        slot = slots.setdefault(index, {"id": None, "name": "", "args": []})
+        if tc.get("id") and not slot["id"]:
+            slot["id"] = tc["id"]
+        fn = tc.get("function") or {}
+        if fn.get("name") and not slot["name"]:
+            slot["name"] = str(fn["name"])
+        args = fn.get("arguments")
+        if isinstance(args, dict):  # a whole object at once, as some servers send
+            slot["args"] = [json.dumps(args)]
+        elif isinstance(args, str):
+            slot["args"].append(args)
+
+    def _stream_error(self, err: Any) -> ProviderError:
+        message, code = self.error_details({"error": err})
+        detail = f" ({code})" if code else ""
+        return ProviderError(f"openai: error from {self.url}{detail}: {truncate(message)}")

@@ -1,0 +1,176 @@
+"""Plugin managers: the built-ins, discovery through the ``dsh`` entry-point group, blocking.
+
+There is no module-global manager. :func:`discover` finds and imports installed plugins once
+per app; :func:`make_plugin_manager` builds a manager from built-ins plus a chosen subset of
+them — the app-wide manager gets every installed plugin, each agent's manager only its own
+(MISSION A6). A plugin that fails to import or register is reported with its name and
+distribution and does not stop the others, unless ``strict_plugins`` is set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import pluggy
+
+from dsh import hookspecs
+from dsh.errors import ConfigError
+from dsh.errors import PluginError
+
+#: Built-in subsystems, registered under these names in every manager. ``module:attr`` names
+#: an object (a class instantiated with the manager) instead of a module.
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "dsh.loop",
+    "dsh.llm.builtin",
+    "dsh.tools",
+    "dsh.tools:HookDispatch",
+    "dsh.prompt",
+    "dsh.ledger",
+    "dsh.scope",
+    "dsh.budget",
+    "dsh.recorder",
+)
+#: Cannot be blocked: budgets must hold whatever the configuration says.
+ESSENTIAL_PLUGINS: tuple[str, ...] = ("dsh.budget",)
+ENTRY_POINT_GROUP = "dsh"
+
+
+@attrs.define
+class PluginRecord:
+    """An installed plugin: its name, where it came from, and whether it loaded."""
+
+    name: str
+    dist: str = ""
+    version: str = ""
+    module: str = ""
+    obj: Any = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.dist} {self.version})" if self.dist else self.name
+
+
+def _allowlist() -> set[str] | None:
+    raw = os.environ.get("DSH_LOAD_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = False,
+             ) -> list[PluginRecord]:
+    """Import installed plugins (entry points, unless ``autoload`` is false or the
+    ``DSH_LOAD_PLUGINS`` allow list excludes them) and the ``load`` modules."""
+    records: list[PluginRecord] = []
+    allow = _allowlist()
+    if autoload:
+        from importlib.metadata import entry_points
+
+        seen: set[str] = set()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in seen or (allow is not None and ep.name not in allow):
+                continue
+            seen.add(ep.name)
+            dist = ep.dist
+            rec = PluginRecord(
+                ep.name,
+                dist=dist.metadata["Name"] if dist else "",
+                version=dist.version if dist else "",
+                module=ep.value,
+            )
+            try:
+                rec.obj = ep.load()
+            except Exception as exc:
+                rec.error = f"{type(exc).__name__}: {exc}"
+                if strict:
+                    raise PluginError(
+                        f"plugin {rec.label} failed to load: {rec.error}", plugin=ep.name
+                    ) from exc
+            records.append(rec)
+    for dotted in load:
+        rec = PluginRecord(dotted, module=dotted)
+        try:
+            rec.obj = importlib.import_module(dotted)
+        except Exception as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            if strict:
+                raise PluginError(f"plugin {dotted} failed to load: {rec.error}",
+                                  plugin=dotted) from exc
+        records.append(rec)
+    return records
+
+
+def _builtin_object(name: str, pm: pluggy.PluginManager) -> Any:
+    module_name, _, attr = name.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr)(pm) if attr else module
+
+
+def make_plugin_manager(
+    plugins: Iterable[PluginRecord] = (),
+    disable: Iterable[str] = (),
+    strict: bool = False,
+) -> pluggy.PluginManager:
+    """A manager with every hookspec, the built-ins and ``plugins`` (already imported).
+
+    Order: hookspecs → blocks → built-ins → plugins → ``check_pending``. A plugin whose
+    registration fails gets ``error`` set on its record (or raises, when ``strict``).
+    """
+    pm = pluggy.PluginManager("dsh")
+    pm.add_hookspecs(hookspecs)
+    for name in disable:
+        if name in ESSENTIAL_PLUGINS:
+            raise ConfigError(f"plugin {name} is essential and cannot be disabled")
+        pm.set_blocked(name)
+    for name in BUILTIN_PLUGINS:
+        if not pm.is_blocked(name):
+            pm.register(_builtin_object(name, pm), name=name)
+    for rec in plugins:
+        if rec.obj is None or pm.is_blocked(rec.name):
+            continue
+        try:
+            pm.register(rec.obj, name=rec.name)
+        except Exception as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            if strict:
+                raise PluginError(f"plugin {rec.label} failed to register: {rec.error}",
+                                  plugin=rec.name) from exc
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {exc.plugin} implements an unknown hook: {exc}") from exc
+    if os.environ.get("DSH_TRACE_HOOKS"):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+    return pm
+
+
+def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] | None:
+    """``(plugin, hook)`` whose implementation raised ``exc``, found from the traceback.
+
+    Costs nothing until an error happens: it maps code objects of hook implementations to their
+    plugins only then.
+    """
+    codes: dict[Any, tuple[str, str]] = {}
+    for hook_name in dir(pm.hook):
+        caller = getattr(pm.hook, hook_name, None)
+        if caller is None or not hasattr(caller, "get_hookimpls"):
+            continue
+        for impl in caller.get_hookimpls():
+            code = getattr(impl.function, "__code__", None)
+            if code is not None and not impl.plugin_name.startswith("dsh."):
+                codes[code] = (impl.plugin_name, hook_name)
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        hit = codes.get(tb.tb_frame.f_code)
+        if hit:
+            found = hit
+        tb = tb.tb_next
+    return found

@@ -1,0 +1,394 @@
+"""Tools (MISSION A3): registry, JSON Schema from signatures, validation, the execute chain.
+
+A tool is a plain Python function. Its schema comes from its type hints, its description from
+its docstring. Arguments are validated before the call: a bad call becomes an error result the
+model can read, never a crash. The ``execute`` hook is an onion: plugin wrappers →
+``dsh.tools.dispatch`` (``pre_execute`` / ``post_execute``) → the built-in call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import json
+import re
+import threading
+import time
+import types
+import typing
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from dsh.errors import ToolError
+from dsh.hookspecs import hookimpl
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+
+_TOOL_OPTIONS = "__dsh_tool__"
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    sequential: bool = False,
+    timeout: float | None = None,
+) -> Any:
+    """Mark a function as a tool and set its options; usable bare (``@tool``) or called.
+
+    :param sequential: never run concurrently with other calls of the same step.
+    :param timeout: seconds before the call is abandoned with an error result.
+    """
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        opts = {"name": name, "description": description, "sequential": sequential,
+                "timeout": timeout}
+        setattr(f, _TOOL_OPTIONS, opts)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+@attrs.frozen(kw_only=True)
+class ToolDef:
+    """A registered tool: the function, its schema and where it came from."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = attrs.field(hash=False)
+    fn: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=False)
+    plugin: str = ""
+    sequential: bool = False
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+
+# --------------------------------------------------------------------------------------------
+# Schema from signature and docstring
+# --------------------------------------------------------------------------------------------
+
+_PARAM_RE = re.compile(r"^\s*:param\s+(?:\w+\s+)?(\w+):\s*(.*)$")
+_GOOGLE_ARG_RE = re.compile(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """``(description, {param: description})`` from Sphinx ``:param x:`` or Google ``Args:``."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in lines:
+        m = _PARAM_RE.match(line)
+        if m:
+            current = m.group(1)
+            params[current] = m.group(2).strip()
+            continue
+        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            g = _GOOGLE_ARG_RE.match(line)
+            if g:
+                current = g.group(1)
+                params[current] = g.group(2).strip()
+                continue
+            if line and not line[0].isspace():
+                in_args = False
+            elif current and line.strip():
+                params[current] += " " + line.strip()
+                continue
+        if line.lstrip().startswith(":"):
+            current = None
+            continue
+        if current and line.startswith(" ") and line.strip():
+            params[current] += " " + line.strip()
+            continue
+        if not params and not in_args:
+            summary.append(line)
+    return "\n".join(summary).strip(), params
+
+
+def _schema_for(tp: Any, where: str) -> dict[str, Any]:
+    if tp is inspect.Parameter.empty or tp is Any:
+        return {}
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is str:
+        return {"type": "string"}
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is type(None):
+        return {"type": "null"}
+    if tp in (list, tuple, set, frozenset):
+        return {"type": "array"}
+    if tp is dict:
+        return {"type": "object"}
+    if origin in (list, tuple, set, frozenset, Sequence):
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            args = args[:1]
+        if origin is tuple and len(args) > 1:
+            return {"type": "array", "prefixItems": [_schema_for(a, where) for a in args],
+                    "minItems": len(args), "maxItems": len(args)}
+        return {"type": "array", "items": _schema_for(args[0], where) if args else {}}
+    if origin is dict:
+        return {"type": "object"}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1 and len(args) == 2:
+            inner = _schema_for(non_null[0], where)
+            if "type" in inner and isinstance(inner["type"], str):
+                return {**inner, "type": [inner["type"], "null"]}
+        return {"anyOf": [_schema_for(a, where) for a in args]}
+    raise TypeError(f"{where}: cannot describe type {tp!r} as JSON Schema")
+
+
+def build_tool(
+    fn: Callable[..., Any],
+    *,
+    plugin: str = "",
+    name: str | None = None,
+    description: str | None = None,
+    sequential: bool | None = None,
+    timeout: float | None = None,
+) -> ToolDef:
+    """Describe ``fn`` as a tool. Options given here win over those of :func:`tool`."""
+    opts = getattr(fn, _TOOL_OPTIONS, {})
+    tool_name = name or opts.get("name") or fn.__name__
+    doc_summary, doc_params = parse_docstring(fn.__doc__)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise TypeError(f"tool {tool_name!r} ({plugin}): cannot resolve type hints: {exc}") from exc
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        schema = _schema_for(hints.get(p.name, p.annotation), f"tool {tool_name!r} param {p.name}")
+        if p.name in doc_params:
+            schema["description"] = doc_params[p.name]
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+        elif p.default is None or isinstance(p.default, (str, int, float, bool)):
+            schema["default"] = p.default
+        properties[p.name] = schema
+    parameters: dict[str, Any] = {"type": "object", "properties": properties,
+                                  "additionalProperties": False}
+    if required:
+        parameters["required"] = required
+    return ToolDef(
+        name=tool_name,
+        description=description or opts.get("description") or doc_summary,
+        parameters=parameters,
+        fn=fn,
+        plugin=plugin,
+        sequential=bool(sequential if sequential is not None else opts.get("sequential")),
+        timeout=timeout if timeout is not None else opts.get("timeout"),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: the subset of JSON Schema that build_tool produces (plus enum/anyOf)
+# --------------------------------------------------------------------------------------------
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def validate(value: Any, schema: dict[str, Any], path: str = "arguments") -> list[str]:
+    """Problems of ``value`` against ``schema``, as readable sentences (empty when valid)."""
+    errors: list[str] = []
+    if "anyOf" in schema:
+        if all(validate(value, s, path) for s in schema["anyOf"]):
+            errors.append(f"{path}: {json.dumps(value)} matches none of the allowed shapes")
+        return errors
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{path}: must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)}"]
+    types_ = schema.get("type")
+    if types_ is not None:
+        allowed = types_ if isinstance(types_, list) else [types_]
+        if not any(_JSON_TYPES[t](value) for t in allowed if t in _JSON_TYPES):
+            return [f"{path}: expected {' or '.join(allowed)}, got {_json_type(value)}"]
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", ()):
+            if key not in value:
+                errors.append(f"{path}: missing required argument {key!r}")
+        for key, item in value.items():
+            if key in props:
+                errors.extend(validate(item, props[key], f"{path}.{key}"))
+            elif schema.get("additionalProperties") is False:
+                known = ", ".join(props) or "none"
+                errors.append(f"{path}: unexpected argument {key!r} (known: {known})")
+    elif isinstance(value, list):
+        if "prefixItems" in schema:
+            if len(value) != len(schema["prefixItems"]):
+                errors.append(f"{path}: expected {len(schema['prefixItems'])} items")
+            for i, (item, s) in enumerate(zip(value, schema["prefixItems"], strict=False)):
+                errors.extend(validate(item, s, f"{path}[{i}]"))
+        elif "items" in schema:
+            for i, item in enumerate(value):
+                errors.extend(validate(item, schema["items"], f"{path}[{i}]"))
+    return errors
+
+
+def _json_type(value: Any) -> str:
+    for name, check in _JSON_TYPES.items():
+        if check(value) and name != "number":
+            return name
+    return "number" if isinstance(value, float) else type(value).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Execution
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class ToolOutcome:
+    """A tool's result, mutable until it is logged: ``status`` is ``ok`` or ``error``."""
+
+    status: str = "ok"
+    output: str = ""
+    duration_ms: float | None = None
+
+
+@attrs.define(eq=False)
+class ToolInvocation:
+    """One tool call travelling through the ``execute`` chain."""
+
+    call: ToolCall
+    tool: ToolDef | None
+    arguments: dict[str, Any]
+    agent: str = ""
+    blocked: str | None = None
+    blocked_by: str | None = None
+
+    def block(self, reason: str, plugin: str | None = None) -> None:
+        """Refuse the call: the model receives an error result with ``reason``."""
+        self.blocked = reason
+        self.blocked_by = plugin
+
+
+def _to_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def call_tool(inv: ToolInvocation) -> ToolOutcome:
+    """Validate and call; every failure becomes an error outcome."""
+    tool_ = inv.tool
+    if tool_ is None:
+        return ToolOutcome("error", f"unknown tool {inv.call.name!r}")
+    problems = validate(inv.arguments, tool_.parameters)
+    if problems:
+        return ToolOutcome("error", "invalid arguments: " + "; ".join(problems))
+    if tool_.timeout is None:
+        return _call(tool_, inv.arguments)
+    return _call_with_timeout(tool_, inv.arguments, tool_.timeout)
+
+
+def _call(tool_: ToolDef, arguments: dict[str, Any]) -> ToolOutcome:
+    try:
+        return ToolOutcome("ok", _to_text(tool_.fn(**arguments)))
+    except ToolError as exc:
+        return ToolOutcome("error", str(exc))
+    except Exception as exc:
+        return ToolOutcome("error", f"{type(exc).__name__}: {exc}")
+
+
+def _call_with_timeout(tool_: ToolDef, arguments: dict[str, Any], timeout: float) -> ToolOutcome:
+    box: list[ToolOutcome] = []
+    ctx = contextvars.copy_context()
+    worker = threading.Thread(
+        target=lambda: box.append(ctx.run(_call, tool_, arguments)), daemon=True,
+        name=f"dsh-tool-{tool_.name}",
+    )
+    worker.start()
+    worker.join(timeout)
+    if not box:
+        return ToolOutcome("error", f"tool {tool_.name!r} timed out after {timeout:g}s")
+    return box[0]
+
+
+@hookimpl(trylast=True)
+def execute(call: ToolInvocation) -> ToolOutcome:
+    start = time.perf_counter()
+    outcome = call_tool(call)
+    outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
+    return outcome
+
+
+class HookDispatch:
+    """The ``pre_execute`` / ``post_execute`` layer of the tool chain, as a wrapper (D3)."""
+
+    def __init__(self, pm: Any) -> None:
+        self.pm = pm
+
+    @hookimpl(wrapper=True)
+    def execute(self, call: ToolInvocation) -> Any:
+        self.pm.hook.pre_execute(call=call)
+        if call.blocked is not None:
+            by = f" by {call.blocked_by}" if call.blocked_by else ""
+            return ToolOutcome("error", f"tool call blocked{by}: {call.blocked}")
+        outcome = yield
+        self.pm.hook.post_execute(call=call, outcome=outcome)
+        return outcome
+
+
+# --------------------------------------------------------------------------------------------
+# Registration facade
+# --------------------------------------------------------------------------------------------
+
+
+def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> dict[str, ToolDef]:
+    """Call each plugin's ``register_tools`` separately, recording provenance (A3, A6)."""
+    table: dict[str, ToolDef] = {}
+    for impl in reversed(pm.hook.register_tools.get_hookimpls()):
+        plugin_name = impl.plugin_name
+
+        def register(fn: Callable[..., Any], _plugin: str = plugin_name, **options: Any) -> None:
+            t = build_tool(fn, plugin=_plugin, **options)
+            if t.name in table:
+                from dsh.errors import PluginError
+
+                raise PluginError(
+                    f"tool {t.name!r} registered twice: by {table[t.name].plugin} and {_plugin}",
+                    plugin=_plugin, hook="register_tools",
+                )
+            table[t.name] = t
+
+        kwargs = {"register": register, "agent": agent}
+        impl.function(*[kwargs[a] for a in impl.argnames])
+    if allow is not None:
+        table = {k: v for k, v in table.items() if k in allow}
+    return table
