@@ -158,6 +158,7 @@ class Session:
         cancel: CancelToken | None = None,
         parent: RunContext | None = None,
         context_hook: Callable[[RunContext], None] | None = None,
+        approve: bool = False,
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
 
@@ -168,6 +169,8 @@ class Session:
         :param cancel: the caller's cancellation signal, combined with the run's own.
         :param context_hook: called with the RunContext once it exists (to keep a handle for
             ``stop()`` / ``abort()`` from another thread or a signal handler).
+        :param approve: approve tool calls that need approval without asking
+            (``RunContext.approve_all``).
         """
         agent = self.agent
         ledger = self.ledger
@@ -196,6 +199,7 @@ class Session:
             run_id=secrets.token_hex(6), agent=agent.name, ledger=ledger,
             cancel=CancelToken(cancel), emit=emit,
             budget=Budget(limits or Limits(), parent=parent.budget if parent else None),
+            approve_all=approve,
         )
         if context_hook is not None:
             context_hook(ctx)

@@ -157,6 +157,8 @@ class RunContext:
     #: Resources shared by the run's steps (the HTTP client lives here), closed on cleanup.
     resources: dict[str, Any] = attrs.Factory(dict)
     stop_requested: bool = False
+    #: Tool calls that need approval are approved without asking (``dsh run --yes``).
+    approve_all: bool = False
     _cleanups: list[Callable[[], None]] = attrs.Factory(list)
 
     @property

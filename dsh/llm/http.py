@@ -26,7 +26,6 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +46,8 @@ from dsh.llm.sse import SSEEvent
 from dsh.llm.sse import SSEParser
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
+from dsh.messages import ToolCall
+from dsh.messages import Usage
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,21 @@ _CONTEXT_RE = re.compile(
     r"|reduce the length of the messages",
     re.IGNORECASE,
 )
+
+class ProviderHTTPError(ProviderError):
+    """A :class:`ProviderError` that also carries the server's ``Retry-After`` (seconds)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, status=status, retryable=retryable)
+        self.retry_after = retry_after
+
 
 # -- the per-run client ----------------------------------------------------------------------
 
@@ -116,7 +132,7 @@ def get_client(settings: Mapping[str, Any] | None = None) -> httpx.Client:
         ctx.add_cleanup(fresh.close)
     else:  # another thread of the run won the race
         fresh.close()
-    return client  # type: ignore[no-any-return]
+    return client
 
 
 def shutdown_socket(sock: socket.socket) -> None:
@@ -264,19 +280,19 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
     return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
 
 
-class ProviderHTTPError(ProviderError):
-    """A :class:`ProviderError` that also carries the server's ``Retry-After`` (seconds)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        retryable: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status=status, retryable=retryable)
-        self.retry_after = retry_after
+def make_response(
+    text: str, calls: list[ToolCall], usage: Usage, stop_reason: str | None, model: str
+) -> ModelResponse:
+    """The adapters' result; ``tool_call_source`` is ``"native"`` exactly when there are calls."""
+    fields: dict[str, Any] = {  # built as a dict: mypy's attrs plugin mistypes converter=tuple
+        "text": text,
+        "tool_calls": tuple(calls),
+        "usage": usage,
+        "stop_reason": stop_reason,
+        "tool_call_source": "native" if calls else None,
+        "model": model,
+    }
+    return ModelResponse(**fields)
 
 
 def iter_sse(response: httpx.Response) -> Iterator[SSEEvent]:
