@@ -64,7 +64,8 @@ HERMES: list[Case] = [
     ),
     ('<tool_call>{"name": "get_time"}</tool_call>', "", [("get_time", {})], "hermes"),
     (  # Hermes 2 Pro key order, trailing end-of-turn token dropped
-        '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call><|im_end|>',
+        '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n'
+        "</tool_call><|im_end|>",
         "",
         [W_PARIS],
         "hermes",
@@ -73,6 +74,13 @@ HERMES: list[Case] = [
         'Calling:\n```\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n'
         "</tool_call>\n```",
         "Calling:",
+        [T_UTC],
+        "hermes",
+    ),
+    (  # a mention of the tag that is not followed by JSON is prose
+        "<think>I should use <tool_call> with get_time.</think>\n<tool_call>\n"
+        '{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>',
+        "<think>I should use <tool_call> with get_time.</think>",
         [T_UTC],
         "hermes",
     ),
@@ -225,7 +233,8 @@ FUNCTION_TAG: list[Case] = [
         "function_tag",
     ),
     (
-        '<function=get_weather>{"city": "Paris"}</function><function=get_time>{"tz": "UTC"}</function>',
+        '<function=get_weather>{"city": "Paris"}</function>'
+        '<function=get_time>{"tz": "UTC"}</function>',
         "",
         [W_PARIS, T_UTC],
         "function_tag",
@@ -316,7 +325,8 @@ BARE: list[Case] = [
         "bare_json",
     ),
     (
-        '{"type": "function", "function": {"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}}',
+        '{"type": "function", "function": '
+        '{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}}',
         "",
         [("search", {"query": "x"})],
         "bare_json",
@@ -375,6 +385,8 @@ NEGATIVE: list[str] = [
     '<tool_call>{"name":"get_time","arguments":{}}',
     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_',
     '<tool_call>{"name": "search", "arguments": {"query": "</tool_call>"}}',
+    "The reply ends with <tool_call>",
+    'The format is <tool_call>{"name": ..., "arguments": ...}</tool_call>.',
     "<function=get_time>{}",
     '```json\n{"name": "get_time", "arguments": {}}',
     # malformed JSON
@@ -414,7 +426,7 @@ NEGATIVE: list[str] = [
     "[]",
     "a [b] {c} <d>",
     'Call it like `[search(query="x")]` in your code.',
-    "<|python_tag|>brave_search.call(query=\"x\")",
+    '<|python_tag|>brave_search.call(query="x")',
     "[TOOL_CALLS]",
     "",
 ]
@@ -461,13 +473,17 @@ def _expected_output(text: str) -> str:
     return text if rescued is None else rescued.content
 
 
-GATE_TEXTS: list[str] = [case[0] for case in POSITIVE] + NEGATIVE + [
-    "Hello, world!\n\nHow are you?  ",
-    "   \n\t",
-    "Inline `code` and a ``double`` and a <b>tag</b> and [link](x) and <|im_end|>",
-    "Use <tool and <function and [TOOL and <|python and ``",
-    'Sure.  \n\n  <tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
-]
+GATE_TEXTS: list[str] = (
+    [case[0] for case in POSITIVE]
+    + NEGATIVE
+    + [
+        "Hello, world!\n\nHow are you?  ",
+        "   \n\t",
+        "Inline `code` and a ``double`` and a <b>tag</b> and [link](x) and <|im_end|>",
+        "Use <tool and <function and [TOOL and <|python and ``",
+        'Sure.  \n\n  <tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+    ]
+)
 
 
 @pytest.mark.parametrize("text", GATE_TEXTS)

@@ -19,6 +19,7 @@ from typing import Any
 from dsh.errors import ProviderError
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
+from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
 from dsh.llm.sse import SSEEvent
@@ -91,6 +92,7 @@ class AnthropicModel(HTTPModel):
     base_url_env = "ANTHROPIC_BASE_URL"
     default_base_url = "https://api.anthropic.com"
     path = "/v1/messages"
+    not_found_hint = " (it should not include /v1/messages)"
 
     def endpoint(self) -> str:
         # tolerate a base_url that already ends in /v1, a common slip
@@ -138,16 +140,14 @@ class AnthropicModel(HTTPModel):
                         arguments=parse_tool_arguments(block.get("input")),
                     )
                 )
-        usage = data.get("usage") or {}
-        return ModelResponse(
-            text="".join(text),
-            tool_calls=tuple(calls),
-            usage=Usage(
-                input_tokens=_input_tokens(usage), output_tokens=int(usage.get("output_tokens") or 0)
-            ),
-            stop_reason=data.get("stop_reason"),
-            tool_call_source="native" if calls else None,
-            model=data.get("model") or self.model_name,
+        u = data.get("usage") or {}
+        usage = Usage(input_tokens=_input_tokens(u), output_tokens=int(u.get("output_tokens") or 0))
+        return make_response(
+            "".join(text),
+            calls,
+            usage,
+            data.get("stop_reason"),
+            data.get("model") or self.model_name,
         )
 
     def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
@@ -211,14 +211,8 @@ class AnthropicModel(HTTPModel):
                         arguments=parse_tool_arguments(raw if raw else block.get("input")),
                     )
                 )
-        return ModelResponse(
-            text="".join(text),
-            tool_calls=tuple(calls),
-            usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
-            stop_reason=stop_reason,
-            tool_call_source="native" if calls else None,
-            model=model or self.model_name,
-        )
+        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+        return make_response("".join(text), calls, usage, stop_reason, model or self.model_name)
 
     def _stream_error(self, payload: dict[str, Any]) -> ProviderError:
         message, kind = self.error_details(payload)
@@ -226,4 +220,3 @@ class AnthropicModel(HTTPModel):
             f"anthropic: error in stream from {self.url} ({kind or 'error'}): {truncate(message)}",
             retryable=kind in _RETRYABLE_ERRORS,
         )
-

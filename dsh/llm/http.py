@@ -62,6 +62,7 @@ _CONTEXT_RE = re.compile(
     re.IGNORECASE,
 )
 
+
 class ProviderHTTPError(ProviderError):
     """A :class:`ProviderError` that also carries the server's ``Retry-After`` (seconds)."""
 
@@ -317,6 +318,8 @@ class HTTPModel(Model):
     path: ClassVar[str]
     #: Local servers (llama.cpp, Ollama) need no key: allow none on a loopback base URL.
     key_optional_on_loopback: ClassVar[bool] = False
+    #: Added to a 404 that does not name the model: the usual base_url mistake.
+    not_found_hint: ClassVar[str] = ""
 
     def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(name, settings)
@@ -575,10 +578,8 @@ class HTTPModel(Model):
         elif code == "model_not_found" or (status == 404 and "model" in message.lower()):
             msg = f"{p}: unknown model {model!r} at {self.base_url} (HTTP {status}){detail}"
         elif status == 404:
-            msg = (
-                f"{p}: {self.url} not found (HTTP 404) — check base_url (OpenAI-compatible "
-                f"servers usually end in /v1){detail}"
-            )
+            hint = self.not_found_hint
+            msg = f"{p}: {self.url} not found (HTTP 404) — check base_url{hint}{detail}"
         elif status == 429 and code == "insufficient_quota":
             msg = f"{p}: quota exceeded (HTTP 429){detail} — check your plan and billing"
             retryable = False

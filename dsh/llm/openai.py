@@ -17,6 +17,7 @@ from typing import Any
 from dsh.errors import ProviderError
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
+from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
 from dsh.llm.sse import SSEEvent
@@ -78,9 +79,8 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts, as some servers answer
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
+        parts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "".join(str(p.get("text", "")) for p in parts)
     return ""
 
 
@@ -93,6 +93,7 @@ class OpenAIModel(HTTPModel):
     default_base_url = "https://api.openai.com/v1"
     path = "/chat/completions"
     key_optional_on_loopback = True
+    not_found_hint = " (OpenAI-compatible servers usually end in /v1)"
 
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
@@ -121,7 +122,7 @@ class OpenAIModel(HTTPModel):
             raise ProviderError(f"openai: malformed response from {self.url}: no choices")
         choice = choices[0]
         msg = choice.get("message") or {}
-        calls = []
+        calls: list[ToolCall] = []
         for raw in msg.get("tool_calls") or []:
             fn = raw.get("function") or {}
             calls.append(
@@ -131,13 +132,12 @@ class OpenAIModel(HTTPModel):
                     arguments=parse_tool_arguments(fn.get("arguments")),
                 )
             )
-        return ModelResponse(
-            text=_text_of(msg.get("content")),
-            tool_calls=tuple(calls),
-            usage=map_usage(data.get("usage")),
-            stop_reason=choice.get("finish_reason"),
-            tool_call_source="native" if calls else None,
-            model=data.get("model") or self.model_name,
+        return make_response(
+            _text_of(msg.get("content")),
+            calls,
+            map_usage(data.get("usage")),
+            choice.get("finish_reason"),
+            data.get("model") or self.model_name,
         )
 
     def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
@@ -173,22 +173,15 @@ class OpenAIModel(HTTPModel):
                     finish = choice["finish_reason"]
         if not done and finish is None:
             raise self.truncated("[DONE]")
-        calls = tuple(
+        calls = [
             ToolCall(
                 id=s["id"] or _call_id(),
                 name=s["name"],
                 arguments=parse_tool_arguments("".join(s["args"])),
             )
             for _, s in sorted(slots.items())
-        )
-        return ModelResponse(
-            text="".join(text),
-            tool_calls=calls,
-            usage=usage,
-            stop_reason=finish,
-            tool_call_source="native" if calls else None,
-            model=model or self.model_name,
-        )
+        ]
+        return make_response("".join(text), calls, usage, finish, model or self.model_name)
 
     @staticmethod
     def _merge_call(slots: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
@@ -196,7 +189,8 @@ class OpenAIModel(HTTPModel):
         index = tc.get("index")
         if not isinstance(index, int):  # servers that omit the index: a new id opens a call
             known = {s["id"] for s in slots.values()}
-            index = len(slots) if (tc.get("id") and tc["id"] not in known) else max(slots, default=0)
+            fresh = tc.get("id") and tc["id"] not in known
+            index = len(slots) if fresh else max(slots, default=0)
         slot = slots.setdefault(index, {"id": None, "name": "", "args": []})
         if tc.get("id") and not slot["id"]:
             slot["id"] = tc["id"]

@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["SOURCES", "Rescued", "StreamGate", "rescue_tool_calls"]
+__all__ = ["MARKERS", "SOURCES", "Rescued", "StreamGate", "rescue_tool_calls"]
 
 SOURCES = (
     "hermes",
@@ -267,8 +267,17 @@ def _mistral(text: str, names: frozenset[str]) -> Rescued | None:
     return Rescued(_content(text, start), tuple(calls), "mistral")
 
 
+def _hermes_open(text: str, pos: int) -> int:
+    """The next ``<tool_call>`` followed by JSON; a bare mention of the tag is prose."""
+    while (pos := text.find(_TOOL_CALL, pos)) >= 0:
+        if text.startswith(("{", "["), _skip(text, pos + len(_TOOL_CALL))):
+            return pos
+        pos += len(_TOOL_CALL)
+    return -1
+
+
 def _hermes(text: str, names: frozenset[str]) -> Rescued | None:
-    start = pos = text.find(_TOOL_CALL)
+    start = pos = _hermes_open(text, 0)
     if start < 0:
         return None
     calls: list[Call] = []
@@ -278,7 +287,7 @@ def _hermes(text: str, names: frozenset[str]) -> Rescued | None:
         if not text.startswith(_TOOL_CALL_END, end):  # unterminated (truncated?) or junk
             raise _Reject
         calls.extend(_from_value(value, names))
-        pos = text.find(_TOOL_CALL, end + len(_TOOL_CALL_END))
+        pos = _hermes_open(text, end + len(_TOOL_CALL_END))
     return Rescued(_content(text, start), tuple(calls), "hermes")
 
 
