@@ -241,7 +241,11 @@ class JsonlStore:
             raise UsageError(f"session {session_id} already exists ({path})") from None
         except OSError as exc:
             raise LedgerError(f"cannot create session ledger {path}: {exc}") from exc
-        _lock(fd, session_id, path)
+        try:
+            _lock(fd, session_id, path)
+        except SessionInUse:
+            os.close(fd)
+            raise
         dfd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -337,7 +341,6 @@ def _lock(fd: int, session_id: str, path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
         raise SessionInUse(
             f"session {session_id} is in use by another process (lock held on {path})"
         ) from None

@@ -1,0 +1,95 @@
+"""Events: frozen, tagged, versioned; every type round-trips; unknown data survives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import pytest
+
+from dsh.errors import LedgerError
+from dsh.events import EVENT_TYPES
+from dsh.events import AssistantMessage
+from dsh.events import Event
+from dsh.events import UnknownEvent
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+from dsh.serialize import dump_event
+from dsh.serialize import load_event
+
+GOLDEN = Path(__file__).parent / "data" / "golden.jsonl"
+
+SAMPLES: dict[str, dict] = {
+    "turn/start": {"turn": 1, "agent": "a", "model": "echo", "system": "be brief",
+                   "tools": (ToolSpec(name="t", description="d",
+                                      parameters={"type": "object"}),),
+                   "options": {"temperature": 0.5}},
+    "step/start": {"turn": 1, "step": 0},
+    "user/message": {"text": "héllo \u2603", "source": "user"},
+    "context/injected": {"text": "ctx", "source": "ci"},
+    "assistant/message": {"text": "ok", "tool_calls": (ToolCall(id="c", name="t",
+                                                                arguments={"x": [1, 2]}),),
+                          "usage": Usage(input_tokens=3, output_tokens=4),
+                          "tool_call_source": "hermes", "model": "m", "stop_reason": "tool_use"},
+    "tool/call": {"call_id": "c", "name": "t", "arguments": {"x": 1}},
+    "tool/result": {"call_id": "c", "name": "t", "status": "error", "output": "bad",
+                    "duration_ms": 1.5},
+    "step/rejected": {"turn": 1, "step": 0, "reason": "no", "plugin": "p", "text": "t"},
+    "step/end": {"turn": 1, "step": 0},
+    "turn/end": {"turn": 1, "outcome": "completed", "reason": ""},
+}
+
+
+def test_every_event_type_has_a_sample():
+    assert sorted(SAMPLES) == sorted(c.type for c in EVENT_TYPES)
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.type)
+def test_round_trip(cls: type[Event]):
+    event = cls(seq=7, ts="2026-11-30T00:00:00.000Z", session="s1", **SAMPLES[cls.type])
+    line = dump_event(event)
+    d = json.loads(line)
+    assert d["type"] == cls.type and d["v"] == 1 and d["seq"] == 7 and d["session"] == "s1"
+    back = load_event(line)
+    assert back == event
+    assert dump_event(back) == line
+
+
+def test_events_are_frozen():
+    e = AssistantMessage(text="x")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        e.text = "y"  # type: ignore[misc]
+
+
+def test_unknown_fields_and_types_survive_round_trip():
+    line = json.dumps({"v": 2, "type": "user/message", "seq": 1, "ts": "t", "session": "s",
+                       "text": "hi", "source": "user", "mood": "happy"})
+    e = load_event(line)
+    assert e.text == "hi" and e.extra == {"mood": "happy"}  # type: ignore[attr-defined]
+    assert json.loads(dump_event(e))["mood"] == "happy"
+    future = {"v": 3, "type": "plugin/thing", "seq": 2, "ts": "t", "session": "s", "x": [1]}
+    u = load_event(json.dumps(future))
+    assert isinstance(u, UnknownEvent) and u.tag == "plugin/thing" and u.seq == 2
+    assert json.loads(dump_event(u)) == future
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"type": "tool/result", "seq": 1}', "invalid 'tool/result' event"),
+    ('{"seq": 1}', "no 'type'"),
+    ("[1, 2]", "must be a JSON object"),
+    ('{"type": "step/start", "turn": "one", "step": 0}', "invalid 'step/start' event"),
+])
+def test_invalid_lines_are_clear_errors(line: str, message: str):
+    with pytest.raises(LedgerError, match=message):
+        load_event(line)
+
+
+def test_golden_file_guards_tags_and_field_names():
+    """If this fails, a change renamed a tag or field: old ledgers would no longer load."""
+    lines = GOLDEN.read_text().splitlines()
+    events = [load_event(x) for x in lines]
+    assert [e.type for e in events] == [json.loads(x)["type"] for x in lines]
+    for line, event in zip(lines, events, strict=True):
+        assert json.loads(dump_event(event)) == json.loads(line)
