@@ -332,7 +332,7 @@ class App:
     def models(self) -> dict[str, ModelEntry]:
         if self._models is None:
             table: dict[str, ModelEntry] = {}
-            for impl in reversed(self.pm.hook.register_models.get_hookimpls()):
+            for impl in self.pm.hook.register_models.get_hookimpls():
                 plugin = impl.plugin_name
 
                 def register(prefix: str, factory: Any, description: str = "",

@@ -30,7 +30,7 @@ def collect_prompt(pm: Any, agent: Any, system: str | None) -> tuple[str, tuple[
     parts: list[PromptPart] = []
     if system:
         parts.append(PromptPart(system, "config", "system", -1_000_000))
-    for impl in reversed(pm.hook.register_prompt.get_hookimpls()):
+    for impl in pm.hook.register_prompt.get_hookimpls():
         plugin = impl.plugin_name
 
         def register(

@@ -342,6 +342,9 @@ def _call_with_timeout(tool_: ToolDef, arguments: dict[str, Any], timeout: float
 
 @hookimpl(trylast=True)
 def execute(call: ToolInvocation) -> ToolOutcome:
+    if call.blocked is not None:
+        by = f" by {call.blocked_by}" if call.blocked_by else ""
+        return ToolOutcome("error", f"tool call blocked{by}: {call.blocked}")
     start = time.perf_counter()
     outcome = call_tool(call)
     outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
@@ -356,10 +359,9 @@ class HookDispatch:
 
     @hookimpl(wrapper=True)
     def execute(self, call: ToolInvocation) -> Any:
+        # A blocked call still travels inward (a pluggy wrapper must yield exactly once);
+        # the core implementation turns it into an error outcome without running the tool.
         self.pm.hook.pre_execute(call=call)
-        if call.blocked is not None:
-            by = f" by {call.blocked_by}" if call.blocked_by else ""
-            return ToolOutcome("error", f"tool call blocked{by}: {call.blocked}")
         outcome = yield
         self.pm.hook.post_execute(call=call, outcome=outcome)
         return outcome
@@ -373,7 +375,8 @@ class HookDispatch:
 def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> dict[str, ToolDef]:
     """Call each plugin's ``register_tools`` separately, recording provenance (A3, A6)."""
     table: dict[str, ToolDef] = {}
-    for impl in reversed(pm.hook.register_tools.get_hookimpls()):
+    # Registration order (built-ins first), so provenance and the tool order read naturally.
+    for impl in pm.hook.register_tools.get_hookimpls():
         plugin_name = impl.plugin_name
 
         def register(fn: Callable[..., Any], _plugin: str = plugin_name, **options: Any) -> None:

@@ -1,0 +1,89 @@
+"""Plugin managers: built-ins are plugins, blockable and replaceable; hook tracing."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsh.errors import ConfigError
+from dsh.errors import PluginError
+from dsh.hookspecs import hookimpl
+from dsh.manager import BUILTIN_PLUGINS
+from dsh.manager import make_plugin_manager
+from dsh.messages import ModelResponse
+
+
+def test_builtins_are_registered_under_their_names():
+    pm = make_plugin_manager()
+    assert [name for name, _ in pm.list_name_plugin()] == list(BUILTIN_PLUGINS)
+
+
+def test_two_managers_share_nothing():
+    a, b = make_plugin_manager(), make_plugin_manager()
+    assert a is not b and a.hook is not b.hook
+    assert a.get_plugin("dsh.tools:HookDispatch") is not b.get_plugin("dsh.tools:HookDispatch")
+
+
+def test_essential_plugin_cannot_be_disabled():
+    with pytest.raises(ConfigError, match="dsh.budget is essential"):
+        make_plugin_manager(disable=["dsh.budget"])
+
+
+@pytest.mark.parametrize("builtin", [n for n in BUILTIN_PLUGINS if n != "dsh.budget"])
+def test_each_builtin_can_be_blocked(builtin):
+    pm = make_plugin_manager(disable=[builtin])
+    assert pm.is_blocked(builtin)
+    assert pm.get_plugin(builtin) is None
+
+
+def test_blocked_builtin_replaced_by_a_plugin(make_app, plugin_module):
+    from dsh.llm.base import Model
+
+    @hookimpl
+    def register_models(register):  # type: ignore[no-untyped-def]
+        register("mine", Model)
+
+    @hookimpl
+    def request(call):  # type: ignore[no-untyped-def]
+        return ModelResponse(text=f"replacement saw {len(call.request.messages)} message(s)")
+
+    app = make_app(load=[plugin_module(request=request, register_models=register_models)],
+                   disable=["dsh.llm.builtin"])
+    result = app.run("hi", model="mine")
+    assert result.output == "replacement saw 1 message(s)"
+    assert "echo" not in app.models  # the built-in registrations are gone with it
+
+
+def test_blocked_request_core_is_a_clear_error(make_app):
+    app = make_app(disable=["dsh.llm.builtin"])
+    from dsh.errors import UsageError
+
+    with pytest.raises(UsageError, match="no adapter 'echo'"):
+        app.run("hi", model="echo")
+
+
+def test_replacing_the_loop(make_app, plugin_module):
+    @hookimpl
+    def run_turn(turn):  # type: ignore[no-untyped-def]
+        _, message = turn.inbox.take()
+        turn.output = message.text[::-1]
+        return "completed"
+
+    app = make_app(load=[plugin_module(run_turn=run_turn)], disable=["dsh.loop"])
+    result = app.run("abc", model="echo")
+    assert (result.outcome, result.output) == ("completed", "cba")
+
+
+def test_unknown_hook_in_plugin_is_reported(make_app, plugin_module):
+    @hookimpl
+    def not_a_hook():  # type: ignore[no-untyped-def]
+        pass
+
+    app = make_app(load=[plugin_module(not_a_hook=not_a_hook)])
+    with pytest.raises(PluginError, match="unknown hook"):
+        app.agent()
+
+
+def test_hook_tracing_writes_to_stderr(make_app, monkeypatch, capsys):
+    monkeypatch.setenv("DSH_TRACE_HOOKS", "1")
+    make_app().run("hi", model="echo")
+    assert "run_turn" in capsys.readouterr().err
