@@ -1,6 +1,8 @@
 """Budget counting as a layer of the chat and tool chains (MISSION D3, D8).
 
 A model request counts once it has resolved with its usage; a tool call counts when it has run.
+Both wrappers are ``trylast`` and registered after ``dsh.recorder``, so the layers read
+plugin middleware → budget → recorder → core: a plugin wrapper sees the call already counted.
 Limits are checked by the loop between units of work, so a run may overshoot by one model
 call per nesting level (documented in docs/architecture.md).
 """
@@ -14,7 +16,7 @@ from dsh.context import current_or_none
 from dsh.hookspecs import hookimpl
 
 
-@hookimpl(wrapper=True, tryfirst=True)
+@hookimpl(wrapper=True, trylast=True)
 def request(call: Any) -> Generator[None, Any, Any]:
     response = yield
     ctx = current_or_none()
@@ -24,7 +26,7 @@ def request(call: Any) -> Generator[None, Any, Any]:
     return response
 
 
-@hookimpl(wrapper=True, tryfirst=True)
+@hookimpl(wrapper=True, trylast=True)
 def execute(call: Any) -> Generator[None, Any, Any]:
     outcome = yield
     ctx = current_or_none()

@@ -32,8 +32,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "dsh.prompt",
     "dsh.ledger",
     "dsh.scope",
-    "dsh.budget",
     "dsh.recorder",
+    "dsh.budget",
 )
 #: Cannot be blocked: budgets must hold whatever the configuration says.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("dsh.budget",)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -162,6 +163,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     owner: ScriptedServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # resets from aborting clients are normal
+            super().handle_error(request, client_address)
 
 
 class ScriptedServer:
