@@ -115,7 +115,8 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     if "source" in data:
         raise ConfigError(f"{where}: unknown key 'source'")
     _check_keys(data, Config, where, text, prefix="")
-    for name, agent in (data.get("agents") or {}).items():
+    agents = data.get("agents")
+    for name, agent in (agents.items() if isinstance(agents, Mapping) else ()):
         if isinstance(agent, Mapping):
             _check_keys(agent, AgentConfig, where, text, prefix=f"agents.{name}.")
     conv = _converter()
@@ -124,8 +125,9 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     try:
         cfg = conv.structure({**data, "source": source}, Config)
     except cattrs.BaseValidationError as exc:
-        msgs = cattrs.transform_error(exc, path="")
-        raise ConfigError(f"{where}: " + "; ".join(_tidy(m) for m in msgs)) from None
+        msgs = [_tidy(m, text) for m in cattrs.transform_error(
+            exc, path="", format_exception=_format_exception)]
+        raise ConfigError(f"{where}{msgs[0][0]}: " + "; ".join(m for _, m in msgs)) from None
     if cfg.fsync not in FSYNC_CHOICES:
         raise ConfigError(
             f"{where}{_line_of(text, 'fsync')}: fsync must be one of "
@@ -137,12 +139,33 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     return cfg
 
 
-def _tidy(msg: str) -> str:
-    # cattrs says "invalid value for type, expected int @ $.max_steps"; name the key plainly.
+def _tidy(msg: str, text: str | None) -> tuple[str, str]:
+    """``(":LINE" or "", message)``: cattrs says ``expected … @ $.agents['x'].max_steps``;
+    name the key as it is written in TOML (``agents.x.max_steps``) and find its line."""
     m = re.match(r"(.*) @ \$?\.?(.*)$", msg)
-    if m:
-        return f"key {m.group(2).lstrip('.')!r}: {m.group(1)}"
-    return msg
+    if not m:
+        return "", msg
+    key = re.sub(r"\['([^']*)'\]", r".\1", m.group(2)).lstrip(".")
+    return _line_of(text, key.rpartition(".")[2]), f"key {key!r}: {m.group(1)}"
+
+
+class _WrongType(TypeError):
+    """Raised by the strict structure hooks; its message is shown as it is."""
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    if isinstance(exc, _WrongType):
+        return str(exc)
+    from cattrs.v import format_exception
+
+    return format_exception(exc, type_).replace("a mapping", "a table")
+
+
+def _toml_kind(value: Any) -> str:
+    kinds = ((bool, "boolean"), (int, "integer"), (float, "float"), (str, "string"),
+             (list, "array"), (dict, "table"))
+    kind = next((name for t, name in kinds if isinstance(value, t)), type(value).__name__)
+    return f"{kind} {value!r}" if kind not in ("array", "table") else kind
 
 
 def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None,
@@ -152,7 +175,8 @@ def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None
         if key not in valid:
             near = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(valid)}"
-            raise ConfigError(f"{where}{_line_of(text, key)}: unknown key {prefix}{key!r}{hint}")
+            raise ConfigError(f"{where}{_line_of(text, key)}: unknown key "
+                              f"{prefix + key!r}{hint}")
 
 
 def _line_of(text: str | None, key: str) -> str:
@@ -168,9 +192,34 @@ def _line_of(text: str | None, key: str) -> str:
 
 
 def _converter() -> Any:
+    """A strict converter: cattrs would otherwise coerce ``autoload = "no"`` to True,
+    ``max_steps = 3.7`` to 3 and ``disable = "foo"`` to ``["f", "o", "o"]``."""
+    import typing
+
     import cattrs
 
     conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def strict(tp: type, ok: Any, expected: str) -> None:
+        def hook(value: Any, _: Any) -> Any:
+            if not ok(value):
+                raise _WrongType(f"expected {expected}, got {_toml_kind(value)}")
+            return tp(value)
+
+        conv.register_structure_hook(tp, hook)
+
+    strict(str, lambda v: isinstance(v, str), "a string")
+    strict(bool, lambda v: isinstance(v, bool), "a boolean (true or false)")
+    strict(int, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer")
+    strict(float, lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number")
+
+    def structure_list(value: Any, tp: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise _WrongType(f"expected an array, got {_toml_kind(value)}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [conv.structure(v, item) for v in value]
+
+    conv.register_structure_hook_func(lambda t: typing.get_origin(t) is list, structure_list)
     return conv
 
 

@@ -1,0 +1,85 @@
+"""CPU cost of one agent step, and how it grows with the session's length.
+
+    python benchmarks/steps.py [--n 200] [--k 10000]
+
+Scripted model, one trivial tool call per step, unobserved run, ledger on disk with the
+default fsync policy (every step boundary), then with fsync off to separate dsh's own cost
+from the kernel's price of durability. Prints:
+
+* CPU µs per step over a 200-step turn, both ways (target ≤ 150 µs);
+* CPU µs per step around step k=10 and around step k=10,000 of one long turn, measured in
+  the same process, and their ratio (target ≤ 1.2: the per-step cost must not grow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._common import bench_app  # noqa: E402
+from benchmarks._common import tmpdir  # noqa: E402
+from benchmarks._common import tool_loop_script  # noqa: E402
+from dsh.hookspecs import hookimpl  # noqa: E402
+from dsh.llm.builtin import ScriptedModel  # noqa: E402
+
+
+def per_step_cpu(steps: int, fsync: str = "step") -> float:
+    app = bench_app(tmpdir(), fsync=fsync)
+    agent = app.agent(model="echo")
+    agent._model = ScriptedModel("", {"responses": tool_loop_script(steps)})
+    gc.collect()
+    with app.open_session(agent) as s:
+        t0 = time.process_time()
+        result = s.send("go")
+        cpu = time.process_time() - t0
+    assert result.outcome == "completed" and result.steps == steps, result.reason
+    return cpu / steps * 1e6
+
+
+def growth(k: int, window: int) -> tuple[float, float]:
+    marks: list[float] = []
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        marks.append(time.process_time())
+
+    total = k + window + 1
+    app = bench_app(tmpdir(), extra={"pre_step": pre_step})
+    agent = app.agent(model="echo")
+    agent._model = ScriptedModel("", {"responses": tool_loop_script(total)})
+    gc.collect()
+    with app.open_session(agent) as s:
+        result = s.send("go")
+    assert result.outcome == "completed", result.reason
+
+    def window_cost(start: int) -> float:
+        return (marks[start + window] - marks[start]) / window * 1e6
+
+    return window_cost(10), window_cost(k)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200, help="steps in the per-step measurement")
+    ap.add_argument("--k", type=int, default=10_000, help="session length for the growth ratio")
+    ap.add_argument("--window", type=int, default=500, help="steps averaged at each point")
+    ap.add_argument("--repeat", type=int, default=5, help="best of this many runs")
+    args = ap.parse_args()
+    for policy in ("step", "never"):
+        best = min(per_step_cpu(args.n, policy) for _ in range(args.repeat))
+        label = "default fsync=step" if policy == "step" else "fsync=never"
+        print(f"cpu per step (N={args.n}, {label}, best of {args.repeat}): {best:.1f} us"
+              "  (target <= 150 us)")
+    early, late = growth(args.k, args.window)
+    ratio = late / early
+    print(f"cpu per step at k=10: {early:.1f} us; at k={args.k}: {late:.1f} us")
+    print(f"growth ratio step(k={args.k}) / step(k=10): {ratio:.2f}  (target <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Files confined to the workspace: ``read_file`` and ``write_file``.
+
+A path is checked twice. First by name: absolute paths are refused, and the path's *real*
+path (``os.path.realpath``, which resolves symlinks and ``..`` as the kernel would) must lie
+inside the workspace's real path. Then by opening: the checked path is opened one component
+at a time from a descriptor of the workspace with ``O_NOFOLLOW``, so a symlink swapped in
+between the check and the open makes the open fail instead of escaping (a TOCTOU race).
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+from dsh.errors import ToolError
+
+
+def workspace_root(path: str) -> str:
+    """Check that the workspace (a real path) is a directory; return it."""
+    if not os.path.isdir(path):
+        raise ToolError(
+            f"the workspace {path} does not exist or is not a directory "
+            "(set [plugins.shell] workspace, or run dsh from the project directory)"
+        )
+    return path
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def resolve(root: str, path: str) -> str:
+    """The real path of ``path`` relative to ``root``, if it stays inside; else ToolError.
+
+    The result has no symlinks and no ``..`` (``"."`` is the workspace itself).
+    """
+    if not path or not path.strip():
+        raise ToolError("the path is empty: give a file path relative to the workspace")
+    if "\0" in path:
+        raise ToolError("the path contains a NUL byte")
+    if os.path.isabs(path):
+        raise ToolError(
+            f"absolute paths are refused ({path!r}): give a path relative to the workspace"
+        )
+    real = os.path.realpath(os.path.join(root, path))
+    if _inside(root, real):
+        return os.path.relpath(real, root)
+    # Both cases are refused; the message says which one, so the model can correct itself.
+    if not _inside(root, os.path.normpath(os.path.join(root, path))):
+        raise ToolError(
+            f"path {path!r} leaves the workspace through '..': only files inside the "
+            "workspace can be read or written"
+        )
+    raise ToolError(
+        f"path {path!r} goes through a symlink that leads outside the workspace: refused"
+    )
+
+
+def _open_beneath(root: str, rel: str, flags: int, *, make_parents: bool = False) -> int:
+    """Open ``rel`` (symlink-free, from :func:`resolve`) under ``root`` without following
+    any symlink, creating missing parent directories if ``make_parents``."""
+    parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
+    if not parts:
+        raise ToolError("the path is the workspace directory itself, not a file")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                nfd = os.open(part, dir_flags, dir_fd=dfd)
+            except FileNotFoundError:
+                if not make_parents:
+                    raise
+                os.mkdir(part, 0o777, dir_fd=dfd)
+                nfd = os.open(part, dir_flags, dir_fd=dfd)
+            os.close(dfd)
+            dfd = nfd
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _os_error(path: str, exc: OSError) -> ToolError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and not isinstance(exc, FileNotFoundError):
+        # resolve() saw no symlink here, so one appeared since: refuse rather than follow.
+        return ToolError(f"path {path!r} changed while it was being opened (a symlink "
+                         "appeared in it): refused")
+    if isinstance(exc, FileNotFoundError):
+        return ToolError(f"no such file in the workspace: {path!r}")
+    if isinstance(exc, IsADirectoryError):
+        return ToolError(f"{path!r} is a directory, not a file")
+    if isinstance(exc, PermissionError):
+        return ToolError(f"permission denied: {path!r}")
+    return ToolError(f"cannot open {path!r}: {exc.strerror or exc}")
+
+
+def read_text(root: str, path: str, *, start_line: int, max_bytes: int) -> str:
+    """Up to ``max_bytes`` of the text file ``path`` from line ``start_line``, cut at a line
+    boundary, with a note saying where to continue when it was cut."""
+    if start_line < 1:
+        raise ToolError(f"start_line must be 1 or more, not {start_line}")
+    rel = resolve(root, path)
+    if os.path.isdir(os.path.join(root, rel)):
+        raise ToolError(f"{path!r} is a directory; list it with run_command(\"ls {path}\")")
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang the run; it is refused below anyway.
+        fd = _open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"{path!r} is not a regular file")
+        skipped = _skip_lines(f, start_line - 1)
+        data = f.read(max_bytes + 1)
+    if start_line > 1 and (skipped < start_line - 1 or not data):
+        raise ToolError(f"start_line {start_line} is past the end of {path!r}")
+    if b"\0" in data[:8192]:
+        raise ToolError(f"{path!r} looks like a binary file ({st.st_size} bytes); "
+                        "read_file returns text only")
+    if len(data) <= max_bytes:
+        return data.decode("utf-8", errors="replace")
+    data = data[:max_bytes]
+    cut = data.rfind(b"\n")
+    if cut >= 0:  # end on a whole line, so the next call can start exactly after it
+        data = data[: cut + 1]
+    # An incremental decoder holds back a UTF-8 sequence split by the cut instead of
+    # turning it into a replacement character.
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
+    lines = data.count(b"\n")
+    if lines:
+        shown = f"lines {start_line}-{start_line + lines - 1}"
+        more = f"call read_file with start_line={start_line + lines} to continue"
+    else:  # one line longer than the limit: only its beginning fits
+        shown = f"the beginning of line {start_line}"
+        more = (f"call read_file with start_line={start_line + 1} for the next line, or "
+                "search the file with run_command(\"grep -n ...\")")
+    sep = "" if text.endswith("\n") else "\n"
+    return (f"{text}{sep}[read_file: cut at {max_bytes} bytes of a {st.st_size}-byte file; "
+            f"showed {shown}; {more}]")
+
+
+def _skip_lines(f: BinaryIO, count: int) -> int:
+    """Advance the binary file ``f`` past ``count`` newlines; return how many it passed."""
+    passed = 0
+    while passed < count:
+        chunk = f.read(64 * 1024)
+        if not chunk:
+            break
+        start = 0
+        while passed < count:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            passed += 1
+            start = nl + 1
+        if passed == count:
+            f.seek(start - len(chunk), os.SEEK_CUR)  # give back what follows the last line
+    return passed
+
+
+def write_text(root: str, path: str, content: str) -> str:
+    """Write ``content`` to ``path`` (replacing it), creating parent directories."""
+    rel = resolve(root, path)
+    target = os.path.join(root, rel)
+    if os.path.isdir(target):
+        raise ToolError(f"{path!r} is a directory; give a file path")
+    existed = os.path.lexists(target)
+    data = content.encode("utf-8", errors="replace")
+    try:
+        fd = _open_beneath(root, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK,
+                           make_parents=True)
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    with os.fdopen(fd, "wb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ToolError(f"{path!r} is not a regular file")
+        f.write(data)
+    verb = "replaced" if existed else "created"
+    return f"{verb} {path} ({len(data)} bytes)"
