@@ -51,13 +51,13 @@ def run_command(settings: ShellSettings, command: str) -> str:
             "to save output to a file, use write_file."
         )
     root = workspace_root(settings.workspace_path())
-    reason = _needs_approval(argv[0], settings.allow)
+    reason = _needs_approval(argv[0], settings.allow, root)
     if reason is not None:
         _approve(command, argv[0], reason, root, settings)
     return _execute(argv, root, settings)
 
 
-def _needs_approval(argv0: str, allow: tuple[str, ...]) -> str | None:
+def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None:
     """Why ``argv0`` needs approval, or None when it may run at once."""
     name = os.path.basename(argv0)
     if name not in allow:
@@ -68,7 +68,7 @@ def _needs_approval(argv0: str, allow: tuple[str, ...]) -> str | None:
     # is the allowlisted program only if it is the one PATH finds (./ls written by the model
     # is not).
     found = shutil.which(name)
-    if found is not None and os.path.realpath(argv0) == os.path.realpath(found):
+    if found is not None and os.path.realpath(os.path.join(root, argv0)) == os.path.realpath(found):
         return None
     return f"{argv0!r} is a path, not the {name!r} on PATH that the allowlist names"
 

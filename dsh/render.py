@@ -1,0 +1,361 @@
+"""Human output of the command line: the trajectory view, the markdown export, the sessions
+table and the status line shown on stderr while a run waits.
+
+Everything here is a rendering of the session ledger (MISSION C5) or of the live events of a
+run; nothing here decides anything. Colour is used only when asked for (:func:`use_color`:
+a terminal, and ``NO_COLOR`` unset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterable
+from datetime import datetime
+from typing import IO
+from typing import Any
+
+import click
+
+from dsh.events import AssistantMessage
+from dsh.events import ContextInjected
+from dsh.events import Event
+from dsh.events import StepRejected
+from dsh.events import StepStarted
+from dsh.events import ToolCalled
+from dsh.events import ToolReturned
+from dsh.events import TurnEnded
+from dsh.events import TurnStarted
+from dsh.events import UnknownEvent
+from dsh.events import UserMessage
+
+#: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
+TOOL_OUTPUT_LINES = 12
+TOOL_OUTPUT_CHARS = 2000
+
+
+def use_color(stream: IO[str]) -> bool:
+    """Colour only on a terminal, and never when ``NO_COLOR`` is set (https://no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def local_time(ts: str) -> str:
+    """``2026-11-30T14:25:01.123Z`` as local ``2026-11-30 15:25``; unparseable text as is."""
+    try:
+        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return ts
+
+
+def one_line(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: max(0, width - 1)] + "…"
+
+
+def sessions_table(rows: Iterable[Any], width: int | None = None) -> str:
+    """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt."""
+    header = ("ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST PROMPT")
+    cells = [header] + [
+        (r.id, r.agent, r.model, local_time(r.started) if r.started else "", str(r.turns),
+         r.first_prompt)
+        for r in rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(5)]
+    used = sum(widths) + 2 * 5
+    last = max(20, (width or 100) - used)
+    lines = []
+    for c in cells:
+        fixed = "  ".join(v.ljust(w) for v, w in zip(c[:5], widths, strict=True))
+        lines.append((fixed + "  " + one_line(c[5], last)).rstrip())
+    return "\n".join(lines)
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=False)
+
+
+def _truncate(text: str, full: bool) -> str:
+    if full:
+        return text
+    lines = text.splitlines()
+    cut = lines[:TOOL_OUTPUT_LINES]
+    out = "\n".join(cut)
+    if len(out) > TOOL_OUTPUT_CHARS:
+        out = out[:TOOL_OUTPUT_CHARS]
+    hidden = len(text) - len(out)
+    if hidden > 0:
+        out += f"\n… ({len(lines) - len(cut)} more lines, {hidden} more characters; --full)"
+    return out
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.splitlines())
+
+
+class _Styler:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, text: str, **style: Any) -> str:
+        return click.style(text, **style) if self.color else text
+
+
+def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False) -> str:
+    """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events."""
+    s = _Styler(color)
+    out: list[str] = []
+    usage = [0, 0]
+    steps = 0
+
+    def block(label: str, text: str, style: dict[str, Any], note: str = "") -> None:
+        head = s(label, bold=True, **style) + (s(" " + note, dim=True) if note else "")
+        out.append(head)
+        if text.strip():
+            out.append(_indent(text.rstrip("\n")))
+
+    for e in events:
+        if isinstance(e, TurnStarted):
+            usage, steps = [0, 0], 0
+            bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
+            if e.tools is not None:
+                bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
+            out.append(s(f"━━ turn {e.turn} ━━ ", fg="cyan", bold=True)
+                       + s(" · ".join(bits), dim=True))
+            if e.system:
+                block("SYSTEM", e.system if full else _truncate(e.system, False),
+                      {"fg": "white"})
+        elif isinstance(e, StepStarted):
+            steps += 1
+            if e.step:
+                out.append(s(f"· step {e.step + 1}", dim=True))
+        elif isinstance(e, ContextInjected):
+            block("CONTEXT", e.text, {"fg": "magenta"}, f"(injected by {e.source})")
+        elif isinstance(e, UserMessage):
+            note = f"({e.source})" if e.source != "user" else ""
+            block("USER", e.text, {"fg": "green"}, note)
+        elif isinstance(e, AssistantMessage):
+            usage[0] += e.usage.input_tokens
+            usage[1] += e.usage.output_tokens
+            notes = []
+            if e.tool_call_source and e.tool_call_source != "native":
+                notes.append(f"tool calls rescued from text ({e.tool_call_source})")
+            if e.stop_reason and e.stop_reason not in ("end_turn", "tool_use", "stop"):
+                notes.append(f"stop: {e.stop_reason}")
+            block("ASSISTANT", e.text, {"fg": "blue"}, " · ".join(notes))
+        elif isinstance(e, ToolCalled):
+            child = f" (session {e.child_session})" if e.child_session else ""
+            out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
+                       + " " + _args(e.arguments) + s(child, dim=True))
+        elif isinstance(e, ToolReturned):
+            ok = e.status == "ok"
+            took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
+            block(f"TOOL {e.name}", _truncate(e.output, full),
+                  {"fg": "yellow" if ok else "red"}, f"{e.status}{took}")
+        elif isinstance(e, StepRejected):
+            by = f" by {e.plugin}" if e.plugin else ""
+            block("REJECTED", e.text, {"fg": "red"}, f"step {e.step + 1}{by}: {e.reason}")
+        elif isinstance(e, TurnEnded):
+            style = {"fg": "cyan"} if e.outcome == "completed" else {"fg": "red"}
+            reason = f" ({e.reason})" if e.reason else ""
+            tail = f"{steps} step{'s' if steps != 1 else ''}"
+            if usage != [0, 0]:
+                tail += f" · {usage[0]} in / {usage[1]} out tokens"
+            out.append(s(f"━━ turn {e.turn} {e.outcome}{reason} ━━ ", bold=True, **style)
+                       + s(tail, dim=True))
+            out.append("")
+        elif isinstance(e, UnknownEvent):
+            out.append(s(f"? {e.tag} (event type unknown to this dsh)", dim=True))
+    return "\n".join(out).rstrip("\n") + "\n" if out else ""
+
+
+def _fence(text: str, lang: str = "") -> str:
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text.rstrip(chr(10))}\n{fence}"
+
+
+def markdown(session_id: str, events: Iterable[Event]) -> str:
+    """The session as a Markdown document (``dsh sessions export --format markdown``)."""
+    parts: list[str] = [f"# Session {session_id}"]
+    for e in events:
+        if isinstance(e, TurnStarted):
+            meta = [f"agent `{e.agent}`"] + ([f"model `{e.model}`"] if e.model else [])
+            parts.append(f"## Turn {e.turn}\n\n_{', '.join(meta)} · {e.ts}_")
+            if e.system:
+                parts.append("**System**\n\n" + _fence(e.system))
+        elif isinstance(e, ContextInjected):
+            parts.append(f"**Context** (injected by `{e.source}`)\n\n" + _fence(e.text))
+        elif isinstance(e, UserMessage):
+            src = f" (`{e.source}`)" if e.source != "user" else ""
+            parts.append(f"**User**{src}\n\n{e.text.strip()}")
+        elif isinstance(e, AssistantMessage):
+            if e.text.strip():
+                parts.append(f"**Assistant**\n\n{e.text.strip()}")
+        elif isinstance(e, ToolCalled):
+            parts.append(f"**Tool call** `{e.name}`\n\n"
+                         + _fence(json.dumps(e.arguments, ensure_ascii=False, indent=2), "json"))
+        elif isinstance(e, ToolReturned):
+            parts.append(f"**Tool result** `{e.name}` ({e.status})\n\n" + _fence(e.output))
+        elif isinstance(e, StepRejected):
+            by = f" by `{e.plugin}`" if e.plugin else ""
+            parts.append(f"**Step rejected**{by}: {e.reason}")
+        elif isinstance(e, TurnEnded):
+            reason = f": {e.reason}" if e.reason else ""
+            parts.append(f"_Turn {e.turn} {e.outcome}{reason}_")
+    return "\n\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Live output of `dsh run`
+# --------------------------------------------------------------------------------------------
+
+
+class StatusLine:
+    """One line on stderr (spinner, step, activity, elapsed time) while the run waits on the
+    model or a tool; redrawn by a ticking thread, erased with ``\\r\\x1b[K``.
+
+    Fed from ``Session.send(on_event=...)``; :meth:`hide` is called before text is written to
+    the same terminal. Thread-safe: events arrive from tool worker threads too.
+    """
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, stream: IO[str], *, color: bool = False, interval: float = 0.1) -> None:
+        self.stream = stream
+        self.color = color
+        self.interval = interval
+        self.step = 0
+        self.activity = "starting"
+        self.started = time.monotonic()
+        self.visible = True
+        self._shown = False
+        self._frame = 0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._tick, name="dsh-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1)
+        with self._lock:
+            self._erase()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.draw()
+
+    def _erase(self) -> None:
+        if self._shown:
+            self._write("\r\x1b[K")
+            self._shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._stop.set()
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        frame = self.FRAMES[self._frame % len(self.FRAMES)]
+        step = f"step {self.step} · " if self.step else ""
+        text = f"{frame} {step}{self.activity} · {elapsed:.1f}s"
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        text = one_line(text, width)
+        return click.style(text, dim=True) if self.color else text
+
+    def draw(self) -> None:
+        with self._lock:
+            if self._stop.is_set() or not self.visible:
+                return
+            self._frame += 1
+            self._write("\r" + self.line() + "\x1b[K")
+            self._shown = True
+
+    def hide(self) -> None:
+        """Erase the line and keep it hidden (text is about to go to the same terminal)."""
+        with self._lock:
+            self.visible = False
+            self._erase()
+
+    def show(self) -> None:
+        with self._lock:
+            self.visible = True
+
+    def note(self, message: str) -> None:
+        """Print ``message`` on its own line of stderr without garbling the status line."""
+        with self._lock:
+            self._erase()
+            self._write(message + "\n")
+
+    def on_event(self, event: Any) -> None:
+        kind = getattr(event, "type", "")
+        with self._lock:
+            if kind == "step/start":
+                self.step = event.step + 1
+                self.activity = "waiting for the model"
+            elif kind == "tool/call":
+                self.activity = f"running tool {event.name}"
+            elif kind == "tool/result":
+                self.activity = f"tool {event.name} returned"
+            elif kind == "assistant/message":
+                self.activity = "thinking"
+            elif kind == "llm/stream":
+                self.activity = "receiving"
+
+
+class TextPrinter:
+    """Writes streamed text to stdout: a newline between the texts of successive steps, and a
+    final newline if the text did not end with one. ``hide_status`` is called before each
+    write when the status line shares the terminal."""
+
+    def __init__(self, write: Callable[[str], None],
+                 hide_status: Callable[[], None] | None = None,
+                 show_status: Callable[[], None] | None = None) -> None:
+        self.write = write
+        self.hide_status = hide_status
+        self.show_status = show_status
+        self.printed = False
+        self.dirty = False  # the last character written was not a newline
+        self._new_step = False
+
+    def on_text(self, delta: str) -> None:
+        if not delta:
+            return
+        if self.hide_status is not None:
+            self.hide_status()
+        if self._new_step and self.dirty:
+            self.write("\n")
+        self._new_step = False
+        self.write(delta)
+        self.printed = True
+        self.dirty = not delta.endswith("\n")
+
+    def on_event(self, event: Any) -> None:
+        kind = getattr(event, "type", "")
+        if kind == "step/start":
+            self._new_step = True
+        if kind in ("step/start", "tool/call") and not self.dirty and self.show_status:
+            self.show_status()
+
+    def finish(self) -> None:
+        if self.dirty:
+            self.write("\n")
+            self.dirty = False

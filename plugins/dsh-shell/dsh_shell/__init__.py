@@ -1,0 +1,99 @@
+"""dsh-shell: tools to run commands and read and write files in a workspace directory.
+
+Installed, it is found through the ``dsh`` entry point ``shell`` and reaches only the agents
+that enable it (``plugins = ["shell"]``, or every agent that lists no plugins). Its settings
+come from ``[plugins.shell]``, overlaid with ``[agents.NAME.plugin_settings.shell]``:
+
+``workspace``
+    the directory commands run in and files are confined to (default: the current
+    directory at the time of the call);
+``allow``
+    command names that run without approval (default: ``ls cat echo pwd grep head tail wc``);
+``timeout``
+    seconds before a command is killed (default 60);
+``max_output``
+    bytes of command output returned (default 64 KiB);
+``max_read``
+    bytes of a file ``read_file`` returns per call (default 256 KiB).
+
+Any other command is asked about on the terminal, or refused when there is none unless the
+run was started with ``dsh run --yes``. See README.md for the security model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dsh.hookspecs import hookimpl
+from dsh.tools import parse_docstring
+from dsh_shell import commands
+from dsh_shell import workspace
+from dsh_shell.settings import ShellSettings
+from dsh_shell.settings import parse_settings
+
+if TYPE_CHECKING:
+    from dsh.scope import AgentInfo
+
+__version__ = "0.1.0"
+__all__ = ["ShellSettings", "__version__", "register_tools"]
+
+
+@hookimpl
+def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
+    """Register ``run_command``, ``read_file`` and ``write_file`` bound to ``agent``'s
+    settings, so agents with different workspaces each get their own."""
+    settings = parse_settings(agent.plugin_settings("shell"),
+                              where=f"plugins.shell, agent {agent.name}")
+
+    def run_command(command: str) -> str:
+        """Run one program in the workspace directory; return its exit code, stdout and stderr.
+
+        The command line is split into words as a POSIX shell would (quotes work), but it runs
+        WITHOUT a shell: pipes (|), redirection (> <), '&&', ';', globs (*.py), $VARIABLES, ~
+        and cd do not work. Run one program per call; use write_file to create files and
+        read_file to read them. Programs on the allowlist run at once; any other program must
+        first be approved by the user, who may refuse. Long output is cut, and a command that
+        runs too long is killed.
+
+        :param command: the command line, e.g. "grep -rn TODO src" or "python -m pytest -q".
+        """
+        return commands.run_command(settings, command)
+
+    def read_file(path: str, start_line: int = 1) -> str:
+        """Read a text file in the workspace and return its content.
+
+        Paths are relative to the workspace; absolute paths and paths that lead outside it
+        (through '..' or a symlink) are refused. A long file is cut at a line boundary and the
+        result ends with a note giving the start_line to continue from.
+
+        :param path: file path relative to the workspace, e.g. "src/app.py".
+        :param start_line: the first line to return (1 is the first line of the file).
+        """
+        return workspace.read_text(settings.workspace_path(), path, start_line=start_line,
+                                   max_bytes=settings.max_read)
+
+    def write_file(path: str, content: str) -> str:
+        """Write a text file in the workspace, replacing it if it exists.
+
+        Missing parent directories are created. Paths are relative to the workspace;
+        absolute paths and paths that lead outside it (through '..' or a symlink) are refused.
+
+        :param path: file path relative to the workspace, e.g. "notes/todo.md".
+        :param content: the complete new content of the file (UTF-8 text).
+        """
+        root = workspace.workspace_root(settings.workspace_path())
+        return workspace.write_text(root, path, content)
+
+    summary, _ = parse_docstring(run_command.__doc__)
+    allowed = ", ".join(settings.allow) or "none"
+    # The model plans better when it knows which programs run without a question.
+    run_description = (
+        f"{summary}\n\nRuns without approval: {allowed}. Output limit: {settings.max_output} "
+        f"bytes. Timeout: {settings.timeout:g}s."
+    )
+    # Side effects are ordered as the model wrote them: a step's write_file and run_command
+    # calls run one after another, never concurrently (an approval question also waits).
+    register(run_command, description=run_description, sequential=True)
+    register(read_file)
+    register(write_file, sequential=True)

@@ -1,0 +1,52 @@
+"""Docs match the code: the hook reference, the events reference."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import attrs
+
+from dsh.events import EVENT_TYPES
+from dsh.manager import make_plugin_manager
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _gen_hooks():
+    sys.path.insert(0, str(DOCS))
+    try:
+        import gen_hooks
+    finally:
+        sys.path.remove(str(DOCS))
+    return gen_hooks
+
+
+def test_hooks_md_is_generated_from_hookspecs():
+    gen = _gen_hooks()
+    assert (DOCS / "hooks.md").read_text() == gen.render(), (
+        "docs/hooks.md is stale: run `python docs/gen_hooks.py > docs/hooks.md`"
+    )
+
+
+def test_every_hook_is_documented_with_its_signature():
+    gen = _gen_hooks()
+    text = (DOCS / "hooks.md").read_text()
+    pm = make_plugin_manager()
+    names = [n for n in dir(pm.hook) if not n.startswith("_")]
+    assert len(names) >= 14
+    for name in names:
+        assert f"### `{gen.signature(name)}`" in text, f"hook {name} missing from hooks.md"
+
+
+def test_events_md_lists_every_type_and_field():
+    text = (DOCS / "events.md").read_text()
+    documented = re.findall(r"^### `([a-z/-]+)` — `(\w+)`", text, re.M)
+    assert sorted(documented) == sorted((c.type, c.__name__) for c in EVENT_TYPES)
+    sections = re.split(r"^### ", text, flags=re.M)
+    for cls in EVENT_TYPES:
+        body = next(s for s in sections if s.startswith(f"`{cls.type}`"))
+        table = set(re.findall(r"^\| `(\w+)` \|", body, re.M))
+        fields = {f.name for f in attrs.fields(cls)} - {"seq", "ts", "session", "extra"}
+        assert table == fields, f"{cls.type}: docs {sorted(table)} vs code {sorted(fields)}"
