@@ -210,7 +210,8 @@ class Session:
         turn = Turn(number, agent, ledger, self.inbox, ctx, agent.max_steps,
                     agent.app.config.max_continuations,
                     on_text=stream_text if watched else None)
-        outcome, error = "error", None
+        outcome = "error"
+        error: BaseException | None = None
         with activate(ctx):
             try:
                 ledger.append(

@@ -122,14 +122,12 @@ def set_value(path: Path, key: str, raw: str) -> Config:
 
 
 def effective(cfg: Config) -> dict[str, Any]:
-    """Every top-level setting with its effective value (defaults included), TOML-ready."""
-    full = config_to_dict(Config())
-    defaults = Config()
-    for name in ("model", "agent", "autoload", "strict_plugins", "max_steps",
-                 "max_continuations", "fsync", "disable", "load"):
-        full[name] = getattr(defaults, name)
-    full.update(config_to_dict(cfg))
-    return {k: v for k, v in full.items() if v is not None}
+    """Every setting with its effective value (defaults included), ready for tomli-w."""
+    import attrs
+
+    out = {f.name: getattr(cfg, f.name) for f in attrs.fields(Config) if f.name != "source"}
+    out.update(config_to_dict(cfg))
+    return {k: v for k, v in out.items() if v is not None and v != {}}
 
 
 def _write(path: Path, text: str) -> None:

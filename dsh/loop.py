@@ -263,4 +263,4 @@ def _execute_one(execute: Any, inv: ToolInvocation) -> ToolOutcome:
     outcome = execute(call=inv)
     if outcome is None:
         return ToolOutcome("error", "no plugin executed the tool (is dsh.tools blocked?)")
-    return outcome  # type: ignore[no-any-return]
+    return outcome

@@ -6,6 +6,7 @@ agent loop and the ledger know nothing of any provider's wire format.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -17,6 +18,14 @@ import attrs
 
 def _freeze_args(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(value or {})
+
+
+def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(value)
+
+
+def _specs(value: Iterable[ToolSpec]) -> tuple[ToolSpec, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +66,7 @@ class Message:
 
     role: str
     content: str = ""
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
@@ -137,7 +146,7 @@ class ModelRequest:
     model: str
     system: str = ""
     messages: Sequence[Message] = ()
-    tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=tuple)
+    tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_specs)
     options: dict[str, Any] = attrs.field(factory=dict, hash=False)
     stream: bool = False
 
@@ -148,7 +157,7 @@ class ModelResponse:
     ``native`` (the provider's own fields), a rescue format name, or ``None`` without calls."""
 
     text: str = ""
-    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
     usage: Usage = Usage()
     stop_reason: str | None = None
     tool_call_source: str | None = None

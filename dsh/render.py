@@ -359,3 +359,72 @@ class TextPrinter:
         if self.dirty:
             self.write("\n")
             self.dirty = False
+
+
+def silence_stdout() -> None:
+    """Point file descriptor 1 at ``/dev/null`` after the reader went away, so that the
+    interpreter's final flush cannot fail (the recipe of the Python docs for SIGPIPE)."""
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a real file (tests capture stdout): nothing left to flush to fd 1
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class Stdout:
+    """stdout that survives a closed pipe: the first ``BrokenPipeError`` silences it, calls
+    ``on_closed`` (``dsh run`` stops the run there) and turns later writes into no-ops."""
+
+    def __init__(self, on_closed: Callable[[], None] | None = None) -> None:
+        self.closed = False
+        self.on_closed = on_closed
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> None:
+        import sys
+
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.closed = True
+                silence_stdout()
+        if self.closed and self.on_closed is not None:
+            self.on_closed()
+
+    def json_line(self, data: dict[str, Any]) -> None:
+        self.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+
+
+def event_line(event: Any) -> dict[str, Any]:
+    """The ``--events`` object of a persistent event (its ledger line) or a live event."""
+    if isinstance(event, Event):
+        from dsh.serialize import event_to_dict
+
+        return event_to_dict(event)
+    return {"type": getattr(event, "type", "live"), **getattr(event, "data", {})}
+
+
+def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]:
+    """The ``--json`` object (and the last ``--events`` line) of a run's result."""
+    return {
+        "session": result.session_id,
+        "agent": agent,
+        "model": model,
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "output": result.output,
+        "steps": result.steps,
+        "usage": {"input_tokens": result.usage.input_tokens,
+                  "output_tokens": result.usage.output_tokens},
+        "path": str(result.path) if result.path else None,
+    }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import cache
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -42,10 +41,15 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-@cache
+_FIELDS: dict[type[Event], tuple[str, ...]] = {}
+
+
 def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    skip = {"seq", "ts", "session", "extra"}
-    return tuple(f.name for f in attrs.fields(cls) if f.name not in skip)
+    names = _FIELDS.get(cls)
+    if names is None:
+        skip = {"seq", "ts", "session", "extra"}
+        names = _FIELDS[cls] = tuple(f.name for f in attrs.fields(cls) if f.name not in skip)
+    return names
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
@@ -115,7 +119,8 @@ class EventCodec:
         if extra:
             data["extra"] = extra
         try:
-            return self._structure[cls](data, cls)  # type: ignore[no-any-return]
+            event: Event = self._structure[cls](data, cls)
+            return event
         except Exception as exc:  # cattrs raises ClassValidationError, KeyError, TypeError…
             raise LedgerError(f"{where}: invalid {tag!r} event: {_describe(exc)}") from None
 
@@ -137,9 +142,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-@cache
+_DEFAULT: list[EventCodec] = []
+
+
 def default_codec() -> EventCodec:
-    return EventCodec()
+    if not _DEFAULT:
+        _DEFAULT.append(EventCodec())
+    return _DEFAULT[0]
 
 
 def load_event(line: str | bytes) -> Event:

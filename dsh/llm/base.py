@@ -72,4 +72,4 @@ class ModelEntry:
 
             module_name, _, attr = factory.partition(":")
             factory = getattr(importlib.import_module(module_name), attr)
-        return factory(name, settings)  # type: ignore[operator]
+        return factory(name, settings)

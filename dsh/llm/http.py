@@ -172,7 +172,7 @@ def abort_client(client: httpx.Client) -> None:
     with _lock:
         socks = list(_sockets.get(client, ()))
     for sock in socks:
-        pass
+        shutdown_socket(sock)
 
 
 # -- settings --------------------------------------------------------------------------------
