@@ -110,6 +110,11 @@ class Agent:
         self.pm.hook.configure.call_historic(kwargs={"app": app})
         allow = tools if tools is not None else acfg.tools
         self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info, allow)
+        for child in acfg.subagents:
+            sub_tool = subagent_tool(app, child)
+            if allow is None or sub_tool.name in allow:
+                self.tools[sub_tool.name] = sub_tool
+        self.limits: Limits = cfg.limits.merged(acfg.limits)
         self.tool_specs: tuple[ToolSpec, ...] = tuple(t.spec for t in self.tools.values())
         self.system, self.prompt_parts = collect_prompt(
             self.pm, self.info, system if system is not None else acfg.system)
@@ -121,6 +126,14 @@ class Agent:
         if self._model is None:
             self._model = self.app.build_model(self.model_id)
         return self._model
+
+    @property
+    def price(self) -> tuple[float, float] | None:
+        """``(input, output)`` price per million tokens from ``[models.ID] price``."""
+        price = self.app.config.models.get(self.model_id, {}).get("price")
+        if not price:
+            return None
+        return float(price.get("input", 0)), float(price.get("output", 0))
 
     @property
     def observed(self) -> bool:
@@ -195,11 +208,14 @@ class Session:
                 if on_text is not None:
                     on_text(delta)
 
+        if parent is not None and parent.depth >= MAX_DEPTH:
+            raise UsageError(f"sub-agents nested deeper than {MAX_DEPTH} levels")
         ctx = RunContext(
             run_id=secrets.token_hex(6), agent=agent.name, ledger=ledger,
             cancel=CancelToken(cancel), emit=emit,
-            budget=Budget(limits or Limits(), parent=parent.budget if parent else None),
-            approve_all=approve,
+            budget=Budget(agent.limits.merged(limits),
+                          parent=parent.budget if parent else None),
+            approve_all=approve, price=agent.price, parent=parent,
         )
         if context_hook is not None:
             context_hook(ctx)
@@ -220,6 +236,7 @@ class Session:
                     system=_changed(agent.system, proj.system),
                     tools=_changed(agent.tool_specs, proj.tools),
                     options=_changed(agent.options, proj.options),
+                    **_parent_link(parent, number),
                 )
                 outcome = pm.hook.run_turn(turn=turn) or "completed"
             except Cancelled as exc:
@@ -270,6 +287,54 @@ class Session:
 
 def _changed(value: Any, current: Any) -> Any:
     return None if value == current else value
+
+
+MAX_DEPTH = 8
+
+
+def _parent_link(parent: RunContext | None, turn: int) -> dict[str, Any]:
+    """``parent``/``parent_call`` of a child session's first turn (links both ways)."""
+    if parent is None or turn != 1:
+        return {}
+    from dsh.tools import current_call
+
+    try:
+        call_id: str | None = current_call().call.id
+    except LookupError:
+        call_id = None
+    return {"parent": parent.session_id, "parent_call": call_id}
+
+
+def subagent_tool(app: App, child: str) -> ToolDef:
+    """The ``ask_CHILD`` tool: runs agent ``child`` in a nested run with a chained budget."""
+    if child not in app.config.agent_names():
+        raise UsageError(f"sub-agent {child!r} is not a configured agent "
+                         f"(configured: {', '.join(app.config.agent_names())})")
+    description = app.config.agent_config(child).description or f"Ask the {child} agent."
+
+    def ask(prompt: str) -> str:
+        from dsh.context import context
+        from dsh.errors import ToolError
+        from dsh.tools import current_call
+
+        parent = context()
+        agent = app.agent(child)
+        with app.open_session(agent, current_call().child_session, create=True) as session:
+            result = session.send(prompt, parent=parent, cancel=parent.cancel,
+                                  approve=parent.approve_all)
+        if result.outcome in ("error", "aborted", "rejected"):
+            raise ToolError(f"sub-agent {child} ended with {result.outcome}: {result.reason}")
+        if result.outcome == "budget":
+            return f"{result.output}\n[sub-agent {child} stopped: {result.reason}]"
+        return result.output
+
+    return ToolDef(
+        name=f"ask_{child}", description=description,
+        parameters={"type": "object", "properties": {"prompt": {
+            "type": "string", "description": f"what to ask the {child} agent"}},
+            "required": ["prompt"], "additionalProperties": False},
+        fn=ask, plugin="dsh.subagents", subagent=child,
+    )
 
 
 def describe_error(pm: Any, exc: BaseException) -> str:
@@ -379,15 +444,16 @@ class App:
         return agent
 
     def open_session(self, agent: Agent, session_id: str | None = None, *,
-                     save: bool = True) -> Session:
-        """A new session (``session_id=None``), or an existing one resumed."""
+                     save: bool = True, create: bool = False) -> Session:
+        """A new session (``session_id=None``), or an existing one resumed; with ``create``,
+        a new session with the given id (sub-agents choose their child's id up front)."""
         agent.model  # noqa: B018 - resolve the adapter (and check its key) before any I/O
         if not save:
             if session_id is not None:
                 raise UsageError("--no-save cannot resume a saved session")
             return Session(agent, Ledger(new_session_id()))
-        if session_id is None:
-            return Session(agent, self.store.create())
+        if session_id is None or create:
+            return Session(agent, self.store.create(session_id))
         return Session(agent, self.store.open(session_id))
 
     def session(self, agent: str | None = None, session_id: str | None = None, *,

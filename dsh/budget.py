@@ -22,7 +22,11 @@ def request(call: Any) -> Generator[None, Any, Any]:
     ctx = current_or_none()
     if ctx is not None:
         u = response.usage
-        ctx.budget.add(requests=1, input_tokens=u.input_tokens, output_tokens=u.output_tokens)
+        cost = 0.0
+        if ctx.price is not None:
+            cost = (u.input_tokens * ctx.price[0] + u.output_tokens * ctx.price[1]) / 1e6
+        ctx.budget.add(requests=1, input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                       cost=cost)
     return response
 
 

@@ -1,33 +1,577 @@
-"""The ``dsh`` command (minimal; the full CLI lands with issue 3)."""
+"""The ``dsh`` command line (docs/cli.md): thin click commands over :class:`dsh.App`.
+
+Start-up is a feature: this module imports only click, so ``dsh --help`` and ``dsh --version``
+load no plugin and import no provider, pluggy, httpx or cattrs. The app is assembled lazily,
+on first use by a command (:class:`State`). Plugin commands (``register_commands``) are looked
+up only for a name that is not built in; ``dsh --help`` lists them only with
+``DSH_HELP_PLUGINS=1`` (``dsh plugins`` always does).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
 
 import click
 
 from dsh._version import __version__
 
+if TYPE_CHECKING:
+    from dsh.app import App
 
-@click.group()
-@click.version_option(__version__, prog_name="dsh")
-def cli() -> None:
-    """dsh: run LLM agents as a tree of pluggy plugins."""
+EXIT_CODES = {"completed": 0, "error": 1, "budget": 3, "rejected": 4, "stopped": 130,
+              "aborted": 130}
+
+
+class State:
+    """``ctx.obj`` of every command: the ``--config`` path and the app, built on first use.
+
+    Plugin commands reach the app as ``click.get_current_context().obj.app``.
+    """
+
+    def __init__(self, config_path: Path | None = None) -> None:
+        self.config_path = config_path
+        self._app: App | None = None
+        self._commands: dict[str, tuple[str, click.Command]] | None = None
+
+    @property
+    def app(self) -> App:
+        if self._app is None:
+            from dsh.app import App
+
+            self._app = App.from_config(self.config_path)
+        return self._app
+
+    def config_file(self) -> Path:
+        from dsh.config import default_config_path
+
+        return self.config_path or default_config_path()
+
+    def plugin_commands(self) -> dict[str, tuple[str, click.Command]]:
+        """``{name: (plugin, command)}`` from every ``register_commands`` implementation."""
+        if self._commands is None:
+            from dsh.errors import PluginError
+
+            table: dict[str, tuple[str, click.Command]] = {}
+            for impl in reversed(self.app.pm.hook.register_commands.get_hookimpls()):
+                scratch = click.Group("dsh")
+                try:
+                    impl.function(*[scratch for _ in impl.argnames])
+                except Exception as exc:
+                    raise PluginError(f"plugin {impl.plugin_name} failed in register_commands: "
+                                      f"{type(exc).__name__}: {exc}",
+                                      plugin=impl.plugin_name, hook="register_commands") from exc
+                for name, cmd in scratch.commands.items():
+                    if name not in cli.commands:  # built-in commands always win
+                        table.setdefault(name, (impl.plugin_name, cmd))
+            self._commands = table
+        return self._commands
+
+
+def _state(ctx: click.Context) -> State:
+    root = ctx.find_root()
+    if not isinstance(root.obj, State):
+        root.obj = State(root.params.get("config"))
+    return root.obj
+
+
+pass_state = click.make_pass_decorator(State)
+
+
+class Failure(click.ClickException):
+    """A :class:`dsh.errors.DshError` on its way out: ``dsh: error: MESSAGE``, its exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # per instance, not per class
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"dsh: error: {self.message}", err=True)
+
+
+class DshGroup(click.Group):
+    """The root group: maps dsh errors to exit codes, quiet on a closed stdout, and looks up
+    plugin commands only when a name is not built in."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None:
+            found = _state(ctx).plugin_commands().get(cmd_name)
+            cmd = found[1] if found else None
+        return cmd
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        if os.environ.get("DSH_HELP_PLUGINS"):  # opt-in: plain `dsh --help` loads no plugin
+            from dsh.errors import DshError
+
+            try:
+                names = sorted({*names, *_state(ctx).plugin_commands()})
+            except DshError as exc:
+                click.echo(f"dsh: warning: plugin commands not listed: {exc}", err=True)
+        return names
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from dsh.errors import DshError
+
+        try:
+            return super().invoke(ctx)
+        except DshError as exc:
+            raise Failure(str(exc), exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise Failure("interrupted", 130) from None
+        except BrokenPipeError:
+            from dsh.render import silence_stdout
+
+            silence_stdout()
+            ctx.exit(0)
+
+
+def warn(message: str) -> None:
+    click.echo(f"dsh: {message}", err=True)
+
+
+@click.group(cls=DshGroup)
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), is_eager=True,
+              help="Config file (default: $DSH_CONFIG, else $XDG_CONFIG_HOME/dsh/config.toml).")
+@click.version_option(__version__, "--version", prog_name="dsh",
+                      message="%(prog)s %(version)s", help="Show the version and exit.")
+@click.pass_context
+def cli(ctx: click.Context, config: Path | None) -> None:
+    """dsh: run LLM agents as a tree of pluggy plugins.
+
+    Answers go to stdout, everything else to stderr. Plugin commands are listed by
+    `dsh plugins` (and here with DSH_HELP_PLUGINS=1).
+    """
+    _state(ctx)
+
+
+# --------------------------------------------------------------------------------------------
+# dsh run
+# --------------------------------------------------------------------------------------------
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The argument, stdin (when it is not a terminal), or both: stdin then becomes a block
+    ``<stdin>…</stdin>`` after the argument, separated by a blank line (docs/cli.md)."""
+    data = ""
+    stdin = sys.stdin
+    if stdin is not None and not stdin.isatty():
+        buf = getattr(stdin, "buffer", None)
+        data = buf.read().decode("utf-8", "replace") if buf is not None else stdin.read()
+        data = data.rstrip("\n") if data.strip() else ""
+    if prompt and data:
+        return f"{prompt}\n\n<stdin>\n{data}\n</stdin>"
+    if not (prompt or data):
+        raise click.UsageError("no prompt: give PROMPT or pipe text on stdin")
+    return prompt or data
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    from dsh.config_edit import parse_value
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'-o'")
+        out[key.strip()] = parse_value(raw)
+    return out
 
 
 @cli.command()
 @click.argument("prompt", required=False)
-@click.option("-m", "--model", help="Model id, e.g. echo, scripted:FILE, openai:gpt-4o-mini.")
-def run(prompt: str | None, model: str | None) -> None:
-    """Run PROMPT as one turn and print the answer."""
-    from dsh.app import App
+@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
+@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
+@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
+@click.option("-c", "--continue", "continue_", is_flag=True,
+              help="Continue the agent's latest session.")
+@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
+@click.option("--no-save", is_flag=True, help="Keep the session in memory only.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object with the result at the end.")
+@click.option("--events", is_flag=True,
+              help="Print JSON Lines while running: session, events, text deltas, result.")
+@click.option("--stream/--no-stream", default=None,
+              help="Print text as it arrives (default: when stdout is a terminal).")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in this turn.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Wall-clock limit of the run, in seconds.")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Model option, e.g. -o temperature=0.2 (repeatable).")
+@click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
+              help="Allow only this tool (repeatable, or comma-separated).")
+@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@pass_state
+def run(state: State, prompt: str | None, model: str | None, system: str | None,
+        agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
+        as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
+        timeout: float | None, options: tuple[str, ...], tools: tuple[str, ...],
+        yes: bool) -> None:
+    """Run PROMPT as one turn and print the answer.
 
-    result = App.from_config().run(prompt or "", model=model)
-    click.echo(result.output)
-    if result.error is not None:
-        click.echo(f"dsh: {result.reason}", err=True)
-        sys.exit(1)
+    PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
+    <stdin> block). Exit codes: 0 completed, 1 error, 2 usage or config error, 3 limit
+    reached, 4 rejected by a plugin, 130 interrupted.
+    """
+    machine = as_json or events
+    if as_json and events:
+        raise click.UsageError("--json and --events cannot be combined")
+    if stream and machine:
+        raise click.UsageError("--stream cannot be combined with --json or --events")
+    if continue_ and session_id:
+        raise click.UsageError("--continue and --session cannot be combined")
+    if no_save and (continue_ or session_id):
+        raise click.UsageError("--no-save cannot resume a session")
+    text = read_prompt(prompt)
+    overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
+                                 "options": parse_options(options) or None}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
+    from dsh.errors import DshError
+    from dsh.render import RunOutput
+    from dsh.render import Stdout
+
+    output = RunOutput(Stdout(), events=events, as_json=as_json, stream=stream)
+    try:
+        app = state.app
+        if allow:
+            known = app.agent(agent, **overrides).tools
+            unknown = [t for t in allow if t not in known]
+            if unknown:
+                from dsh.errors import UsageError
+
+                raise UsageError(f"unknown tool(s) {', '.join(unknown)} (available: "
+                                 f"{', '.join(known) or 'none'})")
+            overrides["tools"] = allow
+        assembled = app.agent(agent, **overrides)
+        resume = None
+        if continue_:
+            resume = app.store.latest(assembled.name)
+            if resume is None:
+                warn(f"no session of agent {assembled.name} to continue; starting a new one")
+        elif session_id:
+            resume = resolve_session(app, session_id)
+        session = app.open_session(assembled, resume, save=not no_save)
+    except DshError as exc:
+        output.fail(str(exc))
+        raise
+    with session:
+        code = _send(session, text, output, timeout=timeout, approve=yes)
+    click.get_current_context().exit(code)
+
+
+def _send(session: Any, text: str, output: Any, *, timeout: float | None,
+          approve: bool) -> int:
+    """Run the turn, print the result, report on stderr; return the exit code."""
+    for note in session.ledger.notes:
+        warn(f"note: {note}")
+    result = output.run(session, text, timeout=timeout, approve=approve)
+    output.finish(result, session.agent.name, session.agent.model_id)
+    if output.out.closed:
+        return 0  # the reader has what it wanted: end quietly
+    code = EXIT_CODES.get(result.outcome, 1)
+    if result.outcome == "error":
+        code = getattr(result.error, "exit_code", 1)
+        warn(f"error: {result.reason}")
+    elif output.timed_out:
+        code = 3
+        warn(f"time limit reached ({timeout:g}s); session {session.id}")
+    elif output.interrupts or result.outcome in ("stopped", "aborted"):
+        code = 130
+        warn(f"interrupted ({result.outcome}); session {session.id}")
+    elif result.outcome != "completed":
+        warn(f"{result.outcome}: {result.reason}; session {session.id}")
+    return code
+
+
+def resolve_session(app: App, text: str) -> str:
+    """A session id from ``text``: an id, a unique prefix of one, or ``latest``."""
+    from dsh.errors import UsageError
+
+    store = app.store
+    if text == "latest":
+        latest = store.latest()
+        if latest is None:
+            raise UsageError("no sessions yet")
+        return str(latest)
+    ids = store.ids()
+    if text in ids:
+        return text
+    matches = [i for i in ids if i.startswith(text)]
+    if len(matches) == 1:
+        return str(matches[0])
+    if matches:
+        raise UsageError(f"session id {text!r} is ambiguous: {', '.join(matches[:5])}")
+    raise UsageError(f"no session {text!r} (see dsh sessions list)")
+
+
+# --------------------------------------------------------------------------------------------
+# dsh sessions
+# --------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def sessions() -> None:
+    """List, show, export and remove saved sessions.
+
+    ID may be a full session id, a unique prefix of one, or `latest`.
+    """
+
+
+def _dump(data: Any) -> None:
+    import json
+
+    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+@sessions.command("list")
+@click.option("-a", "--agent", help="Only the sessions of this agent.")
+@click.option("-n", "--limit", type=click.IntRange(min=1), help="Show at most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
+    """List sessions, newest first: id, agent, model, start, turns, first prompt."""
+    import itertools
+
+    rows = (s for s in state.app.store.sessions() if agent is None or s.agent == agent)
+    found = list(itertools.islice(rows, limit))
+    if as_json:
+        _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
+                "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),
+                "parent": s.parent} for s in found])
+        return
+    if not found:
+        warn("no sessions")
+        return
+    import shutil
+
+    from dsh.render import sessions_table
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
+    click.echo(sessions_table(found, width))
+
+
+@sessions.command("show")
+@click.argument("session_id", metavar="ID")
+@click.option("--full", is_flag=True, help="Show tool outputs and system prompts in full.")
+@pass_state
+def sessions_show(state: State, session_id: str, full: bool) -> None:
+    """Show a session as a USER / ASSISTANT / TOOL timeline."""
+    from dsh.render import trajectory
+    from dsh.render import use_color
+
+    sid = resolve_session(state.app, session_id)
+    events = state.app.store.read(sid)
+    click.echo(trajectory(events, color=use_color(sys.stdout), full=full), nl=False,
+               color=use_color(sys.stdout))
+
+
+@sessions.command("export")
+@click.argument("session_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="markdown",
+              show_default=True, help="jsonl: the ledger's lines; markdown: a transcript.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to this file instead of stdout.")
+@pass_state
+def sessions_export(state: State, session_id: str, fmt: str, output: Path | None) -> None:
+    """Export a session as JSON Lines or Markdown."""
+    sid = resolve_session(state.app, session_id)
+    events = state.app.store.read(sid)
+    if fmt == "jsonl":
+        from dsh.serialize import dump_event
+
+        text = "".join(dump_event(e) + "\n" for e in events)
+    else:
+        from dsh.render import markdown
+
+        text = markdown(sid, events)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        warn(f"wrote {output}")
+
+
+@sessions.command("path")
+@click.argument("session_id", metavar="ID")
+@pass_state
+def sessions_path(state: State, session_id: str) -> None:
+    """Print the path of a session's ledger file."""
+    click.echo(str(state.app.store.path(resolve_session(state.app, session_id))))
+
+
+@sessions.command("rm")
+@click.argument("session_ids", metavar="ID...", nargs=-1, required=True)
+@pass_state
+def sessions_rm(state: State, session_ids: tuple[str, ...]) -> None:
+    """Remove sessions (a session in use by a running dsh is refused)."""
+    for text in session_ids:
+        path = state.app.store.remove(resolve_session(state.app, text))
+        warn(f"removed {path}")
+
+
+# --------------------------------------------------------------------------------------------
+# dsh plugins / tools / models / agents
+# --------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in subsystems.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def plugins(state: State, show_all: bool, as_json: bool) -> None:
+    """List plugins: distribution, hooks, agents using them, commands, load errors."""
+    from dsh.render import plugin_rows
+    from dsh.render import plugins_text
+
+    commands: dict[str, list[str]] = {}
+    for cmd, (plugin, _) in state.plugin_commands().items():
+        commands.setdefault(plugin, []).append(cmd)
+    rows = plugin_rows(state.app, commands, show_all)
+    if as_json:
+        _dump(rows)
+    elif rows:
+        click.echo(plugins_text(rows))
+    else:
+        warn("no plugins installed (--all shows the built-ins)")
+
+
+@cli.command()
+@click.option("-a", "--agent", help="Agent whose tools to list (default: the config's agent).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def tools(state: State, agent: str | None, as_json: bool) -> None:
+    """List the tools an agent can call, with their plugin and parameters."""
+    from dsh.render import tool_rows
+    from dsh.render import tools_text
+
+    rows = tool_rows(state.app.agent(agent).tools.values())
+    if as_json:
+        _dump(rows)
+    elif rows:
+        click.echo(tools_text(rows))
+    else:
+        warn("no tools")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@pass_state
+def models(state: State, as_json: bool) -> None:
+    """List model adapters (use PREFIX:NAME) and the models configured in [models]."""
+    from dsh.render import models_report
+    from dsh.render import models_text
+
+    report = models_report(state.app)
+    _dump(report) if as_json else click.echo(models_text(report))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def agents(state: State, as_json: bool) -> None:
+    """List agents: model, plugins, tools, step limit and system prompt parts."""
+    from dsh.render import agent_rows
+    from dsh.render import agents_text
+
+    rows = agent_rows(state.app)
+    _dump(rows) if as_json else click.echo(agents_text(rows))
+
+
+# --------------------------------------------------------------------------------------------
+# dsh config
+# --------------------------------------------------------------------------------------------
+
+
+@cli.group()
+def config() -> None:
+    """Locate, show, create, change and check the config file."""
+
+
+@config.command("path")
+@pass_state
+def config_path(state: State) -> None:
+    """Print the config file's path (it may not exist yet)."""
+    click.echo(str(state.config_file()))
+
+
+@config.command("show")
+@pass_state
+def config_show(state: State) -> None:
+    """Print the effective configuration (defaults included) as TOML."""
+    import tomli_w
+
+    from dsh.config import load_config
+    from dsh.config_edit import effective
+
+    path = state.config_file()
+    cfg = load_config(state.config_path)
+    click.echo(f"# {path}{'' if path.exists() else ' (not found: defaults)'}")
+    click.echo(tomli_w.dumps(effective(cfg)), nl=False)
+
+
+@config.command("init")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@pass_state
+def config_init(state: State, force: bool) -> None:
+    """Write a commented starter config file."""
+    from dsh.config_edit import init_config
+
+    warn(f"wrote {init_config(state.config_file(), force=force)}")
+
+
+@config.command("set")
+@click.argument("key")
+@click.argument("value")
+@pass_state
+def config_set(state: State, key: str, value: str) -> None:
+    """Set KEY (dotted: agents.coder.model) to VALUE (a TOML value, else a string).
+
+    The whole file is validated before it is written; other keys are kept, comments are not.
+    """
+    from dsh.config_edit import set_value
+
+    path = state.config_file()
+    set_value(path, key, value)
+    warn(f"set {key} in {path}")
+
+
+@config.command("validate")
+@pass_state
+def config_validate(state: State) -> None:
+    """Check the config file and assemble every agent; print "ok: FILE" or fail with 2."""
+    from dsh.config import load_config
+
+    path = state.config_file()
+    cfg = load_config(path, required=True)
+    app = state.app
+    for name in cfg.agent_names():
+        a = app.agent(name)
+        prefix = a.model_id.partition(":")[0]
+        if a.model_id not in cfg.models and prefix not in app.models:
+            from dsh.errors import ConfigError
+
+            raise ConfigError(f"{path}: agent {name!r}: unknown model {a.model_id!r} "
+                              f"(adapters: {', '.join(sorted(app.models))})")
+    for rec in app.plugins:
+        if rec.error:
+            warn(f"warning: plugin {rec.label} failed to load: {rec.error}")
+    click.echo(f"ok: {path}")
 
 
 def main() -> None:
-    cli()
+    """The ``dsh`` console script."""
+    try:
+        try:
+            cli.main(prog_name="dsh")
+        finally:
+            sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
+    except BrokenPipeError:
+        from dsh.render import silence_stdout
+
+        silence_stdout()
+        sys.exit(0)

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from dsh.context import Limits
 from dsh.errors import ConfigError
 
 FSYNC_CHOICES = ("event", "step", "never")
@@ -35,6 +36,12 @@ class AgentConfig:
     options: dict[str, Any] = attrs.field(factory=dict)
     #: Per-agent overrides of ``[plugins.NAME]`` settings.
     plugin_settings: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    #: Budget limits of each run of this agent (over the top-level ``limits``).
+    limits: Limits | None = None
+    #: Other agents this agent may call as tools (``ask_NAME``), each in a child run.
+    subagents: list[str] = attrs.field(factory=list)
+    #: What the agent is for: the description of its ``ask_NAME`` tool.
+    description: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -58,6 +65,9 @@ class Config:
     strict_plugins: bool = False
     max_steps: int = 20
     max_continuations: int = 3
+    #: Budget limits of every run (``[limits]``: requests, steps, tool_calls, input_tokens,
+    #: output_tokens, total_tokens, cost, seconds).
+    limits: Limits = attrs.field(factory=Limits)
     fsync: str = "step"
     sessions_dir: str | None = None
     source: str | None = None
@@ -219,7 +229,10 @@ def _converter() -> Any:
         (item,) = typing.get_args(tp) or (Any,)
         return [conv.structure(v, item) for v in value]
 
-    conv.register_structure_hook_func(lambda t: typing.get_origin(t) is list, structure_list)
+    def is_list(tp: Any) -> bool:
+        return typing.get_origin(tp) is list
+
+    conv.register_structure_hook_func(is_list, structure_list)
     return conv
 
 

@@ -78,9 +78,14 @@ class CancelToken:
         return self._event.wait(timeout)
 
 
-@attrs.define
+LIMIT_NAMES = ("steps", "requests", "tool_calls", "input_tokens", "output_tokens",
+               "total_tokens", "cost", "seconds")
+
+
+@attrs.frozen(kw_only=True)
 class Limits:
-    """Budget limits of one run; ``None`` means unlimited."""
+    """Budget limits of one run; ``None`` means unlimited. ``cost`` is in the currency of the
+    config's price table (``[models.ID] price = {input = …, output = …}`` per million tokens)."""
 
     steps: int | None = None
     requests: int | None = None
@@ -88,13 +93,26 @@ class Limits:
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
+    cost: float | None = None
     seconds: float | None = None
+
+    def merged(self, other: Limits | None) -> Limits:
+        """These limits, overridden by every limit ``other`` sets."""
+        if other is None:
+            return self
+        changes = {n: getattr(other, n) for n in LIMIT_NAMES if getattr(other, n) is not None}
+        return attrs.evolve(self, **changes)
 
 
 @attrs.define
 class Budget:
-    """Counters of one run, checked between units of work (MISSION D8). A nested run's budget
-    is chained to its parent's: counts go to both, and the first exceeded limit stops it."""
+    """Counters of one run, checked between units of work (MISSION D8).
+
+    A nested run's budget is chained to its parent's: every count is added to each ancestor
+    too, and :meth:`exceeded` checks the whole chain, so the first exceeded limit — the run's
+    own or any ancestor's — stops it. A model call counts once it has resolved with its usage,
+    so a run may overshoot a token or cost limit by one call per nesting level.
+    """
 
     limits: Limits = attrs.Factory(Limits)
     parent: Budget | None = None
@@ -103,9 +121,10 @@ class Budget:
     tool_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cost: float = 0.0
     started: float = attrs.Factory(time.monotonic)
 
-    def add(self, **counts: int) -> None:
+    def add(self, **counts: float) -> None:
         b: Budget | None = self
         while b is not None:
             for key, value in counts.items():
@@ -113,13 +132,15 @@ class Budget:
             b = b.parent
 
     def exceeded(self) -> str | None:
-        """The first exceeded limit, as a human sentence, or ``None``."""
+        """The first exceeded limit of the chain, as a sentence, or ``None``."""
         b: Budget | None = self
+        depth = 0
         while b is not None:
             reason = b._own_exceeded()
             if reason:
-                return reason if b is self else f"{reason} (parent run)"
+                return reason if depth == 0 else f"{reason} in a parent run"
             b = b.parent
+            depth += 1
         return None
 
     def _own_exceeded(self) -> str | None:
@@ -135,10 +156,12 @@ class Budget:
         for name, used, limit in pairs:
             if limit is not None and used >= limit:
                 return f"{name} limit reached ({used}/{limit})"
+        if lim.cost is not None and self.cost >= lim.cost:
+            return f"cost limit reached ({self.cost:.4f}/{lim.cost:g})"
         if lim.seconds is not None:
             elapsed = time.monotonic() - self.started
             if elapsed >= lim.seconds:
-                return f"time limit reached ({elapsed:.1f}s/{lim.seconds}s)"
+                return f"time limit reached ({elapsed:.1f}s/{lim.seconds:g}s)"
         return None
 
 
@@ -159,11 +182,20 @@ class RunContext:
     stop_requested: bool = False
     #: Tool calls that need approval are approved without asking (``dsh run --yes``).
     approve_all: bool = False
+    #: Price per million tokens of the run's model, ``(input, output)``, for cost budgets.
+    price: tuple[float, float] | None = None
+    #: The parent run, for a nested run (a sub-agent).
+    parent: RunContext | None = None
     _cleanups: list[Callable[[], None]] = attrs.Factory(list)
 
     @property
     def observed(self) -> bool:
         return self.emit is not None
+
+    @property
+    def depth(self) -> int:
+        """0 for a top-level run, 1 for a sub-agent's run, and so on."""
+        return 0 if self.parent is None else self.parent.depth + 1
 
     @property
     def session_id(self) -> str:

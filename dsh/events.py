@@ -47,6 +47,9 @@ class TurnStarted(Event):
     system: str | None = None
     tools: tuple[ToolSpec, ...] | None = None
     options: dict[str, Any] | None = attrs.field(default=None, hash=False)
+    #: For a nested run (a sub-agent): the parent's session and the tool call that started it.
+    parent: str | None = None
+    parent_call: str | None = None
 
 
 @attrs.frozen(kw_only=True)

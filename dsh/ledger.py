@@ -309,6 +309,8 @@ class JsonlStore:
             if isinstance(event, TurnStarted):
                 info["turns"] += 1
                 info.setdefault("agent", event.agent)
+                if event.parent and "parent" not in info:
+                    info["parent"] = event.parent
                 info.setdefault("started", event.ts)
                 if event.model:
                     info["model"] = event.model

@@ -30,6 +30,7 @@ from dsh.events import ToolCalled
 from dsh.events import ToolReturned
 from dsh.events import UserMessage
 from dsh.hookspecs import hookimpl
+from dsh.ledger import new_session_id
 from dsh.llm.builtin import ModelCall
 from dsh.messages import Message
 from dsh.messages import ModelRequest
@@ -175,6 +176,12 @@ def run_turn(turn: Turn) -> str:
         )
         turn.output = response.text
         if response.tool_calls:
+            # Budgets are checked after each model call resolves (D8): a call that used up
+            # the budget does not get its tools run; they are closed as interrupted.
+            exceeded = ctx.budget.exceeded()
+            if exceeded:
+                turn.reason = exceeded
+                return "budget"
             run_tools(turn, response.tool_calls)
         ledger.append(StepEnded, turn=turn.number, step=draft.index)
         ledger.step_boundary()
@@ -233,10 +240,12 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> None:
     agent = turn.agent
     invocations = []
     for call in calls:
-        ledger.append(ToolCalled, call_id=call.id, name=call.name, arguments=call.arguments)
-        invocations.append(
-            ToolInvocation(call, agent.tools.get(call.name), dict(call.arguments), agent.name)
-        )
+        tool = agent.tools.get(call.name)
+        child = new_session_id() if tool is not None and tool.subagent else None
+        ledger.append(ToolCalled, call_id=call.id, name=call.name, arguments=call.arguments,
+                      child_session=child)
+        invocations.append(ToolInvocation(call, tool, dict(call.arguments), agent.name,
+                                          child_session=child))
     execute = agent.pm.hook.execute
     outcomes: list[ToolOutcome]
     concurrent = len(invocations) > 1 and not any(

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
 from datetime import datetime
 from typing import IO
+from typing import TYPE_CHECKING
 from typing import Any
 
 import click
@@ -32,6 +34,9 @@ from dsh.events import TurnEnded
 from dsh.events import TurnStarted
 from dsh.events import UnknownEvent
 from dsh.events import UserMessage
+
+if TYPE_CHECKING:
+    from dsh.context import RunContext
 
 #: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
 TOOL_OUTPUT_LINES = 12
@@ -401,17 +406,19 @@ class Stdout:
         if self.closed and self.on_closed is not None:
             self.on_closed()
 
-    def json_line(self, data: dict[str, Any]) -> None:
-        self.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
 
-
-def event_line(event: Any) -> dict[str, Any]:
-    """The ``--events`` object of a persistent event (its ledger line) or a live event."""
+def event_line(event: Any) -> str:
+    """The ``--events`` line of an event: a persistent event's ledger line, byte for byte, or
+    a live event's ``{"type": ..., **data}``."""
     if isinstance(event, Event):
-        from dsh.serialize import event_to_dict
+        from dsh.serialize import dump_event
 
-        return event_to_dict(event)
-    return {"type": getattr(event, "type", "live"), **getattr(event, "data", {})}
+        return dump_event(event)
+    return _compact({"type": getattr(event, "type", "live"), **getattr(event, "data", {})})
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]:
@@ -428,3 +435,289 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
                   "output_tokens": result.usage.output_tokens},
         "path": str(result.path) if result.path else None,
     }
+
+
+class Interrupt:
+    """SIGINT during a run: the first stops after the current step (``ctx.stop()``), the
+    second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``)."""
+
+    def __init__(self, note: Any) -> None:
+        self.ctx: RunContext | None = None
+        self.count = 0
+        self.note = note
+        self._old: Any = None
+        self._installed = False
+
+    def attach(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1 and self.ctx is not None:
+            self.ctx.stop()
+            self.note("dsh: stopping after the current step (Ctrl-C again to abort)")
+            return
+        if self.ctx is not None:
+            self.ctx.abort("interrupted")
+        raise KeyboardInterrupt
+
+
+
+class RunOutput:
+    """Everything ``dsh run`` shows while a turn runs and when it ends.
+
+    * ``--events``: a ``session`` line, every event (:func:`event_line`), a ``result`` line;
+    * ``--json``: the :func:`result_dict` object at the end;
+    * streaming (``--stream``, or stdout is a terminal): text deltas as they arrive;
+    * otherwise the final output, with a trailing newline.
+
+    The status line is shown when stderr is a terminal; it steps aside while streamed text
+    shares the terminal. With nothing to show live, :attr:`on_event` is ``None`` and the run
+    stays unobserved (MISSION D7).
+    """
+
+    def __init__(self, out: Stdout, *, events: bool = False, as_json: bool = False,
+                 stream: bool | None = None) -> None:
+        import sys
+
+        self.out = out
+        self.events = events
+        self.as_json = as_json
+        self.timed_out = False
+        self.interrupts = 0
+        stdout_tty = sys.stdout.isatty()
+        self.streaming = stream if stream is not None else (
+            stdout_tty and not (events or as_json))
+        self.status = (StatusLine(sys.stderr, color=use_color(sys.stderr))
+                       if sys.stderr.isatty() else None)
+        self._handlers: list[Callable[[Any], None]] = []
+        if events:
+            self._handlers.append(lambda e: out.write(event_line(e) + "\n"))
+        self.printer: TextPrinter | None = None
+        if self.streaming:
+            shared = self.status if stdout_tty else None
+            self.printer = TextPrinter(out.write, shared.hide if shared else None,
+                                       shared.show if shared else None)
+            self._handlers.append(self.printer.on_event)
+        if self.status is not None:
+            self._handlers.append(self.status.on_event)
+
+    def run(self, session: Any, text: str, *, timeout: float | None = None,
+            approve: bool = False) -> Any:
+        """``session.send(text)`` with this output attached, Ctrl-C handled (:class:`Interrupt`)
+        and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
+        is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
+        from dsh.app import RunResult
+        from dsh.context import Limits
+        from dsh.messages import Usage
+
+        interrupt = Interrupt(self.note)
+        self.out.on_closed = lambda: interrupt.ctx.stop() if interrupt.ctx else None
+
+        def expire() -> None:
+            self.timed_out = True
+            if interrupt.ctx is not None:
+                interrupt.ctx.abort(f"time limit reached ({timeout:g}s)")
+
+        timer = threading.Timer(timeout, expire) if timeout else None
+        proj = session.ledger.projection
+        start = len(proj)
+        self.begin(session.id, session.agent.name, session.agent.model_id, proj.turn > 0)
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            with interrupt:
+                return session.send(
+                    text, on_event=self.on_event, on_text=self.on_text,
+                    limits=Limits(seconds=timeout) if timeout else None,
+                    context_hook=interrupt.attach, approve=approve)
+        except KeyboardInterrupt:  # the second Ctrl-C: send() closed the turn and re-raised
+            ctx = interrupt.ctx
+            msgs = proj.view()
+            last = next((msgs[i].content for i in range(len(msgs) - 1, start - 1, -1)
+                         if msgs[i].role == "assistant"), "")
+            return RunResult(
+                output=last, session_id=session.id, outcome="aborted", reason="interrupted",
+                steps=ctx.budget.steps if ctx else 0, path=session.ledger.path,
+                usage=Usage(input_tokens=ctx.budget.input_tokens,
+                            output_tokens=ctx.budget.output_tokens) if ctx else Usage())
+        finally:
+            self.interrupts = interrupt.count
+            if timer is not None:
+                timer.cancel()
+            if self.status is not None:
+                self.status.stop()
+
+    def note(self, message: str) -> None:
+        """A line on stderr that does not garble the status line."""
+        if self.status is not None:
+            self.status.note(message)
+        else:
+            click.echo(message, err=True)
+
+    def begin(self, session: str, agent: str, model: str, resumed: bool) -> None:
+        if self.events:
+            self.out.write(_compact({"type": "session", "session": session, "agent": agent,
+                                     "model": model, "resumed": resumed}) + "\n")
+        if self.status is not None:
+            self.status.start()
+
+    @property
+    def on_event(self) -> Callable[[Any], None] | None:
+        if not self._handlers:
+            return None
+        handlers = tuple(self._handlers)
+
+        def on_event(event: Any) -> None:
+            for handler in handlers:
+                handler(event)
+
+        return on_event
+
+    @property
+    def on_text(self) -> Callable[[str], None] | None:
+        return self.printer.on_text if self.printer is not None else None
+
+    def finish(self, result: Any, agent: str, model: str) -> None:
+        """Print the result in the form asked for."""
+        data = result_dict(result, agent, model)
+        if self.events:
+            self.out.write(_compact({"type": "result", **data}) + "\n")
+        elif self.as_json:
+            self.out.write(_compact(data) + "\n")
+        elif self.printer is not None and self.printer.printed:
+            self.printer.finish()
+        elif result.output and result.outcome not in ("error", "aborted"):
+            text = result.output
+            self.out.write(text if text.endswith("\n") else text + "\n")
+
+    def fail(self, reason: str) -> None:
+        """The result line/object of a run that could not start (``--json``/``--events``)."""
+        data = {"session": None, "outcome": "error", "reason": reason, "output": "",
+                "steps": 0, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        if self.events:
+            self.out.write(_compact({"type": "result", **data}) + "\n")
+        elif self.as_json:
+            self.out.write(_compact(data) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Inventories: dsh plugins / tools / models / agents
+# --------------------------------------------------------------------------------------------
+
+
+def plugin_rows(app: Any, commands: dict[str, list[str]], builtins: bool) -> list[dict[str, Any]]:
+    """One row per plugin: name, distribution and version, hooks it implements, agents that
+    use it, commands it adds, whether it is disabled, and its load error."""
+    from dsh.errors import DshError
+    from dsh.manager import BUILTIN_PLUGINS
+
+    pm = app.pm
+    using: dict[str, list[str]] = {}
+    for name in app.config.agent_names():
+        try:
+            for p in app.agent(name).plugin_names:
+                using.setdefault(p, []).append(name)
+        except DshError as exc:
+            click.echo(f"dsh: warning: agent {name}: {exc}", err=True)
+    rows: list[dict[str, Any]] = [
+        {"name": name, "builtin": True, "dist": "", "version": "", "agents": ["*"],
+         "error": None} for name in (BUILTIN_PLUGINS if builtins else ())
+    ]
+    rows += [{"name": r.name, "builtin": False, "dist": r.dist, "version": r.version,
+              "agents": using.get(r.name, []), "error": r.error} for r in app.plugins]
+    for row in rows:
+        obj = pm.get_plugin(row["name"])
+        row["disabled"] = pm.is_blocked(row["name"])
+        row["hooks"] = sorted(h.name for h in pm.get_hookcallers(obj) or ()) if obj else []
+        row["commands"] = sorted(commands.get(row["name"], []))
+    return rows
+
+
+def plugins_text(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        origin = "built-in" if row["builtin"] else " ".join(
+            x for x in (row["dist"], row["version"]) if x) or "module"
+        lines.append(f"{row['name']}  {origin}{' (disabled)' if row['disabled'] else ''}")
+        lines.append(f"  hooks: {', '.join(row['hooks']) or '-'}")
+        lines.append(f"  agents: {', '.join(row['agents']) or '-'}")
+        if row["commands"]:
+            lines.append(f"  commands: {', '.join(row['commands'])}")
+        if row["error"]:
+            lines.append(f"  error: {row['error']}")
+    return "\n".join(lines)
+
+
+def tool_rows(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "plugin": t.plugin, "description": t.description,
+             "parameters": t.parameters} for t in tools]
+
+
+def tools_text(rows: list[dict[str, Any]]) -> str:
+    """``name(param: type, optional?: type)  [plugin]`` and the description's first line."""
+    lines = []
+    for t in rows:
+        props = t["parameters"].get("properties", {})
+        required = set(t["parameters"].get("required", ()))
+        params = ", ".join(f"{n}{'' if n in required else '?'}: {s.get('type', 'any')}"
+                           for n, s in props.items())
+        lines.append(f"{t['name']}({params})  [{t['plugin']}]")
+        if t["description"]:
+            lines.append(f"  {t['description'].splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def models_report(app: Any) -> dict[str, Any]:
+    return {
+        "default": app.config.model,
+        "adapters": [{"prefix": e.prefix, "plugin": e.plugin, "description": e.description}
+                     for e in app.models.values()],
+        "configured": [{"id": k, "adapter": v.get("adapter", k.partition(":")[0])}
+                       for k, v in app.config.models.items()],
+    }
+
+
+def models_text(report: dict[str, Any]) -> str:
+    adapters = report["adapters"]
+    width = max((len(a["prefix"]) for a in adapters), default=0)
+    lines = [f"{a['prefix'].ljust(width)}  {a['description']}  [{a['plugin']}]"
+             for a in adapters]
+    lines += [f"{c['id']}  (configured, adapter {c['adapter']})" for c in report["configured"]]
+    lines.append(f"default: {report['default']}")
+    return "\n".join(lines)
+
+
+def agent_rows(app: Any) -> list[dict[str, Any]]:
+    rows = []
+    for name in app.config.agent_names():
+        a = app.agent(name)
+        rows.append({"name": name, "default": name == app.config.agent, "model": a.model_id,
+                     "max_steps": a.max_steps, "plugins": list(a.plugin_names),
+                     "tools": list(a.tools),
+                     "prompt": [{"plugin": p.plugin, "name": p.name, "order": p.order}
+                                for p in a.prompt_parts]})
+    return rows
+
+
+def agents_text(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['name']}{' (default)' if r['default'] else ''}")
+        lines.append(f"  model: {r['model']}  max_steps: {r['max_steps']}")
+        lines.append(f"  plugins: {', '.join(r['plugins']) or '-'}")
+        lines.append(f"  tools: {', '.join(r['tools']) or '-'}")
+        parts = [f"{p['plugin']}:{p['name'] or '-'}@{p['order']}" for p in r["prompt"]]
+        lines.append(f"  prompt: {', '.join(parts) or '-'}")
+    return "\n".join(lines)

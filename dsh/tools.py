@@ -28,6 +28,15 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 
 _TOOL_OPTIONS = "__dsh_tool__"
+_current_call: contextvars.ContextVar[ToolInvocation] = contextvars.ContextVar("dsh_tool_call")
+
+
+def current_call() -> ToolInvocation:
+    """The tool call being executed (inside a tool function).
+
+    :raises LookupError: outside a tool call.
+    """
+    return _current_call.get()
 
 
 def tool(
@@ -64,6 +73,8 @@ class ToolDef:
     plugin: str = ""
     sequential: bool = False
     timeout: float | None = None
+    #: For a sub-agent tool: the agent it runs (each call gets a child session).
+    subagent: str | None = None
 
     @property
     def spec(self) -> ToolSpec:
@@ -286,6 +297,8 @@ class ToolInvocation:
     agent: str = ""
     blocked: str | None = None
     blocked_by: str | None = None
+    #: For a sub-agent tool: the child session id, chosen before ``tool/call`` is written.
+    child_session: str | None = None
 
     def block(self, reason: str, plugin: str | None = None) -> None:
         """Refuse the call: the model receives an error result with ``reason``."""
@@ -346,7 +359,11 @@ def execute(call: ToolInvocation) -> ToolOutcome:
         by = f" by {call.blocked_by}" if call.blocked_by else ""
         return ToolOutcome("error", f"tool call blocked{by}: {call.blocked}")
     start = time.perf_counter()
-    outcome = call_tool(call)
+    token = _current_call.set(call)
+    try:
+        outcome = call_tool(call)
+    finally:
+        _current_call.reset(token)
     outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
     return outcome
 

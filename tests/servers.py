@@ -351,7 +351,7 @@ def anthropic_chunks(
     out = [sse(start, "message_start"), sse({"type": "ping"}, "ping")]
     index = 0
     if text:
-        block = {"type": "text", "text": ""}
+        block: dict[str, Any] = {"type": "text", "text": ""}
         out.append(
             sse(
                 {"type": "content_block_start", "index": 0, "content_block": block},
@@ -388,7 +388,10 @@ def anthropic_chunks(
         index += 1
     message_delta = {
         "type": "message_delta",
-        "delta": {"stop_reason": stop or ("tool_use" if calls else "end_turn"), "stop_sequence": None},
+        "delta": {
+            "stop_reason": stop or ("tool_use" if calls else "end_turn"),
+            "stop_sequence": None,
+        },
         "usage": {"output_tokens": usage[1]},
     }
     out.append(sse(message_delta, "message_delta"))

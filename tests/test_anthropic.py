@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import dsh.context
 from dsh.context import RunContext
+from dsh.context import activate
 from dsh.errors import Cancelled
 from dsh.errors import ProviderError
 from dsh.llm.anthropic import AnthropicModel
@@ -20,23 +20,13 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
-
-try:
-    from tests.servers import Reply
-    from tests.servers import ScriptedServer
-    from tests.servers import anthropic_chunks
-    from tests.servers import anthropic_message
-    from tests.servers import bytewise
-    from tests.servers import scripted_server
-    from tests.servers import sse
-except ModuleNotFoundError:  # tests/ is not a package and the repo root is not on sys.path
-    from servers import Reply  # type: ignore[no-redef]
-    from servers import ScriptedServer  # type: ignore[no-redef]
-    from servers import anthropic_chunks  # type: ignore[no-redef]
-    from servers import anthropic_message  # type: ignore[no-redef]
-    from servers import bytewise  # type: ignore[no-redef]
-    from servers import scripted_server  # type: ignore[no-redef]
-    from servers import sse  # type: ignore[no-redef]
+from tests.servers import Reply
+from tests.servers import ScriptedServer
+from tests.servers import anthropic_chunks
+from tests.servers import anthropic_message
+from tests.servers import bytewise
+from tests.servers import scripted_server
+from tests.servers import sse
 
 KEY = "sk-ant-api03-Kx7secret"
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
@@ -60,8 +50,9 @@ def make(server: ScriptedServer, **settings: Any) -> AnthropicModel:
 
 
 def request(stream: bool = False, **kw: Any) -> ModelRequest:
-    return ModelRequest(model="anthropic:claude", messages=[Message(role="user", content="hi")],
-                        stream=stream, **kw)  # fmt: skip
+    return ModelRequest(
+        model="anthropic:claude", messages=[Message(role="user", content="hi")], stream=stream, **kw
+    )
 
 
 def streamed(model: AnthropicModel, req: ModelRequest) -> tuple[ModelResponse, list[str]]:
@@ -85,18 +76,25 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
                 ],
             ),
             Message(role="tool", content="A!", tool_call_id="toolu_1", name="read"),
-            Message(role="tool", content="no such file", tool_call_id="toolu_2", name="read",
-                    is_error=True),
+            Message(
+                role="tool",
+                content="no such file",
+                tool_call_id="toolu_2",
+                name="read",
+                is_error=True,
+            ),
             Message(role="user", content="and now?"),  # merged into the tool results' message
             Message(role="assistant", content="Done."),
             Message(role="assistant", content="Really."),  # consecutive: merged
             Message(role="user", content=""),  # empty: dropped
             Message(role="user", content="bye"),
         ],
-        tools=[ToolSpec(name="read", description="Read a file.", parameters=SCHEMA),
-               ToolSpec(name="noop")],
+        tools=[
+            ToolSpec(name="read", description="Read a file.", parameters=SCHEMA),
+            ToolSpec(name="noop"),
+        ],
         options={"temperature": 0.2},
-    )  # fmt: skip
+    )
     make(server, options={"temperature": 1.0, "top_k": 5}).complete(req)
     (got,) = server.received
     assert got.path == "/v1/messages"
@@ -120,13 +118,21 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
             {
                 "role": "user",
                 "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "A!",
-                     "is_error": False},
-                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "no such file",
-                     "is_error": True},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": "A!",
+                        "is_error": False,
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_2",
+                        "content": "no such file",
+                        "is_error": True,
+                    },
                     {"type": "text", "text": "and now?"},
                 ],
-            },  # fmt: skip
+            },
             {
                 "role": "assistant",
                 "content": [{"type": "text", "text": "Done."}, {"type": "text", "text": "Really."}],
@@ -205,8 +211,9 @@ def test_streaming_equals_non_streaming(server: ScriptedServer, one_byte_chunks:
 
 
 def test_overloaded_error_event_before_text_is_retried(server: ScriptedServer) -> None:
-    overloaded = sse({"type": "error", "error": {"type": "overloaded_error",
-                                                 "message": "Overloaded"}}, "error")  # fmt: skip
+    overloaded = sse(
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"
+    )
     ok = anthropic_chunks(["fine"])
     server.script(Reply(chunks=[*ok[:2], overloaded]), Reply(chunks=ok))
     resp, deltas = streamed(make(server), request(stream=True))
@@ -253,7 +260,10 @@ def test_529_forever(server: ScriptedServer) -> None:
 
 
 def test_401_names_the_variable(server: ScriptedServer) -> None:
-    err = {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}
+    err = {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+    }
     server.script(Reply(401, err))
     with pytest.raises(ProviderError, match="authentication failed.*ANTHROPIC_API_KEY") as info:
         make(server).complete(request())
@@ -273,8 +283,13 @@ def test_missing_key_is_found_before_any_request(
 
 
 def test_prompt_too_long(server: ScriptedServer) -> None:
-    err = {"type": "error", "error": {"type": "invalid_request_error",
-                                      "message": "prompt is too long: 208310 tokens > 200000 maximum"}}  # fmt: skip
+    err = {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "prompt is too long: 208310 tokens > 200000 maximum",
+        },
+    }
     server.script(Reply(400, err))
     with pytest.raises(ProviderError, match="context too long.*208310 tokens") as info:
         make(server).complete(request())
@@ -293,7 +308,7 @@ def test_abort_mid_stream(server: ScriptedServer) -> None:
     server.script(Reply(chunks=chunks[:4], stall=30))
     ctx = RunContext(run_id="t", agent="a", ledger=None)  # type: ignore[arg-type]
     deltas: list[str] = []
-    with dsh.context.activate(ctx):
+    with activate(ctx):
         timer = threading.Timer(0.2, ctx.cancel.cancel)
         timer.start()
         t0 = time.monotonic()

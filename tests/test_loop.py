@@ -181,8 +181,9 @@ def test_provider_error_ends_turn_with_error(make_app, script):
     assert result.outcome == "error"
     assert "overloaded" in result.reason
     events = app.store.read(result.session_id)
-    assert [e.type for e in events] == ["turn/start", "step/start", "user/message", "turn/end"][:3] + [
-        "step/end", "turn/end"]
+    assert [e.type for e in events] == [
+        "turn/start", "step/start", "user/message", "step/end", "turn/end"
+    ]
     assert events[-1].outcome == "error"  # type: ignore[attr-defined]
     # and the session still resumes
     again = app.run("hi", model="echo", session=result.session_id)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import dsh.context
 from dsh.context import RunContext
+from dsh.context import activate
 from dsh.errors import Cancelled
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
@@ -27,25 +27,14 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
-
-try:
-    from tests.servers import Reply
-    from tests.servers import ScriptedServer
-    from tests.servers import bytewise
-    from tests.servers import closed_port
-    from tests.servers import openai_chunks
-    from tests.servers import openai_completion
-    from tests.servers import scripted_server
-    from tests.servers import sse
-except ModuleNotFoundError:  # tests/ is not a package and the repo root is not on sys.path
-    from servers import Reply  # type: ignore[no-redef]
-    from servers import ScriptedServer  # type: ignore[no-redef]
-    from servers import bytewise  # type: ignore[no-redef]
-    from servers import closed_port  # type: ignore[no-redef]
-    from servers import openai_chunks  # type: ignore[no-redef]
-    from servers import openai_completion  # type: ignore[no-redef]
-    from servers import scripted_server  # type: ignore[no-redef]
-    from servers import sse  # type: ignore[no-redef]
+from tests.servers import Reply
+from tests.servers import ScriptedServer
+from tests.servers import bytewise
+from tests.servers import closed_port
+from tests.servers import openai_chunks
+from tests.servers import openai_completion
+from tests.servers import scripted_server
+from tests.servers import sse
 
 KEY = "sk-test-Zq8vW2secret"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -70,8 +59,12 @@ def make(server: ScriptedServer, **settings: Any) -> OpenAIModel:
 
 
 def request(stream: bool = False, **kw: Any) -> ModelRequest:
-    return ModelRequest(model="openai:gpt-4o-mini", messages=[Message(role="user", content="hi")],
-                        stream=stream, **kw)  # fmt: skip
+    return ModelRequest(
+        model="openai:gpt-4o-mini",
+        messages=[Message(role="user", content="hi")],
+        stream=stream,
+        **kw,
+    )
 
 
 def run_ctx() -> RunContext:
@@ -106,10 +99,12 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
             Message(role="assistant", content="It is 18°C."),
             Message(role="user", content="thanks"),
         ],
-        tools=[ToolSpec(name="get_weather", description="Weather.", parameters=WEATHER),
-               ToolSpec(name="now")],
+        tools=[
+            ToolSpec(name="get_weather", description="Weather.", parameters=WEATHER),
+            ToolSpec(name="now"),
+        ],
         options={"temperature": 0.5},
-    )  # fmt: skip
+    )
     model.complete(req)
     (got,) = server.received
     assert got.method == "POST" and got.path == "/v1/chat/completions"
@@ -125,23 +120,41 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": "call_1", "type": "function",
-                     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-                    {"id": "call_2", "type": "function",
-                     "function": {"name": "now", "arguments": "{}"}},
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "now", "arguments": "{}"},
+                    },
                 ],
-            },  # fmt: skip
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "18°C"},
             {"role": "tool", "tool_call_id": "call_2", "content": "boom"},
             {"role": "assistant", "content": "It is 18°C."},
             {"role": "user", "content": "thanks"},
         ],
         "tools": [
-            {"type": "function", "function": {"name": "get_weather", "description": "Weather.",
-                                              "parameters": WEATHER}},
-            {"type": "function", "function": {"name": "now", "description": "",
-                                              "parameters": {"type": "object", "properties": {}}}},
-        ],  # fmt: skip
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Weather.",
+                    "parameters": WEATHER,
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "now",
+                    "description": "",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+            },
+        ],
         "temperature": 0.5,  # request options override the settings' options
         "max_tokens": 10,
         "stream": False,
@@ -256,10 +269,13 @@ def test_error_inside_stream(server: ScriptedServer) -> None:
 
 def test_429_honours_retry_after(server: ScriptedServer) -> None:
     server.script(
-        Reply(429, {"error": {"message": "slow down", "code": "rate_limit_exceeded"}},
-              headers={"Retry-After": "0.3"}),
+        Reply(
+            429,
+            {"error": {"message": "slow down", "code": "rate_limit_exceeded"}},
+            headers={"Retry-After": "0.3"},
+        ),
         Reply(body=openai_completion("done")),
-    )  # fmt: skip
+    )
     t0 = time.monotonic()
     assert make(server, retry_base=10).complete(request()).text == "done"
     assert time.monotonic() - t0 >= 0.3
@@ -283,7 +299,9 @@ def test_parse_retry_after_forms() -> None:
 
 
 def test_500_then_success(server: ScriptedServer) -> None:
-    server.script(Reply(500, "oops"), Reply(502, "bad gateway"), Reply(body=openai_completion("ok")))
+    server.script(
+        Reply(500, "oops"), Reply(502, "bad gateway"), Reply(body=openai_completion("ok"))
+    )
     assert make(server).complete(request()).text == "ok"
     assert len(server.received) == 3
 
@@ -316,7 +334,7 @@ def test_quota_exhausted_is_not_retried(server: ScriptedServer) -> None:
 
 
 def test_garbage_sse_is_a_malformed_stream(server: ScriptedServer) -> None:
-    server.script(Reply(chunks=[b"data: {\"choices\": [\n\n", b"data: [DONE]\n\n"]))
+    server.script(Reply(chunks=[b'data: {"choices": [\n\n', b"data: [DONE]\n\n"]))
     with pytest.raises(ProviderError, match="malformed stream"):
         streamed(make(server), request(stream=True))
     assert len(server.received) == 1  # garbage is not retried
@@ -378,7 +396,9 @@ def test_401_names_the_variable_never_the_key(server: ScriptedServer) -> None:
     assert len(server.received) == 1
 
 
-def test_api_key_env_and_literal_key(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_api_key_env_and_literal_key(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DSH_TEST_KEY", "sk-other")
     server.script(Reply(403, "forbidden"), Reply(body=openai_completion("ok")))
     with pytest.raises(ProviderError, match="permission denied.*DSH_TEST_KEY"):
@@ -403,7 +423,9 @@ def test_missing_key_is_found_before_any_request(
     assert server.received == []
 
 
-def test_loopback_server_needs_no_key(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loopback_server_needs_no_key(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("OPENAI_API_KEY")
     server.script(Reply(body=openai_completion("local")))
     model = make(server)
@@ -424,12 +446,17 @@ def test_unknown_model(server: ScriptedServer) -> None:
 @pytest.mark.parametrize(
     "error",
     [
-        {"message": "This model's maximum context length is 128000 tokens.",
-         "code": "context_length_exceeded"},
-        {"code": 400, "message": "the request exceeds the available context size, try increasing "
-         "it", "type": "exceed_context_size_error"},  # llama.cpp server
+        {
+            "message": "This model's maximum context length is 128000 tokens.",
+            "code": "context_length_exceeded",
+        },
+        {
+            "code": 400,
+            "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error",
+        },  # llama.cpp server
     ],
-)  # fmt: skip
+)
 def test_context_too_long(server: ScriptedServer, error: dict[str, Any]) -> None:
     server.script(Reply(400, {"error": error}))
     with pytest.raises(ProviderError, match="context too long") as info:
@@ -444,7 +471,7 @@ def test_one_client_per_run_reused_and_closed(server: ScriptedServer) -> None:
     server.script(Reply(body=openai_completion("a")), Reply(body=openai_completion("b")))
     ctx = run_ctx()
     model = make(server)
-    with dsh.context.activate(ctx):
+    with activate(ctx):
         assert model.complete(request()).text == "a"
         client = ctx.resources["httpx"]
         assert make(server).complete(request()).text == "b"
@@ -474,7 +501,7 @@ def test_abort_ends_the_request_promptly(server: ScriptedServer, where: str) -> 
     ctx = run_ctx()
     model = make(server)
     deltas: list[str] = []
-    with dsh.context.activate(ctx):
+    with activate(ctx):
         if where == "reused":
             model.complete(request())
         timer = _cancel_soon(ctx)
@@ -493,7 +520,7 @@ def test_abort_ends_the_request_promptly(server: ScriptedServer, where: str) -> 
 def test_already_cancelled_run_sends_nothing(server: ScriptedServer) -> None:
     ctx = run_ctx()
     ctx.cancel.cancel("stop")
-    with dsh.context.activate(ctx), pytest.raises(Cancelled):
+    with activate(ctx), pytest.raises(Cancelled):
         make(server).complete(request())
     assert server.received == []
     ctx.run_cleanups()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from dsh.events import ToolReturned
 try:
     import dsh_shell
 except ImportError:  # reported by the autouse fixture below, as a failure, not a skip
-    dsh_shell = None
+    dsh_shell = None  # type: ignore[assignment]
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "dsh-shell"
@@ -81,7 +82,7 @@ def make(tmp_path: Path, ws: Path) -> Callable[..., App]:
 
 
 def tool(app: App, name: str, agent: str = "a") -> Callable[..., str]:
-    return app.agent(agent).tools[name].fn  # type: ignore[no-any-return]
+    return app.agent(agent).tools[name].fn
 
 
 def results(app: App, run: RunResult) -> list[ToolReturned]:
@@ -448,11 +449,23 @@ def test_approval_is_asked_and_read_on_the_terminal(
             with pytest.raises(ToolError, match="the user did not approve running 'rm'"):
                 run(command="rm x.txt")
         assert (ws / "x.txt").exists() is not approved
-        shown = os.read(master, 4096).decode()
-        assert f"dsh-shell: run `rm x.txt` in {os.path.realpath(ws)}? [y/N] " in shown
+        prompt = f"dsh-shell: run `rm x.txt` in {os.path.realpath(ws)}? [y/N] "
+        assert prompt in _read_terminal(master, until=prompt)
     finally:
         os.close(master)
         os.close(slave)
+
+
+def _read_terminal(master: int, until: str, timeout: float = 5.0) -> str:
+    """What the terminal shows: the pty delivers output asynchronously (the echo of the
+    typed-ahead answer may come first), so read until ``until`` appears."""
+    shown = ""
+    deadline = time.monotonic() + timeout
+    while until not in shown and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            shown += os.read(master, 4096).decode(errors="replace")
+    return shown
 
 
 CHILD = textwrap.dedent("""

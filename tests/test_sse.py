@@ -11,13 +11,8 @@ from hypothesis import strategies as st
 
 from dsh.llm.sse import SSEEvent
 from dsh.llm.sse import SSEParser
-
-try:
-    from tests.servers import anthropic_chunks
-    from tests.servers import openai_chunks
-except ModuleNotFoundError:  # tests/ is not a package and the repo root is not on sys.path
-    from servers import anthropic_chunks  # type: ignore[no-redef]
-    from servers import openai_chunks  # type: ignore[no-redef]
+from tests.servers import anthropic_chunks
+from tests.servers import openai_chunks
 
 
 def parse(pieces: Iterable[bytes]) -> list[SSEEvent]:

@@ -174,7 +174,8 @@ class ScriptedModel(Model):
     a resumed session continues the script where it stopped. Each response may have ``text``,
     ``tool_calls`` (``[{"name", "arguments", "id"?}]``), ``usage``, ``stop_reason``, and, to
     simulate failures, ``error`` (message) with ``status``. In the API, pass the responses as a
-    list: ``ScriptedModel("", {"responses": [...]})``.
+    list: ``ScriptedModel("", {"responses": [...]})``. ``delay`` (seconds) makes a response
+    slow, waking early if the run is aborted.
     """
 
     can_stream = True
@@ -230,6 +231,8 @@ class ScriptedModel(Model):
                 f"(all {len(responses)} used)"
             )
         r = responses[pos]
+        if r.get("delay"):
+            _wait(float(r["delay"]))
         if "error" in r:
             raise ProviderError(f"scripted: {r['error']}", status=r.get("status"))
         text = r.get("text", "")
@@ -249,6 +252,20 @@ class ScriptedModel(Model):
             tool_call_source="native" if calls else None,
             model="scripted",
         )
+
+
+def _wait(seconds: float) -> None:
+    """Sleep like a slow provider would, but wake up when the run is aborted."""
+    from dsh.context import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        import time
+
+        time.sleep(seconds)
+        return
+    ctx.cancel.wait(seconds)
+    ctx.cancel.check()
 
 
 def _check_response(r: Any, i: int, where: str) -> dict[str, Any]:

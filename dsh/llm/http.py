@@ -285,15 +285,14 @@ def make_response(
     text: str, calls: list[ToolCall], usage: Usage, stop_reason: str | None, model: str
 ) -> ModelResponse:
     """The adapters' result; ``tool_call_source`` is ``"native"`` exactly when there are calls."""
-    fields: dict[str, Any] = {  # built as a dict: mypy's attrs plugin mistypes converter=tuple
-        "text": text,
-        "tool_calls": tuple(calls),
-        "usage": usage,
-        "stop_reason": stop_reason,
-        "tool_call_source": "native" if calls else None,
-        "model": model,
-    }
-    return ModelResponse(**fields)
+    return ModelResponse(
+        text=text,
+        tool_calls=calls,
+        usage=usage,
+        stop_reason=stop_reason,
+        tool_call_source="native" if calls else None,
+        model=model,
+    )
 
 
 def iter_sse(response: httpx.Response) -> Iterator[SSEEvent]:

@@ -73,10 +73,10 @@ def parse_settings(raw: Mapping[str, Any], where: str = "plugins.shell") -> Shel
             )
         values["allow"] = tuple(allow)
     if "timeout" in raw:
-        values["timeout"] = float(_positive(raw["timeout"], where, "timeout", (int, float)))
+        values["timeout"] = _positive(raw["timeout"], where, "timeout", integer=False)
     for key in ("max_output", "max_read"):
         if key in raw:
-            values[key] = int(_positive(raw[key], where, key, (int,)))
+            values[key] = int(_positive(raw[key], where, key, integer=True))
     return ShellSettings(**values)
 
 
@@ -86,9 +86,10 @@ def _string(value: Any, where: str, key: str) -> str:
     return value
 
 
-def _positive(value: Any, where: str, key: str, types: tuple[type, ...]) -> Any:
+def _positive(value: Any, where: str, key: str, *, integer: bool) -> float:
     # bool is an int subclass; `timeout = true` is a typo, not one second.
-    if isinstance(value, bool) or not isinstance(value, types) or value <= 0:
-        kind = "a positive integer" if types == (int,) else "a positive number"
+    number = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
+    if not number or value <= 0:
+        kind = "a positive integer" if integer else "a positive number"
         raise ConfigError(f"[{where}] {key}: expected {kind}, got {value!r}")
-    return value
+    return float(value)

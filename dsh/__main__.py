@@ -1,0 +1,5 @@
+"""``python -m dsh``: the ``dsh`` command."""
+
+from dsh.cli import main
+
+main()
