@@ -200,6 +200,7 @@ class Session:
                     on_event(event)
                 if has_hook:
                     hook_observe(event=event)
+                ctx.notify(event)
 
             def stream_text(delta: str) -> None:
                 from dsh.recorder import emit as emit_live
@@ -473,3 +474,45 @@ class App:
             for item in inject or ():
                 s.inject(item)
             return s.send(prompt, **kwargs)
+
+    def parallel(self, tasks: list[tuple[str, str]], *, parent: Session | None = None,
+                 limits: Limits | None = None, max_workers: int = 4) -> list[RunResult]:
+        """Run several agents at once (MISSION D6); return their results in task order.
+
+        :param tasks: ``(agent, prompt)`` pairs.
+        :param parent: a session whose history each task starts from — a frozen read, taken
+            once before any task runs, injected into each child session as context (so it is
+            in the child's ledger, C3) — and into whose inbox the results are then injected
+            in task order, whatever order they finished in.
+
+        Each task runs in its own thread, in its own copy of the caller's context, in its own
+        session. A task that fails is reported in its result and does not affect the others.
+        """
+        import contextvars
+        from concurrent.futures import ThreadPoolExecutor
+
+        from dsh.history import render_history
+
+        frozen = render_history(parent.ledger.projection.view()) if parent else ""
+
+        def one(agent: str, prompt: str) -> RunResult:
+            try:
+                with self.session(agent) as session:
+                    if frozen:
+                        session.inject(frozen, source=f"fork:{parent.id}")  # type: ignore[union-attr]
+                    return session.send(prompt, limits=limits)
+            except Exception as exc:  # a task that cannot even start is reported, not raised
+                return RunResult(output="", session_id="", outcome="error",
+                                 reason=describe_error(self.pm, exc), error=exc)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(tasks))),
+                                thread_name_prefix="dsh-parallel") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, one, agent, prompt)
+                       for agent, prompt in tasks]
+            results = [f.result() for f in futures]
+        if parent is not None:
+            for (agent, _), r in zip(tasks, results, strict=True):
+                body = r.output if r.outcome == "completed" else f"{r.outcome}: {r.reason}"
+                parent.inject(body, source=f"parallel:{agent}:{r.session_id or '-'}")
+        return results
+

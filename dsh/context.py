@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,10 @@ from dsh.errors import NoRunContext
 
 if TYPE_CHECKING:
     from dsh.ledger import Ledger
+
+class UnobservedRunWarning(UserWarning):
+    """An observer was added to a run that was started without observation."""
+
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("dsh_run_context")
 
@@ -187,6 +192,26 @@ class RunContext:
     #: The parent run, for a nested run (a sub-agent).
     parent: RunContext | None = None
     _cleanups: list[Callable[[], None]] = attrs.Factory(list)
+    _observers: list[Callable[[Any], None]] = attrs.Factory(list)
+
+    def observe(self, callback: Callable[[Any], None]) -> None:
+        """Receive this run's events from now on (persistent and live).
+
+        A run started unobserved builds no events at all (D7), so observing it now would
+        silently receive nothing: that warns with :class:`UnobservedRunWarning` instead.
+        """
+        if self.emit is None:
+            warnings.warn(UnobservedRunWarning(
+                f"run {self.run_id} was started unobserved, so it builds no events; pass "
+                "observe=True (or on_event=) when starting it, or implement observe_event"),
+                stacklevel=2)
+            return
+        self._observers.append(callback)
+
+    def notify(self, event: Any) -> None:
+        """Deliver ``event`` to the observers added with :meth:`observe`."""
+        for callback in self._observers:
+            callback(event)
 
     @property
     def observed(self) -> bool:

@@ -8,6 +8,7 @@ request is the one it would have sent before the restart.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -128,3 +129,19 @@ def derive_messages(events: Iterable[Event]) -> MessageView:
     for event in events:
         p.apply(event)
     return p.view()
+
+
+def render_history(messages: Iterable[Message]) -> str:
+    """A plain-text transcript of ``messages``, for handing a frozen read of one session's
+    history to another (``App.parallel``)."""
+    lines = []
+    for m in messages:
+        if m.role == "tool":
+            lines.append(f"[tool {m.name} result{' (error)' if m.is_error else ''}] {m.content}")
+            continue
+        text = m.content
+        for call in m.tool_calls:
+            text += f"\n[calls {call.name}({json.dumps(call.arguments, ensure_ascii=False)})]"
+        lines.append(f"[{m.role}] {text.strip()}")
+    return "\n".join(lines)
+

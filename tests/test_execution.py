@@ -216,3 +216,98 @@ def test_abort_closes_dangling_tool_calls(make_app, plugin_module, script):
     tool_result = next(e for e in events if e.type == "tool/result")
     assert tool_result.status == "error" and "aborted" in tool_result.output
     assert events[-1].type == "turn/end"
+
+
+# --- parallel (D6) ---------------------------------------------------------------------------
+
+
+def test_parallel_results_in_task_order_and_a_failure_is_isolated(make_app, tmp_path):
+    files = {}
+    for name, responses in (("slow", [{"text": "slow answer", "delay": 0.2}]),
+                            ("fast", [{"text": "fast answer"}]),
+                            ("broken", [{"error": "exploded"}])):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"responses": responses}))
+        files[name] = {"model": f"scripted:{p}"}
+    app = make_app(agents={**files, "main": {"model": "echo"}})
+    with app.session("main") as parent:
+        parent.send("context for everyone")
+        results = app.parallel(
+            [("slow", "a"), ("broken", "b"), ("fast", "c"), ("ghost", "d")], parent=parent)
+        assert [r.outcome for r in results] == ["completed", "error", "completed", "error"]
+        assert results[0].output == "slow answer" and "exploded" in results[1].reason
+        assert "unknown agent 'ghost'" in results[3].reason
+        # each child saw the same frozen read of the parent's history, in its own ledger
+        for r in (results[0], results[2]):
+            injected = [e for e in app.store.read(r.session_id) if e.type == "context/injected"]
+            assert "context for everyone" in injected[0].text
+            assert injected[0].source == f"fork:{parent.id}"
+        parent.send("what came back?")
+    events = app.store.read(parent.id)
+    injected = [e for e in events if e.type == "context/injected"]
+    # deterministic: task order, although "fast" finished first
+    assert [e.source.split(":")[1] for e in injected] == ["slow", "broken", "fast", "ghost"]
+    assert injected[0].text == "slow answer" and injected[1].text.startswith("error:")
+
+
+# --- conditional observation (D7) --------------------------------------------------------------
+
+
+def test_unobserved_run_builds_nothing_and_observer_added_late_warns(make_app, plugin_module):
+    from dsh.context import UnobservedRunWarning
+
+    seen = {}
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        ctx = context()
+        seen["emit"] = ctx.emit
+        with pytest.warns(UnobservedRunWarning, match="started unobserved"):
+            ctx.observe(lambda e: seen.setdefault("events", []).append(e))
+
+    app = make_app(load=[plugin_module(pre_step=pre_step)])
+    result = app.run("hi", model="echo")
+    assert result.outcome == "completed"
+    assert seen["emit"] is None and "events" not in seen
+
+
+def test_observed_run_streams_and_delivers_live_and_persistent_events(make_app, plugin_module):
+    got: list = []
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        context().observe(got.append)  # observed run: no warning
+
+    app = make_app(load=[plugin_module(pre_step=pre_step)])
+    result = app.run("a b", model="echo", observe=True)
+    types = [e.type for e in got]
+    assert "llm/stream" in types and "agent/request" in types and "assistant/message" in types
+    assert result.outcome == "completed"
+
+
+def test_observer_plugin_makes_runs_observed_and_streaming(make_app, plugin_module):
+    got: list = []
+
+    @hookimpl
+    def observe_event(event):  # type: ignore[no-untyped-def]
+        got.append(event)
+
+    @hookimpl(wrapper=True)
+    def request(call):  # type: ignore[no-untyped-def]
+        got.append(("stream", call.request.stream))
+        return (yield)
+
+    app = make_app(load=[plugin_module(observe_event=observe_event, request=request)])
+    app.run("x y", model="echo")
+    assert ("stream", True) in got
+    deltas = [e.data["delta"] for e in got if getattr(e, "type", "") == "llm/stream"]
+    assert "".join(deltas) == "x y"
+    unobserved: list = []
+
+    @hookimpl(wrapper=True)
+    def request2(call):  # type: ignore[no-untyped-def]
+        unobserved.append(call.request.stream)
+        return (yield)
+
+    make_app(load=[plugin_module(request=request2)]).run("x", model="echo")
+    assert unobserved == [False]  # nobody watching: the provider is not asked to stream

@@ -181,6 +181,8 @@ def test_base_url_from_environment(server: ScriptedServer, monkeypatch: pytest.M
 def test_bad_settings_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="timeout"):
         OpenAIModel("m", {"timeout": "soon"})
+    with pytest.raises(ConfigError, match="connect_timeout"):
+        OpenAIModel("m", {"connect_timeout": 0})
     with pytest.raises(ConfigError, match="retries"):
         OpenAIModel("m", {"retries": -1})
     with pytest.raises(ConfigError, match="base_url"):
@@ -262,6 +264,23 @@ def test_error_inside_stream(server: ScriptedServer) -> None:
     server.script(Reply(chunks=chunks))
     with pytest.raises(ProviderError, match="backend exploded"):
         streamed(make(server), request(stream=True))
+
+
+def test_unexpected_json_shape_is_a_provider_error(server: ScriptedServer) -> None:
+    server.script(Reply(body={"choices": [{"message": "not an object"}]}))
+    with pytest.raises(ProviderError, match="malformed response.*unexpected data"):
+        make(server).complete(request())
+
+
+def test_observer_errors_pass_through_untouched(server: ScriptedServer) -> None:
+    server.script(Reply(chunks=openai_chunks(["a", "b"])), Reply(chunks=openai_chunks(["x"])))
+
+    def broken(text: str) -> None:
+        raise KeyError("observer broke")
+
+    with pytest.raises(KeyError, match="observer broke"):
+        make(server).complete(request(stream=True), on_text=broken)
+    assert len(server.received) == 1
 
 
 # -- retries ---------------------------------------------------------------------------------

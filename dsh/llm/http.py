@@ -63,6 +63,14 @@ _CONTEXT_RE = re.compile(
 )
 
 
+class _CallbackFailed(BaseException):
+    """Carries an exception raised by ``on_text`` past the adapter's own error handling."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class ProviderHTTPError(ProviderError):
     """A :class:`ProviderError` that also carries the server's ``Retry-After`` (seconds)."""
 
@@ -196,7 +204,9 @@ class HTTPSettings:
         for key in ("timeout", "connect_timeout", "retry_base", "retry_cap", "max_retry_wait"):
             if key in settings:
                 v = settings[key]
-                if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                positive = key in ("timeout", "connect_timeout")
+                bad = isinstance(v, bool) or not isinstance(v, int | float)
+                if bad or v < 0 or (positive and v == 0):
                     raise ConfigError(f"{where}: `{key}` must be a number of seconds, got {v!r}")
                 values[key] = float(v)
         if "retries" in settings:
@@ -439,7 +449,10 @@ class HTTPModel(Model):
             nonlocal delivered
             if text and on_text is not None:
                 delivered = True
-                on_text(text)
+                try:
+                    on_text(text)
+                except Exception as exc:  # the observer's own error: pass it through untouched
+                    raise _CallbackFailed(exc) from exc
 
         attempt = 0
         while True:
@@ -447,6 +460,8 @@ class HTTPModel(Model):
                 ctx.cancel.check()
             try:
                 return self._once(client, content, headers, stream, emit)
+            except _CallbackFailed as failed:
+                raise failed.error from None
             except ProviderError as caught:
                 if ctx is not None:
                     ctx.cancel.check()  # a read ended by an abort is a cancellation
@@ -491,10 +506,15 @@ class HTTPModel(Model):
                 _remember_socket(client, resp)
                 if resp.status_code >= 400:
                     raise self.status_error(resp.status_code, resp.read(), resp.headers)
-                ctype = resp.headers.get("content-type", "")
-                if stream and "json" not in ctype:
-                    return self.parse_stream(iter_sse(resp), emit)
-                result = self.parse_json(self.decode_json(resp.read()))
+                try:
+                    if stream and "json" not in resp.headers.get("content-type", ""):
+                        return self.parse_stream(iter_sse(resp), emit)
+                    result = self.parse_json(self.decode_json(resp.read()))
+                except (TypeError, KeyError, AttributeError, ValueError) as exc:
+                    # JSON of an unexpected shape: say so instead of showing a traceback
+                    raise ProviderError(
+                        f"{p}: malformed response from {url}: unexpected data ({exc!r})"
+                    ) from None
                 if stream:  # asked to stream, the server answered whole: deliver it at once
                     emit(result.text)
                 return result

@@ -115,7 +115,7 @@ class OpenAIModel(HTTPModel):
         return body
 
     def parse_json(self, data: Any) -> ModelResponse:
-        if isinstance(data, dict) and "error" in data:
+        if isinstance(data, dict) and data.get("error"):
             raise self._stream_error(data["error"])
         choices = data.get("choices") if isinstance(data, dict) else None
         if not choices or not isinstance(choices[0], dict):
@@ -154,7 +154,7 @@ class OpenAIModel(HTTPModel):
             chunk = self.event_json(event)
             if not isinstance(chunk, dict):
                 raise ProviderError(f"openai: malformed stream from {self.url}: {chunk!r}")
-            if "error" in chunk:
+            if chunk.get("error"):
                 raise self._stream_error(chunk["error"])
             model = chunk.get("model") or model
             if chunk.get("usage"):
