@@ -448,7 +448,9 @@ class App:
                      save: bool = True, create: bool = False) -> Session:
         """A new session (``session_id=None``), or an existing one resumed; with ``create``,
         a new session with the given id (sub-agents choose their child's id up front)."""
-        agent.model  # noqa: B018 - resolve the adapter (and check its key) before any I/O
+        # Resolve the adapter (and check its key) before any I/O, and convert the tool table
+        # to the provider's format now, once, rather than on every request (D1).
+        agent.model.provider_tools(agent.tool_specs)
         if not save:
             if session_id is not None:
                 raise UsageError("--no-save cannot resume a saved session")

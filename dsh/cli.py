@@ -335,10 +335,9 @@ def _dump(data: Any) -> None:
 @pass_state
 def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
     """List sessions, newest first: id, agent, model, start, turns, first prompt."""
-    import itertools
-
-    rows = (s for s in state.app.store.sessions() if agent is None or s.agent == agent)
-    found = list(itertools.islice(rows, limit))
+    # Ids sort by creation to the second; the first event's timestamp breaks ties.
+    found = sorted((s for s in state.app.store.sessions() if agent is None or s.agent == agent),
+                   key=lambda s: (s.started, s.id), reverse=True)[:limit]
     if as_json:
         _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
                 "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),

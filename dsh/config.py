@@ -201,7 +201,17 @@ def _line_of(text: str | None, key: str) -> str:
     return f":{text.count(chr(10), 0, m.start()) + 1}" if m else ""
 
 
+_CONVERTER: list[Any] = []
+
+
 def _converter() -> Any:
+    """The config converter, built once per process (the config classes are fixed)."""
+    if not _CONVERTER:
+        _CONVERTER.append(_make_converter())
+    return _CONVERTER[0]
+
+
+def _make_converter() -> Any:
     """A strict converter: cattrs would otherwise coerce ``autoload = "no"`` to True,
     ``max_steps = 3.7`` to 3 and ``disable = "foo"`` to ``["f", "o", "o"]``."""
     import typing

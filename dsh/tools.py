@@ -16,6 +16,7 @@ import threading
 import time
 import types
 import typing
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -389,6 +390,23 @@ class HookDispatch:
 # --------------------------------------------------------------------------------------------
 
 
+_BUILT: weakref.WeakKeyDictionary[Any, dict[Any, ToolDef]] = weakref.WeakKeyDictionary()
+
+
+def _memo_build(fn: Callable[..., Any], plugin: str, options: dict[str, Any]) -> ToolDef:
+    """:func:`build_tool`, memoised per function: assembling a second app or agent with the
+    same tools reuses their schemas instead of re-reading signatures and docstrings (D1)."""
+    key = (plugin, tuple(sorted(options.items())))
+    try:
+        per_fn = _BUILT.setdefault(fn, {})
+    except TypeError:  # not weak-referenceable: build every time
+        return build_tool(fn, plugin=plugin, **options)
+    tool_ = per_fn.get(key)
+    if tool_ is None:
+        tool_ = per_fn[key] = build_tool(fn, plugin=plugin, **options)
+    return tool_
+
+
 def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> dict[str, ToolDef]:
     """Call each plugin's ``register_tools`` separately, recording provenance (A3, A6)."""
     table: dict[str, ToolDef] = {}
@@ -397,7 +415,7 @@ def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> di
         plugin_name = impl.plugin_name
 
         def register(fn: Callable[..., Any], _plugin: str = plugin_name, **options: Any) -> None:
-            t = build_tool(fn, plugin=_plugin, **options)
+            t = _memo_build(fn, _plugin, options)
             if t.name in table:
                 from dsh.errors import PluginError
 

@@ -496,3 +496,57 @@ def test_no_controlling_terminal_refuses_and_never_reads_stdin(
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"outcome": "completed", "results": [REFUSED]}
     assert (ws / "x.txt").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Through the command line
+# --------------------------------------------------------------------------------------------
+
+
+def _dsh(tmp_path: Path, ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``dsh --config … ARGS`` in a child without a controlling terminal, stdin offering "y"."""
+    config = tmp_path / "dsh.toml"
+    config.write_text(textwrap.dedent(f"""
+        sessions_dir = {json.dumps(str(tmp_path / "sessions"))}
+        [plugins.shell]
+        workspace = {json.dumps(str(ws))}
+        [agents.a]
+        plugins = ["shell"]
+        [agents.b]
+        plugins = []
+    """))
+    env = {k: v for k, v in os.environ.items() if k not in ("DSH_LOAD_PLUGINS", "DSH_CONFIG")}
+    return subprocess.run([sys.executable, "-m", "dsh", "--config", str(config), *args],
+                          input="y\n", capture_output=True, text=True, timeout=60, env=env,
+                          start_new_session=True)
+
+
+def test_cli_plugins_and_tools_show_the_scope(ws: Path, tmp_path: Path) -> None:
+    proc = _dsh(tmp_path, ws, "plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    [row] = [r for r in json.loads(proc.stdout) if r["name"] == "shell"]
+    assert (row["dist"], row["version"], row["error"]) == ("dsh-shell", dsh_shell.__version__,
+                                                           None)
+    assert "a" in row["agents"] and "b" not in row["agents"]
+    proc = _dsh(tmp_path, ws, "tools", "-a", "a", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert {t["name"] for t in json.loads(proc.stdout)} == SHELL_TOOLS
+    proc = _dsh(tmp_path, ws, "tools", "-a", "b", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert not SHELL_TOOLS & {t["name"] for t in json.loads(proc.stdout)}
+
+
+def test_cli_run_refuses_without_yes_and_runs_with_it(
+        ws: Path, tmp_path: Path, script: Callable[..., str]) -> None:
+    model = script({"tool_calls": [{"name": "run_command", "arguments": {"command": "rm x.txt"}}]},
+                   {"text": "done"})
+    outputs = []
+    for extra in ([], ["--yes"]):
+        proc = _dsh(tmp_path, ws, "run", "-a", "a", "-m", model, "--json", *extra, "clean up")
+        assert proc.returncode == 0, proc.stderr
+        summary = json.loads(proc.stdout)
+        assert (summary["outcome"], summary["output"]) == ("completed", "done")
+        lines = [json.loads(line) for line in Path(summary["path"]).read_text().splitlines()]
+        outputs.append([(e["status"], e["output"]) for e in lines if e["type"] == "tool/result"])
+        assert (ws / "x.txt").exists() is not extra
+    assert outputs == [[("error", REFUSED)], [("ok", "exit code: 0\n(no output)")]]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
+from dsh.messages import ToolSpec
 
 #: Called with each text delta while a response streams.
 TextCallback = Callable[[str], None]
@@ -37,6 +39,29 @@ class Model:
     def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
         self.name = name
         self.settings: Mapping[str, Any] = settings or {}
+        self._tools_memo: tuple[Sequence[ToolSpec], list[Any]] | None = None
+        #: How many times a tool table was converted to the provider's format (D1: once).
+        self.tool_conversions = 0
+
+    def format_tool(self, tool: ToolSpec) -> Any:
+        """One tool schema in the provider's wire format (adapters override this)."""
+        return {"name": tool.name, "description": tool.description,
+                "parameters": tool.parameters}
+
+    def provider_tools(self, tools: Sequence[ToolSpec]) -> list[Any]:
+        """``tools`` in the provider's format, memoised (MISSION D1).
+
+        The app converts the agent's tool table when a session opens; every request of the
+        run then finds it here (an identity test, or equality for a table loaded from the
+        ledger on resume) and converts nothing.
+        """
+        memo = self._tools_memo
+        if memo is not None and (memo[0] is tools or memo[0] == tools):
+            return memo[1]
+        converted = [self.format_tool(t) for t in tools]
+        self._tools_memo = (tools, converted)
+        self.tool_conversions += 1
+        return converted
 
     def check(self) -> None:
         """Validate what can be validated before any request (a missing API key, a missing
