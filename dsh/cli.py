@@ -250,7 +250,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         assembled = app.agent(agent, **overrides)
         resume = None
         if continue_:
-            resume = app.store.latest(assembled.name)
+            latest = newest(app, assembled.name)
+            resume = latest[0].id if latest else None
             if resume is None:
                 warn(f"no session of agent {assembled.name} to continue; starting a new one")
         elif session_id:
@@ -288,16 +289,23 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     return code
 
 
+def newest(app: App, agent: str | None = None) -> list[Any]:
+    """Sessions (of ``agent``), newest first. Ids sort by creation to the second only, so
+    the first event's timestamp decides between sessions started in the same second."""
+    return sorted((s for s in app.store.sessions() if agent is None or s.agent == agent),
+                  key=lambda s: (s.started, s.id), reverse=True)
+
+
 def resolve_session(app: App, text: str) -> str:
     """A session id from ``text``: an id, a unique prefix of one, or ``latest``."""
     from dsh.errors import UsageError
 
     store = app.store
     if text == "latest":
-        latest = store.latest()
-        if latest is None:
+        found = newest(app)
+        if not found:
             raise UsageError("no sessions yet")
-        return str(latest)
+        return str(found[0].id)
     ids = store.ids()
     if text in ids:
         return text
@@ -335,9 +343,7 @@ def _dump(data: Any) -> None:
 @pass_state
 def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
     """List sessions, newest first: id, agent, model, start, turns, first prompt."""
-    # Ids sort by creation to the second; the first event's timestamp breaks ties.
-    found = sorted((s for s in state.app.store.sessions() if agent is None or s.agent == agent),
-                   key=lambda s: (s.started, s.id), reverse=True)[:limit]
+    found = newest(state.app, agent)[:limit]
     if as_json:
         _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
                 "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),

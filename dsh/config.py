@@ -129,6 +129,10 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     for name, agent in (agents.items() if isinstance(agents, Mapping) else ()):
         if isinstance(agent, Mapping):
             _check_keys(agent, AgentConfig, where, text, prefix=f"agents.{name}.")
+            if isinstance(agent.get("limits"), Mapping):
+                _check_keys(agent["limits"], Limits, where, text, f"agents.{name}.limits.")
+    if isinstance(data.get("limits"), Mapping):
+        _check_keys(data["limits"], Limits, where, text, prefix="limits.")
     conv = _converter()
     import cattrs
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from dsh.config import Config
 from dsh.config import config_from_dict
-from dsh.config import config_to_dict
 from dsh.errors import ConfigError
 from dsh.errors import UsageError
 
@@ -122,12 +121,20 @@ def set_value(path: Path, key: str, raw: str) -> Config:
 
 
 def effective(cfg: Config) -> dict[str, Any]:
-    """Every setting with its effective value (defaults included), ready for tomli-w."""
+    """Every setting with its effective value (defaults included), ready for tomli-w:
+    unset optional keys (``None``) and empty tables are left out."""
     import attrs
 
-    out = {f.name: getattr(cfg, f.name) for f in attrs.fields(Config) if f.name != "source"}
-    out.update(config_to_dict(cfg))
-    return {k: v for k, v in out.items() if v is not None and v != {}}
+    data = attrs.asdict(cfg)
+    data.pop("source", None)
+    return _prune(data)
+
+
+def _prune(value: Any) -> Any:
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items() if v is not None}
+        return {k: v for k, v in pruned.items() if v != {}}
+    return value
 
 
 def _write(path: Path, text: str) -> None:

@@ -530,7 +530,8 @@ def test_config_show_prints_the_effective_config(dsh: Callable[..., Result],
     assert r.exit_code == 0
     data = tomllib.loads(r.stdout)
     assert data["model"] == "scripted:x.json" and data["max_steps"] == 20
-    assert data["agents"] == {"coder": {"max_steps": 5}}
+    assert data["agents"]["coder"]["max_steps"] == 5
+    assert "system" not in data["agents"]["coder"]  # unset optional keys are left out
     assert data["autoload"] is False
 
 
@@ -540,7 +541,8 @@ def test_config_show_prints_the_effective_config(dsh: Callable[..., Result],
     ("[agents.coder]\nmax_steps = \"x\"\n",
      ":3: key 'agents.coder.max_steps': expected an integer, got string 'x'"),
     ("disable = 'dsh.prompt'\n", ":2: key 'disable': expected an array, got string"),
-    ("autoload = 'no'\n", "key 'autoload': expected a boolean"),
+    ("strict_plugins = 'no'\n", ":2: key 'strict_plugins': expected a boolean"),
+    ("[limits]\nstep = 3\n", ":3: unknown key 'limits.step'; did you mean 'steps'?"),
 ])
 def test_config_validate_errors_name_file_and_key(dsh: Callable[..., Result],
                                                    cfg: Callable[..., Path],
