@@ -238,3 +238,28 @@ def test_concurrent_runs_do_not_see_each_other(make_app, plugin_module):
         t.join()
     assert seen == {"a": results["a"].session_id, "b": results["b"].session_id}
     assert results["a"].session_id != results["b"].session_id
+
+
+def test_run_performs_no_schema_conversion(make_app, plugin_module, script):
+    """D1: the tool table is converted to the provider's format when the session opens; the
+    requests of a several-step run convert nothing."""
+
+    def t(x: int) -> int:
+        """T."""
+        return x
+
+    @hookimpl
+    def register_tools(register):  # type: ignore[no-untyped-def]
+        register(t)
+
+    app = make_app(load=[plugin_module(register_tools=register_tools)])
+    call = {"tool_calls": [{"name": "t", "arguments": {"x": 1}}]}
+    model = script(call, call, call, {"text": "done"})
+    with app.session(model=model) as s:
+        adapter = s.agent.model
+        assert adapter.tool_conversions == 1  # done at assembly
+        converted = adapter.provider_tools(s.agent.tool_specs)
+        result = s.send("go")
+        assert result.steps == 4
+        assert adapter.tool_conversions == 1  # no conversion during the run
+        assert adapter.provider_tools(s.agent.tool_specs) is converted

@@ -106,6 +106,9 @@ class AnthropicModel(HTTPModel):
             headers["x-api-key"] = key
         return headers
 
+    def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return map_tool(tool)
+
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model_name,
@@ -115,7 +118,7 @@ class AnthropicModel(HTTPModel):
         if request.system:
             body["system"] = request.system
         if request.tools:
-            body["tools"] = [map_tool(t) for t in request.tools]
+            body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
         body.update(self.options)
         body.update(request.options)
         body["stream"] = stream

@@ -98,6 +98,9 @@ class OpenAIModel(HTTPModel):
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
 
+    def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return map_tool(tool)
+
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         messages: list[dict[str, Any]] = []
         if request.system:
@@ -105,7 +108,7 @@ class OpenAIModel(HTTPModel):
         messages.extend(map_message(m) for m in request.messages)
         body: dict[str, Any] = {"model": self.model_name, "messages": messages}
         if request.tools:
-            body["tools"] = [map_tool(t) for t in request.tools]
+            body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
         if stream:
             # usage arrives in a last chunk with empty choices; options may override this
             body["stream_options"] = {"include_usage": True}
