@@ -250,7 +250,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         assembled = app.agent(agent, **overrides)
         resume = None
         if continue_:
-            latest = newest(app, assembled.name)
+            latest = newest(app, assembled.name, children=False)
             resume = latest[0].id if latest else None
             if resume is None:
                 warn(f"no session of agent {assembled.name} to continue; starting a new one")
@@ -289,10 +289,11 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     return code
 
 
-def newest(app: App, agent: str | None = None) -> list[Any]:
-    """Sessions (of ``agent``), newest first. Ids sort by creation to the second only, so
-    the first event's timestamp decides between sessions started in the same second."""
-    return sorted((s for s in app.store.sessions() if agent is None or s.agent == agent),
+def newest(app: App, agent: str | None = None, *, children: bool = True) -> list[Any]:
+    """Sessions (of ``agent``; sub-agents' too unless ``children`` is false), newest first.
+    Ids sort by creation to the second only: the first event's timestamp breaks ties."""
+    return sorted((s for s in app.store.sessions() if (agent is None or s.agent == agent)
+                   and (children or not s.parent)),
                   key=lambda s: (s.started, s.id), reverse=True)
 
 
@@ -302,7 +303,7 @@ def resolve_session(app: App, text: str) -> str:
 
     store = app.store
     if text == "latest":
-        found = newest(app)
+        found = newest(app, children=False)
         if not found:
             raise UsageError("no sessions yet")
         return str(found[0].id)
@@ -369,10 +370,11 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     from dsh.render import trajectory
     from dsh.render import use_color
 
-    sid = resolve_session(state.app, session_id)
-    events = state.app.store.read(sid)
-    click.echo(trajectory(events, color=use_color(sys.stdout), full=full), nl=False,
-               color=use_color(sys.stdout))
+    store = state.app.store
+    color = use_color(sys.stdout)
+    events = store.read(resolve_session(state.app, session_id))
+    click.echo(trajectory(events, color=color, full=full, children=store.read), nl=False,
+               color=color)
 
 
 @sessions.command("export")

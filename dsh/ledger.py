@@ -42,6 +42,7 @@ from dsh.events import UserMessage
 from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.serialize import EventCodec
+from dsh.serialize import default_codec
 from dsh.serialize import dump_event
 
 E = TypeVar("E", bound=Event)
@@ -219,7 +220,7 @@ class JsonlStore:
     @property
     def codec(self) -> EventCodec:
         if self._codec is None:
-            self._codec = EventCodec()
+            self._codec = default_codec()
         return self._codec
 
     def path(self, session_id: str) -> Path:
@@ -360,5 +361,6 @@ def default_data_dir() -> Path:
 @hookimpl(trylast=True)
 def session_store(app: Any) -> JsonlStore:
     cfg = app.config
-    directory = Path(cfg.sessions_dir) if cfg.sessions_dir else default_data_dir() / "sessions"
+    directory = (Path(cfg.sessions_dir).expanduser() if cfg.sessions_dir
+                 else default_data_dir() / "sessions")
     return JsonlStore(directory, fsync=cfg.fsync, codec=None)

@@ -66,11 +66,12 @@ def one_line(text: str, width: int) -> str:
 
 
 def sessions_table(rows: Iterable[Any], width: int | None = None) -> str:
-    """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt."""
+    """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt (``↳``
+    marks a sub-agent's session)."""
     header = ("ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST PROMPT")
     cells = [header] + [
         (r.id, r.agent, r.model, local_time(r.started) if r.started else "", str(r.turns),
-         r.first_prompt)
+         ("↳ " if getattr(r, "parent", None) else "") + r.first_prompt)
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(5)]
@@ -113,8 +114,18 @@ class _Styler:
         return click.style(text, **style) if self.color else text
 
 
-def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False) -> str:
-    """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events."""
+#: How deep ``dsh sessions show`` follows sub-agent sessions (the runtime's own bound is 8).
+MAX_NESTING = 8
+
+
+def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False,
+               children: Callable[[str], Iterable[Event]] | None = None,
+               depth: int = 0) -> str:
+    """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
+
+    :param children: reads a child session's events: a sub-agent's session is then shown
+        under the tool call that started it, indented with ``│``.
+    """
     s = _Styler(color)
     out: list[str] = []
     usage = [0, 0]
@@ -132,6 +143,8 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
             if e.tools is not None:
                 bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
+            if e.parent:
+                bits.append(f"sub-agent of session {e.parent}")
             out.append(s(f"━━ turn {e.turn} ━━ ", fg="cyan", bold=True)
                        + s(" · ".join(bits), dim=True))
             if e.system:
@@ -159,6 +172,8 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             child = f" (session {e.child_session})" if e.child_session else ""
             out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
                        + " " + _args(e.arguments) + s(child, dim=True))
+            if e.child_session and children is not None and depth < MAX_NESTING:
+                out.append(_nested(e.child_session, children, s, color, full, depth))
         elif isinstance(e, ToolReturned):
             ok = e.status == "ok"
             took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
@@ -179,6 +194,19 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         elif isinstance(e, UnknownEvent):
             out.append(s(f"? {e.tag} (event type unknown to this dsh)", dim=True))
     return "\n".join(out).rstrip("\n") + "\n" if out else ""
+
+
+def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler,
+            color: bool, full: bool, depth: int) -> str:
+    from dsh.errors import DshError
+
+    try:
+        text = trajectory(children(session), color=color, full=full, children=children,
+                          depth=depth + 1)
+    except DshError as exc:
+        text = f"(session {session} cannot be read: {exc})\n"
+    bar = s("    │ ", dim=True)
+    return "\n".join(bar + line for line in text.rstrip("\n").splitlines())
 
 
 def _fence(text: str, lang: str = "") -> str:

@@ -70,7 +70,10 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         d[name] = value
     if event.extra:
         for k, v in event.extra.items():
-            d.setdefault(k, v)
+            if k == "v":  # a line from another schema version keeps its version
+                d["v"] = v
+            else:
+                d.setdefault(k, v)
     return d
 
 
@@ -114,7 +117,7 @@ class EventCodec:
         for k, v in d.items():
             if k in known:
                 data[k] = v
-            elif k not in _BASE_KEYS:
+            elif k not in _BASE_KEYS or (k == "v" and v != SCHEMA_VERSION):
                 extra[k] = v
         if extra:
             data["extra"] = extra

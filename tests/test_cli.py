@@ -599,3 +599,56 @@ def test_version(dsh: Callable[..., Result]) -> None:
     from dsh._version import __version__
 
     assert dsh("--version").stdout == f"dsh {__version__}\n"
+
+
+def test_docs_cli_md_lists_every_command_and_option() -> None:
+    import re
+
+    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    sections = {m.group(1): m.group(2) for m in re.finditer(
+        r"^### `(dsh[^`]*)`\n(.*?)(?=^#{1,3} |\Z)", text, re.M | re.S)}
+    for path, cmd in _walk(cli):
+        assert path in sections, f"docs/cli.md has no section for `{path}`"
+        for param in cmd.params:
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--"):
+                    assert f"`{opt}`" in sections[path], f"`{path}` does not document {opt}"
+
+
+def test_docs_config_md_lists_every_key() -> None:
+    import attrs
+
+    from dsh.config import AgentConfig
+    from dsh.config import Config
+    from dsh.context import Limits
+
+    text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
+    for cls in (Config, AgentConfig, Limits):
+        for field in attrs.fields(cls):
+            if field.name != "source":
+                assert f"`{field.name}`" in text, f"docs/config.md misses {field.name}"
+
+
+# --------------------------------------------------------------------------------------------
+# Sub-agent sessions
+# --------------------------------------------------------------------------------------------
+
+
+def test_sub_agent_sessions_nest_in_show_and_are_not_latest(
+        dsh: Callable[..., Result], cfg: Callable[..., Path], script: Callable[..., str]) -> None:
+    lead = script({"text": "asking", "tool_calls": [{"name": "ask_researcher",
+                                                     "arguments": {"prompt": "find x"}}]},
+                  {"text": "done"})
+    cfg(f'agent = "lead"\n[agents.lead]\nmodel = "{lead.replace(chr(92), "/")}"\n'
+        'subagents = ["researcher"]\n[agents.researcher]\nmodel = "echo"\n'
+        'description = "Finds facts."\n')
+    data = _json(dsh("run", "--json", "go"))
+    assert data["output"] == "done"
+    listing = json.loads(dsh("sessions", "list", "--json").stdout)
+    child = next(s for s in listing if s["parent"] == data["session"])
+    assert child["agent"] == "researcher"
+    shown = dsh("sessions", "show", "latest").stdout  # the lead's, not the newer child's
+    assert shown.startswith("━━ turn 1 ━━ agent lead")
+    assert f"    │ ━━ turn 1 ━━ agent researcher · model echo · sub-agent of session " \
+           f"{data['session']}" in shown
+    assert "    │   find x" in shown

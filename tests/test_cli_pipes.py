@@ -271,7 +271,7 @@ def test_status_line_on_a_terminal_is_erased(env: dict[str, str], script: Callab
         env = {**env, "NO_COLOR": "1"}
     code, out, err = _stderr_on_a_terminal(env, ["run", "-m", model, "go"])
     assert (code, out) == (0, "done\n")
-    assert "running tool slow".encode() in err
+    assert b"running tool slow" in err
     assert err.endswith(b"\r\x1b[K")  # erased at the end
     assert (b"\x1b[2m" in err) is not no_color  # dim only when colour is allowed
 

