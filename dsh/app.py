@@ -43,12 +43,12 @@ from dsh.llm.base import ModelEntry
 from dsh.loop import Inbox
 from dsh.loop import Turn
 from dsh.manager import PluginRecord
+from dsh.manager import call_impl
 from dsh.manager import discover
 from dsh.manager import make_plugin_manager
 from dsh.manager import plugin_of
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
-from dsh.prompt import PromptPart
 from dsh.prompt import collect_prompt
 from dsh.scope import AgentInfo
 from dsh.tools import ToolDef
@@ -107,7 +107,7 @@ class Agent:
         self.plugin_names = tuple(chosen)
         records = [r for r in app.plugins if r.name in set(chosen)]
         self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins)
-        self.pm.hook.configure.call_historic(kwargs={"app": app})
+        configure(self.pm, app)
         allow = tools if tools is not None else acfg.tools
         self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info, allow)
         for child in acfg.subagents:
@@ -248,7 +248,12 @@ class Session:
                 outcome, error = "error", exc
                 turn.reason = describe_error(pm, exc)
             finally:
-                self._close_turn(turn, outcome)
+                try:
+                    self._close_turn(turn, outcome)
+                except Exception:
+                    # An observer that raises must not keep the ledger from closing the turn.
+                    ledger.observer = None
+                    self._close_turn(turn, outcome)
                 ledger.observer = None
                 cleanup_errors = ctx.run_cleanups()
         if error is None and cleanup_errors:
@@ -273,7 +278,8 @@ class Session:
                           output=INTERRUPTED)
         if p.step_open:
             ledger.append(StepEnded, turn=p.turn, step=p.step)
-        ledger.append(TurnEnded, turn=turn.number, outcome=outcome, reason=turn.reason)
+        if p.turn_open:
+            ledger.append(TurnEnded, turn=turn.number, outcome=outcome, reason=turn.reason)
         ledger.step_boundary()
 
     def close(self) -> None:
@@ -284,6 +290,19 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def configure(pm: Any, app: App) -> None:
+    """Call the historic ``configure`` hook; a plugin raising is named with the hook."""
+    try:
+        pm.hook.configure.call_historic(kwargs={"app": app})
+    except DshError:
+        raise
+    except Exception as exc:
+        found = plugin_of(pm, exc)
+        who = f"plugin {found[0]}" if found else "a plugin"
+        raise PluginError(f"{who} raised in hook configure: {type(exc).__name__}: {exc}",
+                          plugin=found[0] if found else "", hook="configure") from exc
 
 
 def _changed(value: Any, current: Any) -> Any:
@@ -383,7 +402,7 @@ class App:
         if self._pm is None:
             cfg = self.config
             self._pm = make_plugin_manager(self.plugins, cfg.disable, cfg.strict_plugins)
-            self._pm.hook.configure.call_historic(kwargs={"app": self})
+            configure(self._pm, self)
         return self._pm
 
     @property
@@ -411,7 +430,7 @@ class App:
                             hook="register_models")
                     table[prefix] = ModelEntry(prefix, factory, _plugin, description)
 
-                impl.function(register)
+                call_impl(impl, "register_models", register=register)
             self._models = table
         return self._models
 

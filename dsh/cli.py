@@ -250,8 +250,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         assembled = app.agent(agent, **overrides)
         resume = None
         if continue_:
-            latest = newest(app, assembled.name, children=False)
-            resume = latest[0].id if latest else None
+            resume = latest_session(app, assembled.name)
             if resume is None:
                 warn(f"no session of agent {assembled.name} to continue; starting a new one")
         elif session_id:
@@ -289,12 +288,30 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     return code
 
 
-def newest(app: App, agent: str | None = None, *, children: bool = True) -> list[Any]:
-    """Sessions (of ``agent``; sub-agents' too unless ``children`` is false), newest first.
-    Ids sort by creation to the second only: the first event's timestamp breaks ties."""
-    return sorted((s for s in app.store.sessions() if (agent is None or s.agent == agent)
-                   and (children or not s.parent)),
+def newest(app: App, agent: str | None = None) -> list[Any]:
+    """Sessions (of ``agent``), newest first. Ids sort by creation to the second only: the
+    first event's timestamp breaks ties."""
+    return sorted((s for s in app.store.sessions() if agent is None or s.agent == agent),
                   key=lambda s: (s.started, s.id), reverse=True)
+
+
+def latest_session(app: App, agent: str | None = None) -> str | None:
+    """The newest session (of ``agent``) that is not a sub-agent's. Reads sessions newest
+    first only until the second of the first match is past (ids start with it)."""
+    from dsh.errors import DshError
+
+    best = None
+    for sid in app.store.ids():
+        if best is not None and sid[:15] != best.id[:15]:
+            break
+        try:
+            info = app.store.info(sid)
+        except DshError:
+            continue
+        if (agent is None or info.agent == agent) and not info.parent and (
+                best is None or (info.started, info.id) > (best.started, best.id)):
+            best = info
+    return best.id if best is not None else None
 
 
 def resolve_session(app: App, text: str) -> str:
@@ -303,10 +320,10 @@ def resolve_session(app: App, text: str) -> str:
 
     store = app.store
     if text == "latest":
-        found = newest(app, children=False)
-        if not found:
+        latest = latest_session(app)
+        if latest is None:
             raise UsageError("no sessions yet")
-        return str(found[0].id)
+        return latest
     ids = store.ids()
     if text in ids:
         return text

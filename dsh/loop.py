@@ -32,6 +32,7 @@ from dsh.events import UserMessage
 from dsh.hookspecs import hookimpl
 from dsh.ledger import new_session_id
 from dsh.llm.builtin import ModelCall
+from dsh.manager import call_impl
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
@@ -208,8 +209,7 @@ def ask_to_continue(turn: Turn) -> tuple[str, str] | None:
     for impl in reversed(turn.agent.pm.hook.turn_stopping.get_hookimpls()):
         if impl.wrapper or impl.hookwrapper:
             continue
-        kwargs = {"turn": turn}
-        follow = impl.function(*[kwargs[a] for a in impl.argnames])
+        follow = call_impl(impl, "turn_stopping", turn=turn)
         if follow:
             return str(follow), f"plugin:{impl.plugin_name}"
     return None

@@ -20,6 +20,7 @@ import pluggy
 
 from dsh import hookspecs
 from dsh.errors import ConfigError
+from dsh.errors import DshError
 from dsh.errors import PluginError
 
 #: Built-in subsystems, registered under these names in every manager. ``module:attr`` names
@@ -149,6 +150,21 @@ def make_plugin_manager(
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     return pm
+
+
+def call_impl(impl: Any, hook: str, **kwargs: Any) -> Any:
+    """Call one hook implementation directly (to keep provenance), passing the arguments it
+    names; an unexpected exception becomes a :class:`PluginError` naming plugin and hook (a
+    deliberate :class:`DshError`, such as a plugin's ConfigError, passes through)."""
+    try:
+        return impl.function(*[kwargs[a] for a in impl.argnames])
+    except DshError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"plugin {impl.plugin_name} raised in hook {hook}: {type(exc).__name__}: {exc}",
+            plugin=impl.plugin_name, hook=hook,
+        ) from exc
 
 
 def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] | None:

@@ -7,12 +7,12 @@ they were registered). Fragments are separated by one blank line; empty fragment
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from dsh.errors import PluginError
+from dsh.manager import call_impl
 
 
 @attrs.frozen
@@ -43,8 +43,7 @@ def collect_prompt(pm: Any, agent: Any, system: str | None) -> tuple[str, tuple[
                 )
             parts.append(PromptPart(text, _plugin, name, order))
 
-        kwargs: dict[str, Callable[..., None] | Any] = {"register": register, "agent": agent}
-        impl.function(*[kwargs[a] for a in impl.argnames])
+        call_impl(impl, "register_prompt", register=register, agent=agent)
     # sorted() is stable, so equal orders keep registration order.
     ordered = tuple(sorted(parts, key=lambda p: p.order))
     text = "\n\n".join(p.text.strip() for p in ordered if p.text.strip())

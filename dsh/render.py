@@ -1,9 +1,13 @@
-"""Human output of the command line: the trajectory view, the markdown export, the sessions
-table and the status line shown on stderr while a run waits.
+"""Human and machine output of the command line (docs/cli.md).
 
-Everything here is a rendering of the session ledger (MISSION C5) or of the live events of a
-run; nothing here decides anything. Colour is used only when asked for (:func:`use_color`:
-a terminal, and ``NO_COLOR`` unset).
+* the trajectory view (``dsh sessions show``), the Markdown export and the sessions table —
+  renderings of the session ledger only (MISSION C5);
+* the live output of ``dsh run`` (:class:`RunOutput`): the status line on stderr, streamed
+  text, ``--events`` lines and the ``--json`` object, a stdout that survives a closed pipe,
+  and the Ctrl-C policy (:class:`Interrupt`);
+* the inventories of ``dsh plugins``, ``tools``, ``models`` and ``agents``.
+
+Colour is used only when asked for (:func:`use_color`: a terminal, and ``NO_COLOR`` unset).
 """
 
 from __future__ import annotations
@@ -355,9 +359,11 @@ class StatusLine:
 
 
 class TextPrinter:
-    """Writes streamed text to stdout: a newline between the texts of successive steps, and a
-    final newline if the text did not end with one. ``hide_status`` is called before each
-    write when the status line shares the terminal."""
+    """Writes streamed text to stdout. The texts of successive steps are separated by a
+    newline, written as soon as the next step or a tool call starts (so the status line has a
+    clean line while a tool runs), and the output ends with one. ``hide_status`` is called
+    before each write and ``show_status`` once the line is clean again, when the status line
+    shares the terminal."""
 
     def __init__(self, write: Callable[[str], None],
                  hide_status: Callable[[], None] | None = None,
@@ -367,26 +373,21 @@ class TextPrinter:
         self.show_status = show_status
         self.printed = False
         self.dirty = False  # the last character written was not a newline
-        self._new_step = False
 
     def on_text(self, delta: str) -> None:
         if not delta:
             return
         if self.hide_status is not None:
             self.hide_status()
-        if self._new_step and self.dirty:
-            self.write("\n")
-        self._new_step = False
         self.write(delta)
         self.printed = True
         self.dirty = not delta.endswith("\n")
 
     def on_event(self, event: Any) -> None:
-        kind = getattr(event, "type", "")
-        if kind == "step/start":
-            self._new_step = True
-        if kind in ("step/start", "tool/call") and not self.dirty and self.show_status:
-            self.show_status()
+        if getattr(event, "type", "") in ("step/start", "tool/call"):
+            self.finish()
+            if self.show_status is not None:
+                self.show_status()
 
     def finish(self) -> None:
         if self.dirty:
@@ -487,7 +488,8 @@ class Interrupt:
 
     def __exit__(self, *exc: object) -> None:
         if self._installed:
-            signal.signal(signal.SIGINT, self._old)
+            signal.signal(signal.SIGINT,
+                          self._old if self._old is not None else signal.default_int_handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
@@ -498,7 +500,6 @@ class Interrupt:
         if self.ctx is not None:
             self.ctx.abort("interrupted")
         raise KeyboardInterrupt
-
 
 
 class RunOutput:

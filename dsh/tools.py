@@ -25,6 +25,7 @@ import attrs
 
 from dsh.errors import ToolError
 from dsh.hookspecs import hookimpl
+from dsh.manager import call_impl
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 
@@ -425,8 +426,7 @@ def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> di
                 )
             table[t.name] = t
 
-        kwargs = {"register": register, "agent": agent}
-        impl.function(*[kwargs[a] for a in impl.argnames])
+        call_impl(impl, "register_tools", register=register, agent=agent)
     if allow is not None:
         table = {k: v for k, v in table.items() if k in allow}
     return table

@@ -67,7 +67,7 @@ def test_unknown_fields_and_types_survive_round_trip():
     line = json.dumps({"v": 2, "type": "user/message", "seq": 1, "ts": "t", "session": "s",
                        "text": "hi", "source": "user", "mood": "happy"})
     e = load_event(line)
-    assert e.text == "hi" and e.extra == {"mood": "happy"}  # type: ignore[attr-defined]
+    assert e.text == "hi" and e.extra == {"mood": "happy", "v": 2}  # type: ignore[attr-defined]
     assert json.loads(dump_event(e))["mood"] == "happy"
     future = {"v": 3, "type": "plugin/thing", "seq": 2, "ts": "t", "session": "s", "x": [1]}
     u = load_event(json.dumps(future))

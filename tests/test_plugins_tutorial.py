@@ -73,8 +73,9 @@ def blocks() -> list[Block]:
 def example_files() -> list[Path]:
     return sorted(
         p for p in EXAMPLES.rglob("*")
-        if p.is_file() and not _IGNORED & set(p.relative_to(EXAMPLES).parts)
-        and not any(part.endswith(".egg-info") for part in p.parts)
+        if p.is_file() and not any(
+            part in _IGNORED or part.startswith(".") or part.endswith(".egg-info")
+            for part in p.relative_to(EXAMPLES).parts)  # caches and build leftovers
     )
 
 

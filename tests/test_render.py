@@ -209,16 +209,19 @@ def test_status_line_ticks_in_a_thread() -> None:
 
 def test_text_printer_separates_steps_and_ends_with_a_newline() -> None:
     out: list[str] = []
-    hidden: list[bool] = []
-    printer = TextPrinter(out.append, lambda: hidden.append(True))
+    calls: list[str] = []
+    printer = TextPrinter(out.append, lambda: calls.append("hide"), lambda: calls.append("show"))
     printer.on_event(StepStarted(turn=1, step=0))
     printer.on_text("Let me ")
     printer.on_text("look.")
+    printer.on_event(ToolCalled(call_id="c", name="grep"))
+    assert "".join(out) == "Let me look.\n"  # a clean line before the tool runs
     printer.on_event(StepStarted(turn=1, step=1))
     printer.on_text("Found it.")
     printer.finish()
+    printer.finish()
     assert "".join(out) == "Let me look.\nFound it.\n"
-    assert len(hidden) == 3  # the status line is hidden before every write
+    assert calls == ["show", "hide", "hide", "show", "show", "hide"]
 
 
 def test_event_lines_are_ledger_lines() -> None:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,7 @@ def test_default_workspace_is_the_current_directory(
     ({"timeout": True}, "timeout: expected a positive number"),
     ({"max_output": 1.5}, "max_output: expected a positive integer"),
     ({"workspace": 3}, "workspace: expected a non-empty string"),
+    ({"env_keep": "TOKEN"}, "env_keep: expected a list of environment variable names"),
 ])
 def test_bad_settings_are_config_errors(make: Callable[..., App], settings: dict[str, Any],
                                         message: str) -> None:
@@ -412,6 +414,25 @@ def test_command_timeout_kills_the_command_and_its_children(
     assert not _alive(pid), "the background child of a timed-out command survived"
 
 
+def test_aborting_the_run_kills_a_running_command(
+        make: Callable[..., App], script: Callable[..., str]) -> None:
+    app = make(allow=["sleep"])
+    model = script({"tool_calls": [{"name": "run_command", "arguments": {"command": "sleep 30"}}]},
+                   {"text": "never"})
+    contexts: list[Any] = []
+    timer = threading.Timer(0.3, lambda: contexts[0].abort("test"))
+    start = time.monotonic()
+    timer.start()
+    try:
+        run = app.run("sleep", agent="a", model=model, context_hook=contexts.append)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 10
+    assert run.outcome == "aborted"
+    assert [(r.status, r.output) for r in results(app, run)] == [
+        ("error", "the command was killed: the run was aborted")]
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -428,6 +449,24 @@ def test_output_is_cut_to_max_output_and_says_so(make: Callable[..., App]) -> No
     # Both streams share the budget: a short stderr is kept whole.
     out = run(command="ls x.txt no-such-file")
     assert "--- stdout ---\nx.txt" in out and "--- stderr ---\nls: cannot access" in out
+
+
+def test_secret_looking_variables_are_withheld_from_commands(
+        make: Callable[..., App], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSH_TEST_API_KEY", "sk-not-for-the-model")
+    monkeypatch.setenv("DSH_TEST_GITHUB_TOKEN", "ghp-kept")
+    monkeypatch.setenv("DSH_TEST_PLAIN", "visible")
+    out = tool(make(allow=["env"], env_keep=["DSH_TEST_GITHUB_TOKEN"]), "run_command")(
+        command="env")
+    assert "DSH_TEST_PLAIN=visible" in out and "DSH_TEST_GITHUB_TOKEN=ghp-kept" in out
+    assert "sk-not-for-the-model" not in out and "DSH_TEST_API_KEY" not in out
+    assert "PATH=" in out
+
+
+def test_vanished_workspace_is_reported(make: Callable[..., App], tmp_path: Path) -> None:
+    run = tool(make(workspace=str(tmp_path / "gone")), "run_command")
+    with pytest.raises(ToolError, match="the workspace .*gone does not exist"):
+        run(command="ls")
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,6 +505,20 @@ def _read_terminal(master: int, until: str, timeout: float = 5.0) -> str:
         if ready:
             shown += os.read(master, 4096).decode(errors="replace")
     return shown
+
+
+def test_approval_question_cannot_be_redrawn_by_the_model(make: Callable[..., App]) -> None:
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"n\n")
+        run = tool(make(tty=os.ttyname(slave)), "run_command")
+        with pytest.raises(ToolError, match="did not approve"):
+            run(command="rm -rf 'x\x1b[2K\rls'")
+        prompt = "dsh-shell: run `rm -rf 'x\\x1b[2K\\rls'` in "
+        assert prompt in _read_terminal(master, until=prompt)
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 CHILD = textwrap.dedent("""

@@ -152,7 +152,8 @@ class LlamaSettings:
         if not isinstance(verbose, bool):
             raise ConfigError(f"{where}: `verbose` must be true or false, got {verbose!r}")
         values["verbose"] = verbose
-        values["options"] = check_options(settings.get("options") or {}, where)
+        options = settings.get("options")
+        values["options"] = check_options({} if options is None else options, where)
         return cls(**values)
 
 

@@ -14,7 +14,10 @@ come from ``[plugins.shell]``, overlaid with ``[agents.NAME.plugin_settings.shel
 ``max_output``
     bytes of command output returned (default 64 KiB);
 ``max_read``
-    bytes of a file ``read_file`` returns per call (default 256 KiB).
+    bytes of a file ``read_file`` returns per call (default 256 KiB);
+``env_keep``
+    environment variables passed to commands although their names look like secrets
+    (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, … are withheld by default).
 
 Any other command is asked about on the terminal, or refused when there is none unless the
 run was started with ``dsh run --yes``. See README.md for the security model.

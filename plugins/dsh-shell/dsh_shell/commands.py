@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -30,6 +31,11 @@ SHELL_OPERATORS = frozenset(
 )
 #: Commands a model may try that are shell builtins, so they are not found as programs.
 _BUILTINS = frozenset({"cd", "export", "source", ".", "set", "alias", "ulimit", "umask"})
+
+#: Environment variables withheld from commands unless named in ``env_keep``: an allowlisted
+#: ``cat /proc/self/environ`` would otherwise hand the model dsh's API keys (DESIGN: keys never
+#: reach the ledger).
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 
 # Approval prompts of concurrent runs in one process must not interleave on the terminal.
 _tty_lock = threading.Lock()
@@ -53,7 +59,7 @@ def run_command(settings: ShellSettings, command: str) -> str:
     root = workspace_root(settings.workspace_path())
     reason = _needs_approval(argv[0], settings.allow, root)
     if reason is not None:
-        _approve(command, argv[0], reason, root, settings)
+        _approve(argv, reason, root, settings)
     return _execute(argv, root, settings)
 
 
@@ -68,16 +74,17 @@ def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None
     # is the allowlisted program only if it is the one PATH finds (./ls written by the model
     # is not).
     found = shutil.which(name)
-    if found is not None and os.path.realpath(os.path.join(root, argv0)) == os.path.realpath(found):
+    real = os.path.realpath(os.path.join(root, argv0))
+    if found is not None and real == os.path.realpath(found):
         return None
     return f"{argv0!r} is a path, not the {name!r} on PATH that the allowlist names"
 
 
-def _approve(command: str, argv0: str, reason: str, root: str, settings: ShellSettings) -> None:
+def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -> None:
     ctx = current_or_none()
     if ctx is not None and ctx.approve_all:
         return
-    name = os.path.basename(argv0)
+    name = os.path.basename(argv[0])
     try:
         # O_NOCTTY: asking must never make the terminal dsh's controlling terminal.
         fd = os.open(settings.tty, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -86,12 +93,24 @@ def _approve(command: str, argv0: str, reason: str, root: str, settings: ShellSe
             f"command {name!r} needs approval: {reason}; no terminal to ask on — rerun with "
             "--yes to approve"
         ) from None
+    # The command comes from the model: show it quoted and with control characters escaped,
+    # so escape sequences cannot redraw the question into something else.
+    shown = _printable(shlex.join(argv))
     with _tty_lock, os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(f"\ndsh-shell: run `{command}` in {root}? [y/N] ".encode(errors="replace"))
+        tty.write(f"\ndsh-shell: run `{shown}` in {root}? [y/N] ".encode(errors="replace"))
         answer = tty.readline(1024).strip().lower()
     if answer not in (b"y", b"yes"):
         raise ToolError(f"the user did not approve running {name!r} ({reason}); "
                         "do not retry it, ask the user or find another way")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def child_env(keep: tuple[str, ...]) -> dict[str, str]:
+    """dsh's environment without the variables that look like secrets (except ``keep``)."""
+    return {k: v for k, v in os.environ.items() if k in keep or not SECRET_ENV.search(k)}
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -111,8 +130,10 @@ def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
             # timeout) and no controlling terminal, so it cannot prompt the user behind dsh's
             # back (sudo, ssh) — it fails instead of hanging.
             proc = subprocess.Popen(argv, cwd=root, shell=False, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True)
+                                    stdout=out, stderr=err, start_new_session=True,
+                                    env=child_env(settings.env_keep))
         except FileNotFoundError:
+            workspace_root(root)  # the workspace itself vanished: say so, not "not found"
             hint = (" (it is a shell builtin; commands always run in the workspace, so give "
                     "paths relative to it)" if argv[0] in _BUILTINS else "")
             raise ToolError(f"command not found: {argv[0]!r}{hint}") from None

@@ -37,6 +37,9 @@ class ShellSettings:
     max_output: int = 64 * 1024
     #: Bytes of a file that ``read_file`` returns; a larger file is cut and said to be.
     max_read: int = 256 * 1024
+    #: Environment variables passed to commands although their names look like secrets
+    #: (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSW*``, ``*CREDENTIAL*``, ``*AUTH*``).
+    env_keep: tuple[str, ...] = ()
     #: Where approval is asked. Only tests and unusual setups change it.
     tty: str = "/dev/tty"
 
@@ -72,6 +75,14 @@ def parse_settings(raw: Mapping[str, Any], where: str = "plugins.shell") -> Shel
                 f"(names, not paths), got {allow!r}"
             )
         values["allow"] = tuple(allow)
+    if "env_keep" in raw:
+        keep = raw["env_keep"]
+        if isinstance(keep, str) or not isinstance(keep, list | tuple) or not all(
+            isinstance(k, str) and k for k in keep
+        ):
+            raise ConfigError(f"[{where}] env_keep: expected a list of environment variable "
+                              f"names, got {keep!r}")
+        values["env_keep"] = tuple(keep)
     if "timeout" in raw:
         values["timeout"] = _positive(raw["timeout"], where, "timeout", integer=False)
     for key in ("max_output", "max_read"):
