@@ -560,8 +560,8 @@ def config_set(state: State, key: str, value: str) -> None:
     from dsh.config_edit import set_value
 
     path = state.config_file()
-    set_value(path, key, value)
-    warn(f"set {key} in {path}")
+    dropped = set_value(path, key, value)
+    warn(f"set {key} in {path}" + (" (its comments were not kept)" if dropped else ""))
 
 
 @config.command("validate")

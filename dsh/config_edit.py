@@ -83,28 +83,29 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
-def read_table(path: Path) -> dict[str, Any]:
-    """The file's TOML table; ``{}`` when it does not exist."""
+def read_text(path: Path) -> str:
+    """The file's text; ``""`` when it does not exist."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return ""
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc}") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
-def set_value(path: Path, key: str, raw: str) -> Config:
+def set_value(path: Path, key: str, raw: str) -> bool:
     """Set ``key`` to ``raw`` (parsed by :func:`parse_value`) in the file at ``path``.
 
     The result is validated before anything is written; an invalid result raises
-    :class:`~dsh.errors.ConfigError` and leaves the file untouched.
+    :class:`~dsh.errors.ConfigError` and leaves the file untouched. Returns True when the
+    file had comments (tomli-w does not keep them).
     """
     parts = parse_key(key)
-    data = read_table(path)
+    text = read_text(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     table = data
     for i, part in enumerate(parts[:-1]):
         inner = table.setdefault(part, {})
@@ -113,11 +114,11 @@ def set_value(path: Path, key: str, raw: str) -> Config:
                               "a table")
         table = inner
     table[parts[-1]] = parse_value(raw)
-    cfg = config_from_dict(data, source=str(path))
+    config_from_dict(data, source=str(path))
     import tomli_w
 
     _write(path, tomli_w.dumps(data))
-    return cfg
+    return any(line.lstrip().startswith("#") for line in text.splitlines())
 
 
 def effective(cfg: Config) -> dict[str, Any]:

@@ -558,6 +558,11 @@ class RunOutput:
             if interrupt.ctx is not None:
                 interrupt.ctx.abort(f"time limit reached ({timeout:g}s)")
 
+        def attach(ctx: RunContext) -> None:
+            interrupt.attach(ctx)
+            if self.out.closed:  # the reader left before the run began
+                ctx.stop()
+
         timer = threading.Timer(timeout, expire) if timeout else None
         proj = session.ledger.projection
         start = len(proj)
@@ -570,7 +575,7 @@ class RunOutput:
                 return session.send(
                     text, on_event=self.on_event, on_text=self.on_text,
                     limits=Limits(seconds=timeout) if timeout else None,
-                    context_hook=interrupt.attach, approve=approve)
+                    context_hook=attach, approve=approve)
         except KeyboardInterrupt:  # the second Ctrl-C: send() closed the turn and re-raised
             ctx = interrupt.ctx
             msgs = proj.view()

@@ -249,6 +249,15 @@ def test_run_continue_and_session_resume(dsh: Callable[..., Result]) -> None:
     assert len(turns) == 3
 
 
+def test_run_continue_picks_the_newest_of_the_same_second(dsh: Callable[..., Result]) -> None:
+    # Session ids sort by creation to the second; the newest must win within a second too.
+    for _ in range(3):
+        older = _json(dsh("run", "-m", "echo", "--json", "older"))["session"]
+        newer = _json(dsh("run", "-m", "echo", "--json", "newer"))["session"]
+        cont = _json(dsh("run", "-m", "echo", "--json", "-c", "again"))["session"]
+        assert cont == newer != older
+
+
 def test_run_continue_without_a_session_starts_one(dsh: Callable[..., Result]) -> None:
     r = dsh("run", "-m", "echo", "-c", "hi")
     assert (r.exit_code, r.stdout) == (0, "hi\n")
@@ -482,6 +491,10 @@ def test_config_init_writes_a_valid_private_file(dsh: Callable[..., Result],
     again = dsh("--config", str(path), "config", "init")
     assert again.exit_code == 2 and "--force" in again.stderr
     assert dsh("--config", str(path), "config", "init", "--force").exit_code == 0
+    r = dsh("--config", str(path), "config", "set", "max_steps", "9")
+    assert "comments were not kept" in r.stderr
+    assert tomllib.loads(path.read_text()) == {"model": "echo", "agent": "default",
+                                               "max_steps": 9}
 
 
 def test_config_set_keeps_other_keys(dsh: Callable[..., Result], cfg: Callable[..., Path]) -> None:

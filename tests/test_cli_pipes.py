@@ -115,6 +115,11 @@ def test_closed_stdout_ends_quietly(env: dict[str, str], tmp_path: Path, args: s
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     assert len(r.stdout.splitlines()) == 1
+    # The run was stopped (or had completed), not failed: the ledger is closed cleanly.
+    (path,) = (Path(env["DSH_HOME"]) / "sessions").iterdir()
+    end = json.loads(path.read_text().splitlines()[-1])
+    assert end["type"] == "turn/end"
+    assert end["outcome"] in ("stopped", "completed")  # not "error"
 
 
 def test_closed_stdout_of_a_listing_ends_quietly(env: dict[str, str], tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,6 +252,10 @@ HISTORY = [
 ]
 
 
+NOW = (ToolSpec(name="now", description="the time",
+                 parameters={"type": "object", "properties": {"tz": {"type": "string"}}}),)
+
+
 def test_messages_without_native_tools_fold_tool_traffic_into_text(dsh_llama: Any) -> None:
     out = dsh_llama.map_messages("be brief", HISTORY, False)
     assert out == [
@@ -351,30 +357,40 @@ def test_complete_maps_request_options_and_usage(dsh_llama: Any) -> None:
     assert resp.tool_calls == () and resp.tool_call_source is None
     call = fake.calls[0]
     assert call["max_tokens"] == 256 and call["temperature"] == 0.5 and call["seed"] == 9
-    assert call["stream"] is False
+    assert call["stream"] is True  # always driven as a stream, so an abort is honoured
     assert "tools" not in call  # SmolLM2-like template: no tools, and nothing added to prompts
     assert call["messages"] == [{"role": "system", "content": "sys"},
                                 {"role": "user", "content": "what time is it?"}]
 
 
 def test_tools_are_passed_when_the_template_takes_them(dsh_llama: Any) -> None:
-    raw_call = {"id": "x1", "type": "function",
-                "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}
-    fake = FakeLlama("", tool_calls=[raw_call],
-                     template="{% if tools %}{{ tools | tojson }}{% endif %}")
+    fake = FakeLlama(template="{% if tools %}{{ tools | tojson }}{% endif %}")
     model = _fake_model(dsh_llama, fake)
-    tools = (ToolSpec(name="now", description="the time",
-                      parameters={"type": "object", "properties": {"tz": {"type": "string"}}}),)
-    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=tools))
+    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
     assert fake.calls[0]["tools"] == [{"type": "function", "function": {
-        "name": "now", "description": "the time", "parameters": tools[0].parameters}}]
+        "name": "now", "description": "the time", "parameters": NOW[0].parameters}}]
     assert fake.calls[0]["messages"][2]["role"] == "tool"
-    assert resp.tool_calls == (ToolCall(id="x1", name="now", arguments={"tz": "UTC"}),)
-    assert resp.tool_call_source == "native"
+    assert resp.text == "Hello there, friend"  # text tool calls are the core's to rescue
     # `tools = false` forces them off
     off = _fake_model(dsh_llama, FakeLlama(template="{{ tools }}"), {"tools": False})
-    off.complete(ModelRequest(model="local", messages=HISTORY[:1], tools=tools))
+    off.complete(ModelRequest(model="local", messages=HISTORY[:1], tools=NOW))
     assert "tools" not in off.loaded.llm.calls[0]
+
+
+def test_native_tool_calls_of_a_function_calling_format(dsh_llama: Any) -> None:
+    raw_call = {"id": "x1", "type": "function",
+                "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}
+    fake = FakeLlama("", tool_calls=[raw_call], chat_format="chatml-function-calling")
+    model = _fake_model(dsh_llama, fake)
+    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
+    assert fake.calls[0]["stream"] is False  # read whole: the handler builds the calls
+    assert fake.calls[0]["tools"][0]["function"]["name"] == "now"
+    assert resp.tool_calls == (ToolCall(id="x1", name="now", arguments={"tz": "UTC"}),)
+    assert resp.tool_call_source == "native"
+    bad = {"id": "x2", "function": {"name": "now", "arguments": "{oops"}}
+    fake.tool_calls = [bad]
+    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
+    assert resp.tool_calls[0].arguments == {"__invalid_json__": "{oops"}
 
 
 def test_streaming_deltas_join_to_the_final_text(dsh_llama: Any, run_ctx: RunContext) -> None:
@@ -403,6 +419,22 @@ def test_cancel_stops_the_stream(dsh_llama: Any, run_ctx: RunContext) -> None:
         model.complete(ModelRequest(model="local", messages=HISTORY[:1], stream=True), on_text)
     assert deltas == ["w0", " w1"]
     assert fake.closed and fake.served <= 3  # the generator was closed, not drained
+
+
+def test_cancel_stops_an_unstreamed_completion_too(dsh_llama: Any,
+                                                   run_ctx: RunContext) -> None:
+    class Aborting(FakeLlama):
+        def _chunks(self, words: list[str]) -> Iterator[dict[str, Any]]:
+            for i, chunk in enumerate(super()._chunks(words)):
+                if i == 3:
+                    run_ctx.abort("timer")
+                yield chunk
+
+    fake = Aborting(" ".join(f"w{i}" for i in range(50)))
+    model = _fake_model(dsh_llama, fake)
+    with pytest.raises(Cancelled, match="timer"):
+        model.complete(ModelRequest(model="local", messages=HISTORY[:1]))  # nobody watches
+    assert fake.closed and fake.served <= 4
 
 
 def test_errors_from_llama_cpp_become_provider_errors(dsh_llama: Any) -> None:
@@ -494,6 +526,27 @@ def test_real_cancel_stops_a_stream(llama: Any, tmp_path: Path) -> None:
     assert result.outcome == "aborted", result.reason
     assert isinstance(result.error, Cancelled)
     assert len(deltas) == 2
+
+
+def test_real_abort_interrupts_an_unstreamed_completion(llama: Any, tmp_path: Path) -> None:
+    # End-of-turn tokens banned: without the abort this would generate all 600 tokens.
+    app = _real_app(tmp_path, options={**REAL_OPTIONS, "max_tokens": 600,
+                                       "logit_bias": {"0": -100.0, "2": -100.0}})
+    aborted_at: list[float] = []
+
+    def hook(ctx: RunContext) -> None:
+        def fire() -> None:
+            aborted_at.append(time.monotonic())
+            ctx.abort("timer")
+
+        timer = threading.Timer(0.3, fire)
+        timer.daemon = True
+        timer.start()
+
+    result = app.run("Write a long story about a dragon.", model="local", context_hook=hook)
+    returned = time.monotonic()
+    assert result.outcome == "aborted", result.reason
+    assert returned - aborted_at[0] < 1.0
 
 
 def test_real_model_is_loaded_once_per_process(llama: Any) -> None:

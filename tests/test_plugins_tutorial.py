@@ -148,7 +148,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     leave build/ and *.egg-info/ in docs/examples); returns the target directory."""
     root = tmp_path_factory.mktemp("wordcount")
     src = root / "src"
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns(*_IGNORED, "*.egg-info"))
+    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns(*_IGNORED, "*.egg-info", ".*"))
     target = root / "site"
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-input",
            "--disable-pip-version-check", "--target", str(target), str(src)]

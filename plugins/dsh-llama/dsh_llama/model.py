@@ -456,6 +456,10 @@ class LlamaModel(Model):
         return kwargs
 
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        """One chat completion. llama.cpp is always driven as a stream (even when nobody
+        watches) so the run's cancel token is checked between tokens; the deltas reach
+        ``on_text`` only when the request streams. The one exception is a function-calling
+        chat format asked for tool calls without streaming: its answer is read whole."""
         from dsh.context import current_or_none
 
         ctx = current_or_none()
@@ -464,15 +468,16 @@ class LlamaModel(Model):
             cancel.check()
         loaded = self.loaded
         native = loaded.native_tools if self.config.tools is None else self.config.tools
-        stream = bool(request.stream and on_text is not None)
-        kwargs = self.call_kwargs(request, native, stream)
+        emit = on_text if request.stream else None
+        whole = (emit is None and native and bool(request.tools)
+                 and loaded.llm.chat_format in TOOL_FORMATS)
+        kwargs = self.call_kwargs(request, native, stream=not whole)
         with loaded.lock:
             try:
-                if stream:
-                    assert on_text is not None
-                    response = self._stream(loaded, kwargs, on_text, cancel)
+                if whole:
+                    response = self._parse(loaded, loaded.llm.create_chat_completion(**kwargs))
                 else:
-                    response = self._parse(loaded.llm.create_chat_completion(**kwargs))
+                    response = self._stream(loaded, kwargs, emit, cancel)
             except DshError:  # Cancelled, or a ConfigError of ours
                 raise
             except _CallbackFailed as failed:  # the caller's on_text raised: not llama's fault
@@ -483,7 +488,7 @@ class LlamaModel(Model):
                 raise ProviderError(f"local model {loaded.path.name}: llama.cpp failed: "
                                     f"{type(exc).__name__}: {exc}") from None
         if cancel is not None:
-            cancel.check()  # an abort during a non-streamed completion takes effect here
+            cancel.check()
         return response
 
     def _error(self, exc: ValueError) -> ProviderError:
@@ -494,7 +499,8 @@ class LlamaModel(Model):
                 f"(now {self.config.n_ctx}), shorten the input, or start a new session")
         return ProviderError(f"local model: llama.cpp rejected the request: {text}")
 
-    def _parse(self, data: Mapping[str, Any]) -> ModelResponse:
+    @staticmethod
+    def _parse(loaded: Loaded, data: Mapping[str, Any]) -> ModelResponse:
         choice = (data.get("choices") or [{}])[0]
         msg = choice.get("message") or {}
         calls = _calls(msg.get("tool_calls"))
@@ -506,10 +512,10 @@ class LlamaModel(Model):
                         output_tokens=int(usage.get("completion_tokens") or 0)),
             stop_reason=choice.get("finish_reason"),
             tool_call_source="native" if calls else None,
-            model=self.loaded.path.name,
+            model=loaded.path.name,
         )
 
-    def _stream(self, loaded: Loaded, kwargs: dict[str, Any], on_text: TextCallback,
+    def _stream(self, loaded: Loaded, kwargs: dict[str, Any], on_text: TextCallback | None,
                 cancel: Any) -> ModelResponse:
         chunks: Iterator[Mapping[str, Any]] = loaded.llm.create_chat_completion(**kwargs)
         text: list[str] = []
@@ -524,10 +530,11 @@ class LlamaModel(Model):
                     piece = delta.get("content")
                     if piece:
                         text.append(piece)
-                        try:
-                            on_text(piece)
-                        except Exception as exc:
-                            raise _CallbackFailed(exc) from None
+                        if on_text is not None:
+                            try:
+                                on_text(piece)
+                            except Exception as exc:
+                                raise _CallbackFailed(exc) from None
                     for tc in delta.get("tool_calls") or ():
                         _merge_call(slots, tc)
                     finish = choice.get("finish_reason") or finish
@@ -549,7 +556,9 @@ class LlamaModel(Model):
     def _stream_usage(loaded: Loaded, text: str, finish: str | None) -> Usage:
         """llama-cpp-python's streamed chunks carry no usage: output tokens are the answer
         re-tokenized; input tokens are the context's token count minus the answer's evaluated
-        tokens (the last token of an answer cut by ``max_tokens`` is never evaluated)."""
+        tokens (the last token of an answer cut by ``max_tokens`` is never evaluated). This
+        matches the counts of a non-streamed completion (checked on SmolLM2); an answer cut by
+        a ``stop`` string may be off by a token or two."""
         llm = loaded.llm
         out = len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)) if text else 0
         evaluated = out - 1 if finish == "length" and out else out

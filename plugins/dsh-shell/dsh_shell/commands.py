@@ -152,6 +152,12 @@ def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
             partial = _format(None, out, err, settings.max_output)
             raise ToolError(f"command timed out after {settings.timeout:g}s and was killed: "
                             f"{shlex.join(argv)}\n{partial}") from None
+        except BaseException:
+            # Ctrl-C reaches dsh, not the command (it has its own session): kill it too,
+            # rather than leave it running after dsh is gone.
+            _kill_group(proc)
+            proc.wait()
+            raise
         finally:
             if forget is not None:
                 forget()
