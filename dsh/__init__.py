@@ -13,8 +13,8 @@ from dsh._version import __version__
 
 if TYPE_CHECKING:
     from dsh.app import App
-    from dsh.context import RunContext
-    from dsh.context import context
+    from dsh.runcontext import RunContext
+    from dsh.runcontext import context
     from dsh.events import Event
     from dsh.hookspecs import hookimpl
     from dsh.tools import tool
@@ -24,8 +24,8 @@ __all__ = ["App", "Event", "RunContext", "__version__", "context", "hookimpl", "
 _LAZY = {
     "App": "dsh.app",
     "RunResult": "dsh.app",
-    "RunContext": "dsh.context",
-    "context": "dsh.context",
+    "RunContext": "dsh.runcontext",
+    "context": "dsh.runcontext",
     "Event": "dsh.events",
     "hookimpl": "dsh.hookspecs",
     "tool": "dsh.tools",

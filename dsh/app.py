@@ -1,7 +1,7 @@
 """The library API: assemble an app from a config, run prompts, resume sessions.
 
 Assembly (MISSION D1) reads the config and builds plugin managers, tool tables and prompts;
-it does no other I/O. Execution happens per run: a :class:`~dsh.context.RunContext` is opened,
+it does no other I/O. Execution happens per run: a :class:`~dsh.runcontext.RunContext` is opened,
 events are appended to the session ledger, and ``run_turn`` drives the loop.
 
     app = App.from_config("dsh.toml")          # or a dict, or None for the defaults
@@ -22,11 +22,11 @@ import attrs
 from dsh.config import Config
 from dsh.config import config_from_dict
 from dsh.config import load_config
-from dsh.context import Budget
-from dsh.context import CancelToken
-from dsh.context import Limits
-from dsh.context import RunContext
-from dsh.context import activate
+from dsh.runcontext import Budget
+from dsh.runcontext import CancelToken
+from dsh.runcontext import Limits
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import DshError
 from dsh.errors import PluginError
@@ -333,7 +333,7 @@ def subagent_tool(app: App, child: str) -> ToolDef:
     description = app.config.agent_config(child).description or f"Ask the {child} agent."
 
     def ask(prompt: str) -> str:
-        from dsh.context import context
+        from dsh.runcontext import context
         from dsh.errors import ToolError
         from dsh.tools import current_call
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from dsh.context import current_or_none
+from dsh.runcontext import current_or_none
 from dsh.hookspecs import hookimpl
 
 

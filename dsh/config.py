@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from dsh.context import Limits
+from dsh.runcontext import Limits
 from dsh.errors import ConfigError
 
 FSYNC_CHOICES = ("event", "step", "never")

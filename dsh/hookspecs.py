@@ -38,7 +38,9 @@ hookimpl = pluggy.HookimplMarker("dsh")
 
 @hookspec(historic=True)
 def configure(app: App) -> None:
-    """Called once when the app is assembled, after every plugin is registered.
+    """Called when a plugin manager is assembled, after every plugin is registered: once on
+    the app-wide manager and once on each agent's manager (a plugin enabled for two agents is
+    called three times, with the same ``app``). Keep it idempotent.
 
     :param app: the assembled :class:`dsh.App`; ``app.config.plugin_settings(name)`` returns
         the ``[plugins.NAME]`` table of the config.

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from dsh.context import RunContext
+from dsh.runcontext import RunContext
 from dsh.events import AssistantMessage
 from dsh.events import ContextInjected
 from dsh.events import StepEnded

@@ -137,19 +137,36 @@ def make_plugin_manager(
             continue
         try:
             pm.register(rec.obj, name=rec.name)
+            _check_pending(pm, rec.name)
         except Exception as exc:
-            rec.error = f"{type(exc).__name__}: {exc}"
+            if pm.get_plugin(rec.name) is not None:
+                pm.unregister(name=rec.name)
+            rec.error = str(exc) if isinstance(exc, PluginError) else (
+                f"{type(exc).__name__}: {exc}")
             if strict:
                 raise PluginError(f"plugin {rec.label} failed to register: {rec.error}",
                                   plugin=rec.name) from exc
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise PluginError(f"plugin {exc.plugin} implements an unknown hook: {exc}") from exc
     if os.environ.get("DSH_TRACE_HOOKS"):
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
     return pm
+
+
+def _check_pending(pm: pluggy.PluginManager, name: str) -> None:
+    """Fail for a hook implementation of plugin ``name`` that matches no hookspec (a typo)."""
+    callers = dict(vars(pm.hook))
+    for hook_name, caller in callers.items():
+        if caller.spec is not None:
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.plugin_name == name and not impl.optionalhook:
+                known = [h for h, c in callers.items() if c.spec is not None]
+                import difflib
+
+                near = difflib.get_close_matches(hook_name, known, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise PluginError(f"implements unknown hook {hook_name!r}{hint}",
+                                  plugin=name, hook=hook_name)
 
 
 def call_impl(impl: Any, hook: str, **kwargs: Any) -> Any:

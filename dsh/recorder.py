@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from dsh.context import current_or_none
+from dsh.runcontext import current_or_none
 from dsh.hookspecs import hookimpl
 
 LIVE_EVENTS = (

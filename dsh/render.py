@@ -40,7 +40,7 @@ from dsh.events import UnknownEvent
 from dsh.events import UserMessage
 
 if TYPE_CHECKING:
-    from dsh.context import RunContext
+    from dsh.runcontext import RunContext
 
 #: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
 TOOL_OUTPUT_LINES = 12
@@ -547,7 +547,7 @@ class RunOutput:
         and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
         is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
         from dsh.app import RunResult
-        from dsh.context import Limits
+        from dsh.runcontext import Limits
         from dsh.messages import Usage
 
         interrupt = Interrupt(self.note)

@@ -30,7 +30,7 @@ class AgentInfo:
 
     def plugin_settings(self, name: str) -> Mapping[str, Any]:
         """The ``[plugins.NAME]`` table of the config, overlaid with the agent's own
-        ``[agents.AGENT.plugins_settings.NAME]`` (empty if neither exists)."""
+        ``[agents.AGENT.plugin_settings.NAME]`` (empty if neither exists)."""
         base = dict(self.all_plugin_settings.get(name, {}))
         own = self.settings.get("plugin_settings", {}).get(name, {})
         base.update(own)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dsh.context import RunContext
-from dsh.context import activate
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import ProviderError
 from dsh.llm.anthropic import AnthropicModel

@@ -20,7 +20,7 @@ from click.testing import Result
 
 from dsh import hookimpl
 from dsh.cli import cli
-from dsh.context import context
+from dsh.runcontext import context
 
 
 @pytest.fixture
@@ -633,7 +633,7 @@ def test_docs_config_md_lists_every_key() -> None:
 
     from dsh.config import AgentConfig
     from dsh.config import Config
-    from dsh.context import Limits
+    from dsh.runcontext import Limits
 
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     for cls in (Config, AgentConfig, Limits):

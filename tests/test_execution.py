@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dsh.context import CancelToken
-from dsh.context import Limits
-from dsh.context import context
+from dsh.runcontext import CancelToken
+from dsh.runcontext import Limits
+from dsh.runcontext import context
 from dsh.hookspecs import hookimpl
 
 
@@ -254,7 +254,7 @@ def test_parallel_results_in_task_order_and_a_failure_is_isolated(make_app, tmp_
 
 
 def test_unobserved_run_builds_nothing_and_observer_added_late_warns(make_app, plugin_module):
-    from dsh.context import UnobservedRunWarning
+    from dsh.runcontext import UnobservedRunWarning
 
     seen = {}
 

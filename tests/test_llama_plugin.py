@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from dsh.app import App
-from dsh.context import CancelToken
-from dsh.context import RunContext
-from dsh.context import activate
+from dsh.runcontext import CancelToken
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError

@@ -7,7 +7,7 @@ import threading
 import attrs
 import pytest
 
-from dsh.context import context
+from dsh.runcontext import context
 from dsh.errors import InvariantViolation
 from dsh.hookspecs import hookimpl
 from dsh.history import Projection
@@ -263,3 +263,13 @@ def test_run_performs_no_schema_conversion(make_app, plugin_module, script):
         assert result.steps == 4
         assert adapter.tool_conversions == 1  # no conversion during the run
         assert adapter.provider_tools(s.agent.tool_specs) is converted
+
+
+def test_dsh_context_is_the_function_even_after_every_import():
+    import importlib
+
+    import dsh
+
+    for module in ("dsh.app", "dsh.runcontext", "dsh.loop", "dsh.tools"):
+        importlib.import_module(module)
+    assert callable(dsh.context) and dsh.context.__module__ == "dsh.runcontext"

@@ -214,7 +214,7 @@ def test_no_save_writes_nothing(make_app, tmp_path):
 def test_stop_between_steps_resolves_with_output(make_app, plugin_module, script):
     @hookimpl
     def post_execute(call, outcome):  # type: ignore[no-untyped-def]
-        from dsh.context import context
+        from dsh.runcontext import context
 
         context().stop()
 

@@ -73,14 +73,18 @@ def test_replacing_the_loop(make_app, plugin_module):
     assert (result.outcome, result.output) == ("completed", "cba")
 
 
-def test_unknown_hook_in_plugin_is_reported(make_app, plugin_module):
+def test_unknown_hook_in_plugin_is_reported_and_others_still_load(make_app, plugin_module):
     @hookimpl
-    def not_a_hook():  # type: ignore[no-untyped-def]
+    def pre_stpe(step):  # type: ignore[no-untyped-def]
         pass
 
-    app = make_app(load=[plugin_module(not_a_hook=not_a_hook)])
-    with pytest.raises(PluginError, match="unknown hook"):
-        app.agent()
+    bad = plugin_module(pre_stpe=pre_stpe)
+    app = make_app(load=[bad])
+    assert app.run("hi", model="echo").output == "hi"  # the others still work
+    rec = next(r for r in app.plugins if r.name == bad)
+    assert rec.error == "implements unknown hook 'pre_stpe'; did you mean 'pre_step'?"
+    with pytest.raises(PluginError, match=f"plugin {bad} failed to register: implements "):
+        make_app(load=[bad], strict_plugins=True).agent()
 
 
 def test_hook_tracing_writes_to_stderr(make_app, monkeypatch, capsys):

@@ -148,7 +148,7 @@ def test_calls_run_concurrently_and_log_in_call_order(make_app, plugin_module, s
         """Wait at the barrier."""
         barrier.wait()  # deadlocks unless all three calls run at once
         time.sleep(0.01 * (3 - n))  # finish in reverse order
-        from dsh.context import context
+        from dsh.runcontext import context
 
         return f"{n}:{context().agent}"  # the run's context reaches worker threads
 

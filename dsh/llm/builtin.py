@@ -256,7 +256,7 @@ class ScriptedModel(Model):
 
 def _wait(seconds: float) -> None:
     """Sleep like a slow provider would, but wake up when the run is aborted."""
-    from dsh.context import current_or_none
+    from dsh.runcontext import current_or_none
 
     ctx = current_or_none()
     if ctx is None:

@@ -36,8 +36,8 @@ import attrs
 import httpx
 
 from dsh._version import __version__
-from dsh.context import RunContext
-from dsh.context import current_or_none
+from dsh.runcontext import RunContext
+from dsh.runcontext import current_or_none
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
 from dsh.llm.base import Model

@@ -460,7 +460,7 @@ class LlamaModel(Model):
         watches) so the run's cancel token is checked between tokens; the deltas reach
         ``on_text`` only when the request streams. The one exception is a function-calling
         chat format asked for tool calls without streaming: its answer is read whole."""
-        from dsh.context import current_or_none
+        from dsh.runcontext import current_or_none
 
         ctx = current_or_none()
         cancel = ctx.cancel if ctx is not None else None

@@ -18,7 +18,7 @@ import tempfile
 import threading
 from typing import IO
 
-from dsh.context import current_or_none
+from dsh.runcontext import current_or_none
 from dsh.errors import ToolError
 from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
