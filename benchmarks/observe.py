@@ -62,8 +62,9 @@ def main() -> None:
             unobs.append(u)
             ratios.append(o / u)
     per = 1e6 / args.steps
-    print(f"unobserved: {statistics.median(unobs) * per:.1f} us CPU per step (median of {args.pairs})")
-    print(f"observed:   {statistics.median(obs) * per:.1f} us CPU per step (median of {args.pairs})")
+    n = args.pairs
+    print(f"unobserved: {statistics.median(unobs) * per:.1f} us CPU per step (median of {n})")
+    print(f"observed:   {statistics.median(obs) * per:.1f} us CPU per step (median of {n})")
     print(f"observed/unobserved CPU ratio: {statistics.median(ratios):.2f}x")
 
 

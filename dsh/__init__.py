@@ -13,10 +13,10 @@ from dsh._version import __version__
 
 if TYPE_CHECKING:
     from dsh.app import App
-    from dsh.runcontext import RunContext
-    from dsh.runcontext import context
     from dsh.events import Event
     from dsh.hookspecs import hookimpl
+    from dsh.runcontext import RunContext
+    from dsh.runcontext import context
     from dsh.tools import tool
 
 __all__ = ["App", "Event", "RunContext", "__version__", "context", "hookimpl", "tool"]

@@ -22,11 +22,6 @@ import attrs
 from dsh.config import Config
 from dsh.config import config_from_dict
 from dsh.config import load_config
-from dsh.runcontext import Budget
-from dsh.runcontext import CancelToken
-from dsh.runcontext import Limits
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import DshError
 from dsh.errors import PluginError
@@ -50,6 +45,11 @@ from dsh.manager import plugin_of
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.prompt import collect_prompt
+from dsh.runcontext import Budget
+from dsh.runcontext import CancelToken
+from dsh.runcontext import Limits
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 from dsh.scope import AgentInfo
 from dsh.tools import ToolDef
 from dsh.tools import collect_tools
@@ -333,8 +333,8 @@ def subagent_tool(app: App, child: str) -> ToolDef:
     description = app.config.agent_config(child).description or f"Ask the {child} agent."
 
     def ask(prompt: str) -> str:
-        from dsh.runcontext import context
         from dsh.errors import ToolError
+        from dsh.runcontext import context
         from dsh.tools import current_call
 
         parent = context()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from dsh.runcontext import current_or_none
 from dsh.hookspecs import hookimpl
+from dsh.runcontext import current_or_none
 
 
 @hookimpl(wrapper=True, trylast=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from dsh.runcontext import Limits
 from dsh.errors import ConfigError
+from dsh.runcontext import Limits
 
 FSYNC_CHOICES = ("event", "step", "never")
 

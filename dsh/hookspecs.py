@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     import click
 
     from dsh.app import App
+    from dsh.llm.builtin import ModelCall
     from dsh.loop import StepDraft
     from dsh.loop import Turn
-    from dsh.llm.builtin import ModelCall
     from dsh.messages import ModelResponse
     from dsh.scope import AgentInfo
     from dsh.tools import ToolInvocation

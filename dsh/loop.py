@@ -20,7 +20,6 @@ from typing import Any
 
 import attrs
 
-from dsh.runcontext import RunContext
 from dsh.events import AssistantMessage
 from dsh.events import ContextInjected
 from dsh.events import StepEnded
@@ -37,6 +36,7 @@ from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
 from dsh.recorder import emit
+from dsh.runcontext import RunContext
 from dsh.tools import ToolInvocation
 from dsh.tools import ToolOutcome
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import attrs
 
-from dsh.runcontext import current_or_none
 from dsh.hookspecs import hookimpl
+from dsh.runcontext import current_or_none
 
 LIVE_EVENTS = (
     "agent/pre-step",

@@ -547,8 +547,8 @@ class RunOutput:
         and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
         is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
         from dsh.app import RunResult
-        from dsh.runcontext import Limits
         from dsh.messages import Usage
+        from dsh.runcontext import Limits
 
         interrupt = Interrupt(self.note)
         self.out.on_closed = lambda: interrupt.ctx.stop() if interrupt.ctx else None

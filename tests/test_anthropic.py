@@ -9,8 +9,6 @@ from typing import Any
 
 import pytest
 
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import ProviderError
 from dsh.llm.anthropic import AnthropicModel
@@ -20,6 +18,8 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import anthropic_chunks

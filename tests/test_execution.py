@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dsh.hookspecs import hookimpl
 from dsh.runcontext import CancelToken
 from dsh.runcontext import Limits
 from dsh.runcontext import context
-from dsh.hookspecs import hookimpl
 
 
 def _ask(agent: str, prompt: str = "go") -> dict:

@@ -33,9 +33,6 @@ from typing import Any
 import pytest
 
 from dsh.app import App
-from dsh.runcontext import CancelToken
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
 from dsh.errors import Cancelled
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
@@ -44,6 +41,9 @@ from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
+from dsh.runcontext import CancelToken
+from dsh.runcontext import RunContext
+from dsh.runcontext import activate
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "dsh-llama"

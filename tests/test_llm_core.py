@@ -7,15 +7,15 @@ import threading
 import attrs
 import pytest
 
-from dsh.runcontext import context
 from dsh.errors import InvariantViolation
-from dsh.hookspecs import hookimpl
 from dsh.history import Projection
+from dsh.hookspecs import hookimpl
 from dsh.llm.builtin import EchoModel
 from dsh.llm.builtin import ScriptedModel
 from dsh.llm.builtin import check_invariant
 from dsh.messages import Message
 from dsh.messages import ModelRequest
+from dsh.runcontext import context
 
 
 class Smuggler:
@@ -110,7 +110,8 @@ def test_text_tool_call_reaches_rescue(make_app, plugin_module, script):
         register(weather)
 
     app = make_app(load=[plugin_module(register_tools=register_tools)])
-    text = 'Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = ('Let me check.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}'
+            "\n</tool_call>")
     result = app.run("weather?", model=script({"text": text}, {"text": "It is sunny."}))
     assert result.outcome == "completed"
     events = app.store.read(result.session_id)

@@ -36,8 +36,6 @@ import attrs
 import httpx
 
 from dsh._version import __version__
-from dsh.runcontext import RunContext
-from dsh.runcontext import current_or_none
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
 from dsh.llm.base import Model
@@ -48,6 +46,8 @@ from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import Usage
+from dsh.runcontext import RunContext
+from dsh.runcontext import current_or_none
 
 log = logging.getLogger(__name__)
 

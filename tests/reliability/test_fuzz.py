@@ -80,7 +80,8 @@ def test_truncation_at_every_byte_loads_and_keeps_every_complete_line(sample_led
             assert types[-1] == "turn/end"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pos=st.integers(min_value=0), junk=st.binary(min_size=1, max_size=40))
 def test_garbage_bytes_give_clear_errors_only(sample_ledger, tmp_path, pos, junk):
     data = sample_ledger.read_bytes()
@@ -136,7 +137,8 @@ def test_config_dicts_give_config_errors_only(data):
         assert str(exc).startswith("fuzz.toml")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=200))
 def test_config_files_give_config_errors_only(tmp_path, text):
     p = tmp_path / "config.toml"

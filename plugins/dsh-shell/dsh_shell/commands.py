@@ -18,8 +18,8 @@ import tempfile
 import threading
 from typing import IO
 
-from dsh.runcontext import current_or_none
 from dsh.errors import ToolError
+from dsh.runcontext import current_or_none
 from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
 
