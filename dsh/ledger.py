@@ -51,8 +51,11 @@ INTERRUPTED = "interrupted: the run ended before this tool returned"
 
 
 def new_session_id() -> str:
-    """Sortable by creation time, unique enough: ``20261130-142501-3f9a1c``."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    """Sortable by creation time (to the millisecond), unique enough:
+    ``20261130-142501.123-3f9a1c``."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return f"{stamp}.{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
 
 
 def _now() -> str:

@@ -253,13 +253,18 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> None:
     )
     if concurrent:
         # Each call runs in its own copy of the run's context, so dsh.context() works inside.
-        with ThreadPoolExecutor(max_workers=min(8, len(invocations)),
-                                thread_name_prefix="dsh-tool") as pool:
+        pool = ThreadPoolExecutor(max_workers=min(8, len(invocations)),
+                                  thread_name_prefix="dsh-tool")
+        try:
             futures = [
                 pool.submit(contextvars.copy_context().run, _execute_one, execute, inv)
                 for inv in invocations
             ]
             outcomes = [f.result() for f in futures]
+        finally:
+            # On an interrupt, do not wait here for tools still running: the turn is closed
+            # (their calls marked interrupted) while they finish in the background.
+            pool.shutdown(wait=False, cancel_futures=True)
     else:
         outcomes = [_execute_one(execute, inv) for inv in invocations]
     for inv, outcome in zip(invocations, outcomes, strict=True):

@@ -30,6 +30,7 @@ role.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import sys
@@ -273,6 +274,10 @@ def load(path: Path, settings: LlamaSettings) -> Loaded:
             except (ValueError, RuntimeError, OSError) as exc:
                 raise ConfigError(f"local model: llama.cpp cannot load {path}: {exc}") from None
             _check_chat_format(llama_cpp, llm, settings.chat_format, path)
+            if not _loaded:
+                # Free the models while llama_cpp still exists: left to the garbage collector
+                # at interpreter exit, Llama.__del__ fails noisily on a torn-down module.
+                atexit.register(clear_cache)
             found = _loaded[key] = Loaded(llm, path, takes_tools(llm))
     return found
 
@@ -309,9 +314,18 @@ def takes_tools(llm: Any) -> bool:
 
 
 def clear_cache() -> None:
-    """Forget every loaded model (tests; frees the memory once no adapter holds one)."""
+    """Free every loaded model (run at interpreter exit). An adapter that still holds one
+    must not use it afterwards; new adapters load the file again."""
     with _load_lock:
+        models = list(_loaded.values())
         _loaded.clear()
+    for m in models:
+        close = getattr(m.llm, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - freeing at exit must not raise
+                pass
 
 
 # --------------------------------------------------------------------------------------------
