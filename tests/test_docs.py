@@ -50,3 +50,30 @@ def test_events_md_lists_every_type_and_field():
         table = set(re.findall(r"^\| `(\w+)` \|", body, re.M))
         fields = {f.name for f in attrs.fields(cls)} - {"seq", "ts", "session", "extra"}
         assert table == fields, f"{cls.type}: docs {sorted(table)} vs code {sorted(fields)}"
+
+
+def _commands(group, path=("dsh",)):  # type: ignore[no-untyped-def]
+    import click
+
+    yield " ".join(path), group
+    if isinstance(group, click.Group):
+        for name in group.list_commands(click.Context(group)):
+            yield from _commands(group.get_command(click.Context(group), name), (*path, name))
+
+
+def test_cli_md_documents_every_command_and_option():
+    """docs/cli.md has a section per command, headed `` `dsh …` ``, naming every option."""
+    from dsh.cli import cli
+
+    text = (DOCS / "cli.md").read_text()
+    sections = dict(re.findall(r"^#{2,4} `(dsh[^`]*)`\n(.*?)(?=^#{2,3} `dsh|\Z)", text,
+                               re.M | re.S))
+    seen = []
+    for path, command in _commands(cli):
+        assert path in sections, f"docs/cli.md has no section for `{path}`"
+        seen.append(path)
+        for param in command.params:
+            for opt in getattr(param, "opts", []):
+                if opt.startswith("-") and opt != "--help":
+                    assert f"`{opt}" in sections[path], f"`{path}`: option {opt} undocumented"
+    assert sorted(seen) == sorted(sections), "docs/cli.md documents commands that do not exist"

@@ -556,3 +556,11 @@ def test_real_model_is_loaded_once_per_process(llama: Any) -> None:
     assert a.loaded.native_tools is False  # SmolLM2's template takes no tools
     c = llama.LlamaModel("", {"n_ctx": 512})
     assert c.loaded is not a.loaded and c.loaded.llm.n_ctx() == 512
+    # freed (as at interpreter exit): the next request loads the file again
+    first = a.loaded
+    llama.clear_cache()
+    assert first.closed
+    req = ModelRequest(model="local", messages=[Message(role="user", content="Say hi")],
+                       options={"max_tokens": 4})
+    assert a.complete(req).usage.output_tokens > 0
+    assert a.loaded is not first and a.loaded is b.loaded

@@ -250,6 +250,7 @@ class Loaded:
     path: Path
     native_tools: bool
     lock: threading.Lock = attrs.field(factory=threading.Lock)
+    closed: bool = False
 
 
 _loaded: dict[tuple[Any, ...], Loaded] = {}
@@ -314,18 +315,23 @@ def takes_tools(llm: Any) -> bool:
 
 
 def clear_cache() -> None:
-    """Free every loaded model (run at interpreter exit). An adapter that still holds one
-    must not use it afterwards; new adapters load the file again."""
+    """Free every loaded model (run at interpreter exit). Adapters that held one load the
+    file again on their next request."""
     with _load_lock:
         models = list(_loaded.values())
         _loaded.clear()
     for m in models:
-        close = getattr(m.llm, "close", None)
-        if close is not None:
-            try:
+        locked = m.lock.acquire(timeout=5)  # let a completion in flight finish first
+        try:
+            m.closed = True
+            close = getattr(m.llm, "close", None)
+            if close is not None:
                 close()
-            except Exception:  # noqa: BLE001 - freeing at exit must not raise
-                pass
+        except Exception:  # noqa: BLE001 - freeing at exit must not raise
+            pass
+        finally:
+            if locked:
+                m.lock.release()
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,7 +455,7 @@ class LlamaModel(Model):
 
     @property
     def loaded(self) -> Loaded:
-        if self._loaded is None:
+        if self._loaded is None or self._loaded.closed:
             self._loaded = load(self.path, self.config)
         return self._loaded
 
@@ -487,6 +493,8 @@ class LlamaModel(Model):
                  and loaded.llm.chat_format in TOOL_FORMATS)
         kwargs = self.call_kwargs(request, native, stream=not whole)
         with loaded.lock:
+            if loaded.closed:  # freed by clear_cache() since we took it (interpreter exit)
+                raise ProviderError(f"local model {loaded.path.name}: the model was unloaded")
             try:
                 if whole:
                     response = self._parse(loaded, loaded.llm.create_chat_completion(**kwargs))
