@@ -171,6 +171,8 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    if not pairs:
+        return {}
     from dsh.config_edit import parse_value
 
     out: dict[str, Any] = {}

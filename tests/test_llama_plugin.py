@@ -145,6 +145,9 @@ def test_missing_llama_cpp_error_says_how_to_install_it() -> None:
 
 
 def test_missing_llama_cpp_is_a_config_error_in_the_cli(tmp_path: Path) -> None:
+    if not INSTALLED:
+        pytest.skip(f"dsh-llama is not installed (the CLI finds plugins by entry point): "
+                    f"pip install {SOURCE}")
     proc = _child(f"""
         import sys
         sys.modules["llama_cpp"] = None
@@ -157,9 +160,6 @@ def test_missing_llama_cpp_is_a_config_error_in_the_cli(tmp_path: Path) -> None:
     """)
     if "No such option" in proc.stderr or "no such option" in proc.stderr:
         pytest.skip(f"the CLI does not accept these options yet: {proc.stderr.strip()}")
-    if not INSTALLED:
-        pytest.skip(f"dsh-llama is not installed (the CLI finds plugins by entry point): "
-                    f"pip install {SOURCE}")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "llama-cpp-python is not installed" in proc.stderr
 

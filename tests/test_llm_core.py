@@ -274,3 +274,14 @@ def test_dsh_context_is_the_function_even_after_every_import():
     for module in ("dsh.app", "dsh.runcontext", "dsh.loop", "dsh.tools"):
         importlib.import_module(module)
     assert callable(dsh.context) and dsh.context.__module__ == "dsh.runcontext"
+
+
+def test_rescue_markers_match_the_parser():
+    """The cheap pre-check must let through everything the parser recognises."""
+    from dsh.llm import rescue as parser
+    from dsh.llm.builtin import RESCUE_MARKERS
+    from dsh.llm.builtin import might_be_tool_call
+
+    assert set(parser.MARKERS) <= set(RESCUE_MARKERS)
+    assert might_be_tool_call('  {"name": "x"}') and might_be_tool_call("[f()]")
+    assert not might_be_tool_call("The answer is 42.")

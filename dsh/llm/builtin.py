@@ -113,9 +113,22 @@ def request(call: ModelCall) -> ModelResponse:
         rest = gate.finish()
         if rest:
             call.on_text(rest)
-    if not response.tool_calls and tool_names and response.text:
+    if not response.tool_calls and tool_names and might_be_tool_call(response.text):
         response = rescue(response, tool_names)
     return response
+
+
+#: Every rescue format starts with one of these (or with ``{``/``[`` at the very start).
+#: Checked before importing the parser, so a plain answer costs one scan and no import.
+RESCUE_MARKERS = ("<tool_call>", "```", "<|python_tag|>", "<|python_start|>", "[TOOL_CALLS]",
+                  "<function=")
+
+
+def might_be_tool_call(text: str) -> bool:
+    if not text:
+        return False
+    head = text.lstrip()[:1]
+    return head in ("{", "[") or any(m in text for m in RESCUE_MARKERS)
 
 
 def rescue(response: ModelResponse, tool_names: list[str]) -> ModelResponse:
