@@ -229,11 +229,16 @@ def test_an_alias_without_model_means_the_bundled_model(dsh_llama: Any, tmp_path
         "named": {"adapter": "local", "model": "mistral"},
     }})
     entry, cfg = app.models["local"], app.config.models
+
+    def path_of(name: str, alias: str) -> Path:
+        model: Any = entry.build(name, cfg[alias])
+        return Path(model.path)
+
     # App.build_model's names: the `model` key, else the alias id
-    assert entry.build("tiny", cfg["tiny"]).path == gguf
-    assert entry.build(str(gguf), cfg["mine"]).path == gguf
+    assert path_of("tiny", "tiny") == gguf
+    assert path_of(str(gguf), "mine") == gguf
     with pytest.raises(ConfigError, match="'mistral' is not a model file"):
-        _ = entry.build("mistral", cfg["named"]).path
+        path_of("mistral", "named")
 
 
 def test_no_bundled_model_says_how_to_get_one(dsh_llama: Any,
@@ -344,7 +349,7 @@ class FakeLlama:
 
 def _fake_model(dsh_llama: Any, fake: FakeLlama, settings: dict[str, Any] | None = None,
                 tmp: Path | None = None) -> Any:
-    class FakeLocal(dsh_llama.LlamaModel):  # type: ignore[name-defined,misc]
+    class FakeLocal(dsh_llama.LlamaModel):
         def check(self) -> None:  # the stand-in needs no llama_cpp and no file
             pass
 
@@ -507,6 +512,7 @@ def test_real_one_shot_answer(llama: Any, tmp_path: Path) -> None:
     result = _real_app(tmp_path).run("Say hello", model="local")
     assert result.outcome == "completed", result.reason
     assert result.output.strip()
+    assert result.path is not None
     events = [json.loads(line) for line in result.path.read_text().splitlines()]
     answers = [e for e in events if e["type"] == "assistant/message"]
     assert len(answers) == 1

@@ -19,6 +19,10 @@ Loading a model takes seconds, so each file is loaded once per process (per ``n_
 uses it; a lock serialises completions on one loaded model (llama.cpp contexts are not
 thread-safe).
 
+Completions are always driven as a llama.cpp stream, so the run's cancel token is checked
+between tokens; deltas reach ``on_text`` only when the request streams. Usage is counted from
+the stream (see :meth:`LlamaModel._stream_usage`).
+
 Tool calls: small models write them as text, and the core rescues them after :meth:`complete`
 returns; this adapter never parses text. Tools are handed to llama.cpp only when the chat
 format can take them (see :func:`takes_tools`); otherwise they are not sent — never described

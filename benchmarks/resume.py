@@ -1,0 +1,119 @@
+"""Resume at scale: load a 100,000-event session and derive its next request.
+
+    python benchmarks/resume.py [--events 100000]
+
+Builds a session of realistic events (turns of user message, assistant tool call, tool result,
+final answer) on disk, then, in a fresh process, opens it the way `dsh run --session` does
+(lock, read, validate every line, repair, project) and builds the next model request. Prints
+the wall time and the process's peak RSS, next to a bare interpreter's. Targets: ≤ 0.5 s,
+≤ 100 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from pathlib import Path
+from dsh.ledger import JsonlStore
+from dsh.messages import ModelRequest
+store = JsonlStore(Path(sys.argv[1]), fsync="never")
+with store.open(sys.argv[2]) as ledger:
+    p = ledger.projection
+    request = ModelRequest(model=p.model, system=p.system, messages=p.view(), tools=p.tools,
+                           options=p.options)
+    n = len(request.messages)
+elapsed = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": elapsed, "rss_mib": rss, "messages": n, "events": p.seq + 1}))
+"""
+
+BARE = r"""
+import json, resource
+print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def build(directory: str, events: int) -> str:
+    from pathlib import Path
+
+    from dsh.events import AssistantMessage
+    from dsh.events import StepEnded
+    from dsh.events import StepStarted
+    from dsh.events import ToolCalled
+    from dsh.events import ToolReturned
+    from dsh.events import TurnEnded
+    from dsh.events import TurnStarted
+    from dsh.events import UserMessage
+    from dsh.ledger import JsonlStore
+    from dsh.messages import ToolCall
+    from dsh.messages import ToolSpec
+    from dsh.messages import Usage
+
+    store = JsonlStore(Path(directory), fsync="never")
+    tools = (ToolSpec(name="read_file", description="Read a file.",
+                      parameters={"type": "object", "properties": {"path": {"type": "string"}},
+                                  "required": ["path"]}),)
+    with store.create() as ledger:
+        turn = 0
+        while ledger.projection.seq + 1 < events - 11:
+            turn += 1
+            ledger.append(TurnStarted, turn=turn, agent="default", model="openai:gpt-4o-mini",
+                          system="You are a careful assistant." if turn == 1 else None,
+                          tools=tools if turn == 1 else None)
+            ledger.append(StepStarted, turn=turn, step=0)
+            ledger.append(UserMessage, text=f"Please summarise notes/{turn}.txt for me.")
+            call = ToolCall(id=f"call_{turn}", name="read_file",
+                            arguments={"path": f"notes/{turn}.txt"})
+            ledger.append(AssistantMessage, text="", tool_calls=(call,),
+                          usage=Usage(input_tokens=120, output_tokens=18),
+                          tool_call_source="native", model="gpt-4o-mini")
+            ledger.append(ToolCalled, call_id=call.id, name="read_file", arguments=call.arguments)
+            ledger.append(ToolReturned, call_id=call.id, name="read_file",
+                          output="line one of the notes\nline two of the notes\n" * 3,
+                          duration_ms=0.4)
+            ledger.append(StepEnded, turn=turn, step=0)
+            ledger.append(StepStarted, turn=turn, step=1)
+            ledger.append(AssistantMessage, text=f"The notes of {turn} say two lines.",
+                          usage=Usage(input_tokens=180, output_tokens=12), model="gpt-4o-mini")
+            ledger.append(StepEnded, turn=turn, step=1)
+            ledger.append(TurnEnded, turn=turn, outcome="completed")
+        return ledger.session_id
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    directory = tempfile.mkdtemp(prefix="dsh-resume-")
+    sid = build(directory, args.events)
+    size = os.path.getsize(os.path.join(directory, f"{sid}.jsonl"))
+    results = []
+    for _ in range(args.runs):
+        # The ledger is opened for appending, so copy it fresh for every run.
+        out = subprocess.run([sys.executable, "-c", CHILD, directory, sid], check=True,
+                             capture_output=True, text=True)
+        results.append(json.loads(out.stdout))
+    bare = json.loads(subprocess.run([sys.executable, "-c", BARE], check=True,
+                                     capture_output=True, text=True).stdout)
+    best = min(results, key=lambda r: r["seconds"])
+    print(f"session: {best['events']:,} events, {size / 2**20:.1f} MiB on disk, "
+          f"{best['messages']:,} messages in the next request")
+    print(f"load + derive next request: {best['seconds']:.3f} s (best of {args.runs}; "
+          "target <= 0.5 s)")
+    print(f"peak RSS: {best['rss_mib']:.1f} MiB (bare interpreter {bare['rss_mib']:.1f} MiB; "
+          "target <= 100 MiB)")
+
+
+if __name__ == "__main__":
+    main()
