@@ -291,29 +291,16 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
 
 
 def newest(app: App, agent: str | None = None) -> list[Any]:
-    """Sessions (of ``agent``), newest first. Ids sort by creation to the second only: the
-    first event's timestamp breaks ties."""
-    return sorted((s for s in app.store.sessions() if agent is None or s.agent == agent),
-                  key=lambda s: (s.started, s.id), reverse=True)
+    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond)."""
+    return [s for s in app.store.sessions() if agent is None or s.agent == agent]
 
 
 def latest_session(app: App, agent: str | None = None) -> str | None:
-    """The newest session (of ``agent``) that is not a sub-agent's. Reads sessions newest
-    first only until the second of the first match is past (ids start with it)."""
-    from dsh.errors import DshError
-
-    best = None
-    for sid in app.store.ids():
-        if best is not None and sid[:15] != best.id[:15]:
-            break
-        try:
-            info = app.store.info(sid)
-        except DshError:
-            continue
-        if (agent is None or info.agent == agent) and not info.parent and (
-                best is None or (info.started, info.id) > (best.started, best.id)):
-            best = info
-    return best.id if best is not None else None
+    """The newest session (of ``agent``) that is not a sub-agent's."""
+    for info in app.store.sessions():
+        if (agent is None or info.agent == agent) and not info.parent:
+            return str(info.id)
+    return None
 
 
 def resolve_session(app: App, text: str) -> str:
