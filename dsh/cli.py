@@ -170,6 +170,34 @@ def read_prompt(prompt: str | None) -> str:
     return prompt or data
 
 
+def parse_limits(pairs: tuple[str, ...]) -> Any:
+    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None)."""
+    if not pairs:
+        return None
+    import difflib
+
+    from dsh.runcontext import LIMIT_NAMES
+    from dsh.runcontext import Limits
+
+    values: dict[str, float | int] = {}
+    for pair in pairs:
+        key, sep, raw = (part.strip() for part in pair.partition("="))
+        if key not in LIMIT_NAMES:
+            near = difflib.get_close_matches(key, LIMIT_NAMES, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f" (one of {', '.join(LIMIT_NAMES)})"
+            raise click.BadParameter(f"unknown limit {key!r}{hint}", param_hint="'--limit'")
+        try:
+            number = float(raw) if key in ("cost", "seconds") else int(raw)
+        except ValueError:
+            raise click.BadParameter(f"{key}: expected a number, got {raw!r}",
+                                     param_hint="'--limit'") from None
+        if not sep or number <= 0:
+            raise click.BadParameter(f"{key}: expected a positive number",
+                                     param_hint="'--limit'")
+        values[key] = number
+    return Limits(**values)
+
+
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     if not pairs:
         return {}
@@ -202,6 +230,9 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in this turn.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Wall-clock limit of the run, in seconds.")
+@click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
+              help="Budget limit of this run (repeatable): requests, steps, tool_calls, "
+                   "input_tokens, output_tokens, total_tokens, cost, seconds.")
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Model option, e.g. -o temperature=0.2 (repeatable).")
 @click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
@@ -211,8 +242,8 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
         as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
-        timeout: float | None, options: tuple[str, ...], tools: tuple[str, ...],
-        yes: bool) -> None:
+        timeout: float | None, limits: tuple[str, ...], options: tuple[str, ...],
+        tools: tuple[str, ...], yes: bool) -> None:
     """Run PROMPT as one turn and print the answer.
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
@@ -228,6 +259,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise click.UsageError("--continue and --session cannot be combined")
     if no_save and (continue_ or session_id):
         raise click.UsageError("--no-save cannot resume a session")
+    budget = parse_limits(limits)
     text = read_prompt(prompt)
     overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
                                  "options": parse_options(options) or None}
@@ -262,16 +294,16 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         output.fail(str(exc))
         raise
     with session:
-        code = _send(session, text, output, timeout=timeout, approve=yes)
+        code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget)
     click.get_current_context().exit(code)
 
 
 def _send(session: Any, text: str, output: Any, *, timeout: float | None,
-          approve: bool) -> int:
+          approve: bool, limits: Any = None) -> int:
     """Run the turn, print the result, report on stderr; return the exit code."""
     for note in session.ledger.notes:
         warn(f"note: {note}")
-    result = output.run(session, text, timeout=timeout, approve=approve)
+    result = output.run(session, text, timeout=timeout, approve=approve, limits=limits)
     output.finish(result, session.agent.name, session.agent.model_id)
     if output.out.closed:
         return 0  # the reader has what it wanted: end quietly

@@ -542,7 +542,7 @@ class RunOutput:
             self._handlers.append(self.status.on_event)
 
     def run(self, session: Any, text: str, *, timeout: float | None = None,
-            approve: bool = False) -> Any:
+            approve: bool = False, limits: Any = None) -> Any:
         """``session.send(text)`` with this output attached, Ctrl-C handled (:class:`Interrupt`)
         and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
         is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
@@ -574,7 +574,8 @@ class RunOutput:
             with interrupt:
                 return session.send(
                     text, on_event=self.on_event, on_text=self.on_text,
-                    limits=Limits(seconds=timeout) if timeout else None,
+                    limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
+                                                       else None),
                     context_hook=attach, approve=approve)
         except KeyboardInterrupt:  # the second Ctrl-C: send() closed the turn and re-raised
             ctx = interrupt.ctx

@@ -665,3 +665,24 @@ def test_sub_agent_sessions_nest_in_show_and_are_not_latest(
     assert f"    │ ━━ turn 1 ━━ agent researcher · model echo · sub-agent of session " \
            f"{data['session']}" in shown
     assert "    │   find x" in shown
+
+
+def test_run_limit_option_sets_budgets(tmp_path, monkeypatch):
+    """`-L requests=2` stops a tool loop after two model requests: exit 3, output printed."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from dsh.cli import cli
+
+    monkeypatch.setenv("DSH_HOME", str(tmp_path / "home"))
+    call = {"text": "partial", "tool_calls": [{"name": "nope", "arguments": {}}]}
+    script = tmp_path / "s.json"
+    script.write_text(_json.dumps({"responses": [call, call, call, {"text": "end"}]}))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["run", "-m", f"scripted:{script}", "-L", "requests=2", "go"])
+    assert result.exit_code == 3, result.stderr
+    assert result.stdout == "partial\n"
+    assert "model requests limit reached (2/2)" in result.stderr
+    bad = runner.invoke(cli, ["run", "-m", "echo", "-L", "reqests=2", "go"])
+    assert bad.exit_code == 2 and "did you mean 'requests'" in bad.stderr
