@@ -11,7 +11,7 @@ events are appended to the session ledger, and ``run_turn`` drives the loop.
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -212,7 +212,7 @@ class Session:
         if parent is not None and parent.depth >= MAX_DEPTH:
             raise UsageError(f"sub-agents nested deeper than {MAX_DEPTH} levels")
         ctx = RunContext(
-            run_id=secrets.token_hex(6), agent=agent.name, ledger=ledger,
+            run_id=os.urandom(6).hex(), agent=agent.name, ledger=ledger,
             cancel=CancelToken(cancel), emit=emit,
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else None),

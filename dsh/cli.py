@@ -36,6 +36,7 @@ class State:
         self.config_path = config_path
         self._app: App | None = None
         self._commands: dict[str, tuple[str, click.Command]] | None = None
+        self._warned: set[str] = set()
 
     @property
     def app(self) -> App:
@@ -43,7 +44,15 @@ class State:
             from dsh.app import App
 
             self._app = App.from_config(self.config_path)
+            self.warn_plugin_errors()  # imports the plugins, as every command using the app does
         return self._app
+
+    def warn_plugin_errors(self) -> None:
+        """One ``dsh: warning:`` line on stderr per plugin that failed to load, once."""
+        for rec in self.app.plugins:
+            if rec.error and rec.name not in self._warned:
+                self._warned.add(rec.name)
+                warn(f"warning: plugin {rec.label} failed to load: {rec.error}")
 
     def config_file(self) -> Path:
         from dsh.config import default_config_path
@@ -602,9 +611,7 @@ def config_validate(state: State) -> None:
 
             raise ConfigError(f"{path}: agent {name!r}: unknown model {a.model_id!r} "
                               f"(adapters: {', '.join(sorted(app.models))})")
-    for rec in app.plugins:
-        if rec.error:
-            warn(f"warning: plugin {rec.label} failed to load: {rec.error}")
+    state.warn_plugin_errors()  # also those that failed to register while assembling
     click.echo(f"ok: {path}")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -56,7 +55,7 @@ def new_session_id() -> str:
     ``20261130-142501.123-3f9a1c``."""
     now = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-    return f"{stamp}.{int(now * 1000) % 1000:03d}-{secrets.token_hex(3)}"
+    return f"{stamp}.{int(now * 1000) % 1000:03d}-{os.urandom(3).hex()}"
 
 
 def _now() -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -252,6 +251,8 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> None:
         inv.tool is not None and inv.tool.sequential for inv in invocations
     )
     if concurrent:
+        from concurrent.futures import ThreadPoolExecutor  # only when calls run at once
+
         # Each call runs in its own copy of the run's context, so dsh.context() works inside.
         pool = ThreadPoolExecutor(max_workers=min(8, len(invocations)),
                                   thread_name_prefix="dsh-tool")

@@ -43,14 +43,32 @@ ENTRY_POINT_GROUP = "dsh"
 
 @attrs.define
 class PluginRecord:
-    """An installed plugin: its name, where it came from, and whether it loaded."""
+    """An installed plugin: its name, where it came from, and whether it loaded.
+
+    ``dist`` and ``version`` are read from the distribution's metadata on first use only:
+    parsing METADATA (an email-format file) costs more at start-up than the plugin itself.
+    """
 
     name: str
-    dist: str = ""
-    version: str = ""
     module: str = ""
     obj: Any = None
     error: str | None = None
+    distribution: Any = attrs.field(default=None, repr=False)
+    _meta: tuple[str, str] | None = attrs.field(default=None, repr=False)
+
+    def _read_meta(self) -> tuple[str, str]:
+        if self._meta is None:
+            d = self.distribution
+            self._meta = (d.metadata["Name"] or "", d.version or "") if d is not None else ("", "")
+        return self._meta
+
+    @property
+    def dist(self) -> str:
+        return self._read_meta()[0]
+
+    @property
+    def version(self) -> str:
+        return self._read_meta()[1]
 
     @property
     def label(self) -> str:
@@ -78,13 +96,7 @@ def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = Fal
             if ep.name in seen or (allow is not None and ep.name not in allow):
                 continue
             seen.add(ep.name)
-            dist = ep.dist
-            rec = PluginRecord(
-                ep.name,
-                dist=dist.metadata["Name"] if dist else "",
-                version=dist.version if dist else "",
-                module=ep.value,
-            )
+            rec = PluginRecord(ep.name, module=ep.value, distribution=ep.dist)
             try:
                 rec.obj = ep.load()
             except Exception as exc:

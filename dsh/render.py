@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -314,6 +313,8 @@ class StatusLine:
         frame = self.FRAMES[self._frame % len(self.FRAMES)]
         step = f"step {self.step} · " if self.step else ""
         text = f"{frame} {step}{self.activity} · {elapsed:.1f}s"
+        import shutil
+
         width = shutil.get_terminal_size((80, 24)).columns - 1
         text = one_line(text, width)
         return click.style(text, dim=True) if self.color else text
