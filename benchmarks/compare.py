@@ -120,20 +120,46 @@ def versions() -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _maxrss_mib(ru_maxrss: int) -> float:
-    return ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-
-
-def spawn(cmd: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run ``cmd`` to completion; return (wall seconds, peak RSS MiB) of that child alone."""
+#: Runs each command it reads (a JSON line) and answers [wall s, ru_maxrss, exit status].
+#: On Linux a child's ru_maxrss starts at the peak RSS of the process that spawned it (the
+#: spawner's memory is the child's until exec), so the spawner is a bare interpreter (-I -S,
+#: ~10 MiB, less than ``python -c pass``) rather than this process, whose heap holds the
+#: in-process workloads. stdin is /dev/null and stdout is discarded for every command.
+SPAWNER = """\
+import json, os, sys, time
+io = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+      (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+for line in sys.stdin:
+    cmd, env = json.loads(line)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    pid = os.posix_spawn(cmd[0], cmd, env, file_actions=io)
+    _, status, usage = os.wait4(pid, 0)
     wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)!r} failed with exit status {proc.returncode}")
-    return wall, _maxrss_mib(usage.ru_maxrss)
+    print(json.dumps([wall, usage.ru_maxrss, os.waitstatus_to_exitcode(status)]), flush=True)
+"""
+
+
+class Spawner:
+    """Wall time and peak RSS of child processes, measured by a small helper process."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", SPAWNER],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, cmd: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
+        """Run ``cmd`` to completion; return (wall seconds, peak RSS MiB) of that child."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([list(cmd), env]) + "\n")
+        self.proc.stdin.flush()
+        wall, maxrss, status = json.loads(self.proc.stdout.readline())
+        if status != 0:
+            raise SystemExit(f"{' '.join(cmd)!r} failed with exit status {status}")
+        return wall, maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,7 +167,8 @@ def spawn(cmd: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def cold_start(runs: int, available: dict[str, bool]) -> dict[str, tuple[float, float]]:
+def cold_start(spawner: Spawner, runs: int,
+               available: dict[str, bool]) -> dict[str, tuple[float, float]]:
     """Median (wall ms, peak RSS MiB) per command, the commands interleaved in each round."""
     home = tempfile.mkdtemp(prefix="dsh-compare-")
     env = {**os.environ, "DSH_HOME": home, "XDG_CONFIG_HOME": home,
@@ -156,12 +183,12 @@ def cold_start(runs: int, available: dict[str, bool]) -> dict[str, tuple[float, 
     if available["pydantic-ai"]:
         commands["pydantic-ai"] = [sys.executable, "-c", PA_ONE_SHOT]
     for cmd in commands.values():  # warm the page cache
-        spawn(cmd, env)
+        spawner.run(cmd, env)
     walls: dict[str, list[float]] = {name: [] for name in commands}
     rss: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
         for name, cmd in commands.items():
-            wall, peak = spawn(cmd, env)
+            wall, peak = spawner.run(cmd, env)
             walls[name].append(wall * 1e3)
             rss[name].append(peak)
     ledgers = list(Path(home, "sessions").glob("*.jsonl"))
@@ -273,7 +300,8 @@ def llm_tool_loop_probe() -> str:
         return x
 
     prompt = json.dumps({"prompt": "go", "tool_calls": [{"name": "noop", "arguments": {"x": 1}}]})
-    chain = llm.get_model("echo").conversation(tools=[noop]).chain(prompt, tools=[noop], chain_limit=0)
+    conversation = llm.get_model("echo").conversation(tools=[noop])
+    chain = conversation.chain(prompt, tools=[noop], chain_limit=0)
     responses = list(chain.responses())
     calls = sum(len(r.tool_calls()) for r in responses)
     return (f"n/a: llm-echo calls only the tools named in the JSON of the user's prompt and "
@@ -291,10 +319,10 @@ def child(framework: str, steps: int) -> None:
         raise SystemExit(f"no child workload for {framework}")
 
 
-def peak_rss(framework: str, steps: int) -> float:
+def peak_rss(spawner: Spawner, framework: str, steps: int) -> float:
+    """Median peak RSS (MiB) of a fresh process doing the ``steps``-step run."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--n", str(steps)]
-    env = {**os.environ}
-    return statistics.median(spawn(cmd, env)[1] for _ in range(RSS_RUNS))
+    return statistics.median(spawner.run(cmd, dict(os.environ))[1] for _ in range(RSS_RUNS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,10 +350,10 @@ def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
                   for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return "| " + " | ".join(padded) + " |"
 
-    rule = ["-" * widths[0]] + ["-" * (w - 1) + ":" for w in widths[1:]]
+    rule = ["-" * (widths[0] + 2)] + ["-" * (w + 1) + ":" for w in widths[1:]]
     print(f"\n### {title}\n")
     print(line(headers))
-    print("|-" + "-|-".join(rule) + "-|")
+    print("|" + "|".join(rule) + "|")
     for row in rows:
         print(line(row))
     if notes:
@@ -358,7 +386,15 @@ def main() -> None:
     if args.child:
         child(args.child, args.n)
         return
+    spawner = Spawner()
+    try:
+        compare(args, spawner)
+    finally:
+        spawner.close()
 
+
+def compare(args: argparse.Namespace, spawner: Spawner) -> None:
+    """Run the four workloads on every installed framework and print the tables."""
     n, k, window = args.n, args.k, args.window
     k_other = min(args.k_other, k)
     why: dict[str, str | None] = {fw: missing(fw) for fw in OTHERS}
@@ -377,7 +413,7 @@ def main() -> None:
 
     # 1. cold start -----------------------------------------------------------------------
     progress(f"cold start: {args.runs} interleaved rounds")
-    cold = cold_start(args.runs, available)
+    cold = cold_start(spawner, args.runs, available)
     bare_ms, dsh_ms = cold["python -c pass"][0], cold["dsh"][0]
     labels = {"python -c pass": "python -c pass", "dsh": "dsh run -m echo hi",
               "llm": "llm -m echo hi", "pydantic-ai": "pydantic-ai run_sync (python -c)"}
@@ -435,9 +471,9 @@ def main() -> None:
     # 4. peak RSS -------------------------------------------------------------------------
     progress(f"peak RSS: {n}-step run in a fresh process, median of {RSS_RUNS}")
     rss_steps: dict[str, Cell] = {
-        "dsh": peak_rss("dsh", n),
+        "dsh": peak_rss(spawner, "dsh", n),
         "llm": None,
-        "pydantic-ai": peak_rss("pydantic-ai", n) if available["pydantic-ai"] else None,
+        "pydantic-ai": peak_rss(spawner, "pydantic-ai", n) if available["pydantic-ai"] else None,
     }
     rss_one: dict[str, Cell] = {fw: cold[fw][1] if fw in cold else None for fw in ("dsh", *OTHERS)}
     rows = [["python -c pass", num(cold["python -c pass"][1]), "", "", ""]]

@@ -59,7 +59,12 @@ class PluginRecord:
     def _read_meta(self) -> tuple[str, str]:
         if self._meta is None:
             d = self.distribution
-            self._meta = (d.metadata["Name"] or "", d.version or "") if d is not None else ("", "")
+            if d is None:
+                self._meta = ("", "")
+            elif isinstance(d, str):  # a *.dist-info / *.egg-info directory
+                self._meta = _read_name_version(d)
+            else:  # an importlib.metadata.Distribution
+                self._meta = (d.metadata["Name"] or "", d.version or "")
         return self._meta
 
     @property
@@ -73,6 +78,86 @@ class PluginRecord:
     @property
     def label(self) -> str:
         return f"{self.name} ({self.dist} {self.version})" if self.dist else self.name
+
+
+def entry_points(group: str) -> list[tuple[str, str, Any]]:
+    """``(name, "module:attr", distribution)`` of every entry point in ``group``.
+
+    Reads ``*.dist-info/entry_points.txt`` (and ``*.egg-info``) of the directories on
+    ``sys.path`` directly, in path order, the first distribution of a name winning — what
+    ``importlib.metadata.entry_points`` does for installed and editable distributions, but
+    without importing it: that import alone costs more than a bare interpreter's start-up,
+    and start-up is import cost. A zip file on ``sys.path`` falls back to importlib.metadata.
+    """
+    if any(os.path.isfile(p) for p in sys.path if p):
+        from importlib.metadata import entry_points as ep_scan
+
+        return [(ep.name, ep.value, ep.dist) for ep in ep_scan(group=group)]
+    found: list[tuple[str, str, Any]] = []
+    seen: set[str] = set()
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for n in names:
+            if not n.endswith((".dist-info", ".egg-info")):
+                continue
+            dist_key = n.partition("-")[0].lower().replace("_", "-").replace(".", "-")
+            if dist_key in seen:
+                continue
+            seen.add(dist_key)
+            path = os.path.join(entry or ".", n)
+            try:
+                with open(os.path.join(path, "entry_points.txt"), encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            found.extend((name, value, path) for name, value in _section(text, group))
+    return found
+
+
+def _section(text: str, group: str) -> list[tuple[str, str]]:
+    """``name = value`` pairs of the ``[group]`` section of an entry_points.txt."""
+    pairs: list[tuple[str, str]] = []
+    inside = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            inside = line == f"[{group}]"
+        elif inside and "=" in line:
+            name, _, value = line.partition("=")
+            pairs.append((name.strip(), value.strip()))
+    return pairs
+
+
+def load_object(value: str) -> Any:
+    """Import ``"module:attr.sub"`` (an entry point's value)."""
+    module_name, _, attr = value.partition(":")
+    obj: Any = importlib.import_module(module_name.strip())
+    for part in filter(None, attr.strip().split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _read_name_version(path: str) -> tuple[str, str]:
+    """Name and Version from a dist-info's METADATA (or an egg-info's PKG-INFO) headers."""
+    for filename in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(path, filename), encoding="utf-8") as f:
+                meta: dict[str, str] = {}
+                for line in f:
+                    if not line.strip():
+                        break  # the headers end at the first blank line
+                    key, _, value = line.partition(":")
+                    if key in ("Name", "Version") and key not in meta:
+                        meta[key] = value.strip()
+                return meta.get("Name", ""), meta.get("Version", "")
+        except OSError:
+            continue
+    return "", ""
 
 
 def _allowlist() -> set[str] | None:
@@ -89,21 +174,19 @@ def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = Fal
     records: list[PluginRecord] = []
     allow = _allowlist()
     if autoload:
-        from importlib.metadata import entry_points
-
         seen: set[str] = set()
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in seen or (allow is not None and ep.name not in allow):
+        for name, value, dist in entry_points(ENTRY_POINT_GROUP):
+            if name in seen or (allow is not None and name not in allow):
                 continue
-            seen.add(ep.name)
-            rec = PluginRecord(ep.name, module=ep.value, distribution=ep.dist)
+            seen.add(name)
+            rec = PluginRecord(name, module=value, distribution=dist)
             try:
-                rec.obj = ep.load()
+                rec.obj = load_object(value)
             except Exception as exc:
                 rec.error = f"{type(exc).__name__}: {exc}"
                 if strict:
                     raise PluginError(
-                        f"plugin {rec.label} failed to load: {rec.error}", plugin=ep.name
+                        f"plugin {rec.label} failed to load: {rec.error}", plugin=name
                     ) from exc
             records.append(rec)
     for dotted in load:

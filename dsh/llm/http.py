@@ -163,16 +163,32 @@ def _remember_socket(client: httpx.Client, resp: httpx.Response) -> None:
 
 
 def _scrub(err: ProviderError, key: str | None) -> ProviderError:
-    """A provider echoing the API key in its error text must not leak it to the user or logs."""
-    if not key or key not in str(err):
+    """A provider echoing the API key in its error text must not leak it to the user or logs:
+    neither whole nor cut short, where a long detail was truncated (``…``) inside the key."""
+    if not key:
+        return err
+    text = str(err)
+    clean = _redact_cut_key(text.replace(key, "[redacted]"), key)
+    if clean == text:
         return err
     after = err.retry_after if isinstance(err, ProviderHTTPError) else None
     return ProviderHTTPError(
-        str(err).replace(key, "[redacted]"),
+        clean,
         status=err.status,
         retryable=err.retryable,
         retry_after=after,
     )
+
+
+def _redact_cut_key(text: str, key: str) -> str:
+    """Redact a start of ``key`` (4 characters or more) that ends where text was cut (``…``)."""
+    parts = text.split("…")
+    for i, head in enumerate(parts[:-1]):
+        for n in range(min(len(key), len(head)), 3, -1):
+            if head.endswith(key[:n]):
+                parts[i] = head[:-n] + "[redacted]"
+                break
+    return "…".join(parts)
 
 
 def abort_client(client: httpx.Client) -> None:
