@@ -400,6 +400,10 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     why: dict[str, str | None] = {fw: missing(fw) for fw in OTHERS}
     available = {fw: why[fw] is None for fw in OTHERS}
     loop_na: dict[str, str] = {fw: why[fw] or "" for fw in OTHERS if why[fw]}
+    absent = {fw for fw in OTHERS if why[fw]}
+
+    def show(fw: str, value: Cell, fmt: str = "{:.1f}") -> str:
+        return "not installed" if fw in absent else num(value, fmt)
     if available["llm"]:
         progress("llm: probing a tool chain with llm-echo")
         loop_na["llm"] = llm_tool_loop_probe()
@@ -420,7 +424,7 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     rows = []
     for name in ("python -c pass", "dsh", *OTHERS):
         ms = cold[name][0] if name in cold else None
-        rows.append([labels[name], num(ms), ratio(ms, bare_ms), ratio(ms, dsh_ms)])
+        rows.append([labels[name], show(name, ms), ratio(ms, bare_ms), ratio(ms, dsh_ms)])
     table(f"1. Cold start of a one-shot run (wall ms, median of {args.runs})",
           ["command", "ms", "/ python -c pass", "/ dsh"], rows,
           notes({fw: r for fw, r in why.items() if r}))
@@ -436,8 +440,8 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     }
     labels = {"dsh": "dsh (default fsync=step)", "dsh (fsync=never)": "dsh (fsync=never)",
               "llm": "llm + llm-echo", "pydantic-ai": "pydantic-ai FunctionModel"}
-    rows = [[labels[fw], num(v), ratio(v, step_cpu["dsh"]), ratio(v, step_cpu["dsh (fsync=never)"])]
-            for fw, v in step_cpu.items()]
+    rows = [[labels[fw], show(fw, v), ratio(v, step_cpu["dsh"]),
+             ratio(v, step_cpu["dsh (fsync=never)"])] for fw, v in step_cpu.items()]
     table(f"2. CPU per step, N={n}, one tool call per step (us, best of {args.repeat})",
           ["framework", "us/step", "/ dsh", "/ dsh fsync=never"], rows, notes(loop_na))
 
@@ -459,7 +463,7 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     for fw in ("dsh", *OTHERS):
         costs = growth.get(fw)
         if costs is None:
-            rows.append([fw, "n/a", "n/a", "n/a", "n/a"])
+            rows.append([fw, "n/a", show(fw, None), "n/a", "n/a"])
             continue
         for p, cost in costs.items():
             rows.append([fw, f"{p:,}", num(cost), ratio(cost, costs[10]),
@@ -478,8 +482,8 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     rss_one: dict[str, Cell] = {fw: cold[fw][1] if fw in cold else None for fw in ("dsh", *OTHERS)}
     rows = [["python -c pass", num(cold["python -c pass"][1]), "", "", ""]]
     for fw in ("dsh", *OTHERS):
-        rows.append([fw, num(rss_one[fw]), ratio(rss_one[fw], rss_one["dsh"]),
-                     num(rss_steps[fw]), ratio(rss_steps[fw], rss_steps["dsh"])])
+        rows.append([fw, show(fw, rss_one[fw]), ratio(rss_one[fw], rss_one["dsh"]),
+                     show(fw, rss_steps[fw]), ratio(rss_steps[fw], rss_steps["dsh"])])
     table("4. Peak RSS of a fresh process (MiB)",
           ["framework", "one-shot run", "/ dsh", f"{n}-step run", "/ dsh"], rows,
           notes(loop_na))
@@ -487,7 +491,7 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     # summary -----------------------------------------------------------------------------
     def cells(label: str, fmt: str, values: dict[str, Cell]) -> list[str]:
         d = values.get("dsh")
-        return [label, *(num(values.get(fw), fmt) for fw in ("dsh", *OTHERS)),
+        return [label, *(show(fw, values.get(fw), fmt) for fw in ("dsh", *OTHERS)),
                 *(ratio(values.get(fw), d) for fw in OTHERS)]
 
     def growth_at(p: int) -> dict[str, Cell]:
@@ -499,7 +503,7 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     rows = [
         cells("cold start, one-shot run (ms)", "{:.1f}",
               {fw: cold[fw][0] for fw in ("dsh", *OTHERS) if fw in cold}),
-        cells(f"CPU per step, N={n} (us)", "{:.1f}", step_cpu),
+        cells(f"CPU per step, N={n} (us; dsh fsync=step)", "{:.1f}", step_cpu),
         cells(f"CPU per step at k={k_other:,} (us)", "{:.1f}", per(k_other)),
         cells(f"step-cost growth, k={k_other:,} / k=10", "{:.2f}", growth_at(k_other)),
     ]

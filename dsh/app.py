@@ -105,9 +105,13 @@ class Agent:
                 + (", ".join(installed) or "none")
             )
         self.plugin_names = tuple(chosen)
-        records = [r for r in app.plugins if r.name in set(chosen)]
-        self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins)
-        configure(self.pm, app)
+        if list(chosen) == installed:
+            # Every installed plugin: the agent's scope is the app-wide one; share it.
+            self.pm = app.pm
+        else:
+            records = [r for r in app.plugins if r.name in set(chosen)]
+            self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins)
+            configure(self.pm, app)
         allow = tools if tools is not None else acfg.tools
         self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info, allow)
         for child in acfg.subagents:

@@ -39,8 +39,9 @@ hookimpl = pluggy.HookimplMarker("dsh")
 @hookspec(historic=True)
 def configure(app: App) -> None:
     """Called when a plugin manager is assembled, after every plugin is registered: once on
-    the app-wide manager and once on each agent's manager (a plugin enabled for two agents is
-    called three times, with the same ``app``). Keep it idempotent.
+    the app-wide manager and once on each agent's own manager (an agent with an explicit
+    ``plugins`` list; agents using every installed plugin share the app-wide manager), always
+    with the same ``app``. Keep it idempotent.
 
     :param app: the assembled :class:`dsh.App`; ``app.config.plugin_settings(name)`` returns
         the ``[plugins.NAME]`` table of the config.

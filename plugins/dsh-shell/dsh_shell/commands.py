@@ -11,17 +11,18 @@ import codecs
 import os
 import re
 import shlex
-import shutil
 import signal
-import subprocess
-import tempfile
 import threading
 from typing import IO
+from typing import TYPE_CHECKING
 
 from dsh.errors import ToolError
 from dsh.runcontext import current_or_none
 from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: Tokens that mean the model expected a shell. Without one they would reach the program as
 #: plain arguments (``ls | wc`` would list files named ``|`` and ``wc``), so they are refused.
@@ -73,6 +74,8 @@ def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None
     # The allowlist names programs found on PATH; a path names some particular file, which
     # is the allowlisted program only if it is the one PATH finds (./ls written by the model
     # is not).
+    import shutil  # imported when a command runs, not when dsh starts
+
     found = shutil.which(name)
     real = os.path.realpath(os.path.join(root, argv0))
     if found is not None and real == os.path.realpath(found):
@@ -123,7 +126,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
     # Output goes to temporary files, not pipes: memory stays bounded however much a command
     # prints (only max_output bytes are read back), and a background child that keeps a pipe
-    # open cannot hang the wait.
+    # open cannot hang the wait. (Imported here: dsh imports this plugin on every start-up.)
+    import subprocess
+    import tempfile
+
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
             # start_new_session: the command gets its own process group (killed as a whole on
