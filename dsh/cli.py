@@ -188,7 +188,7 @@ def parse_limits(pairs: tuple[str, ...]) -> Any:
     from dsh.runcontext import LIMIT_NAMES
     from dsh.runcontext import Limits
 
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = (part.strip() for part in pair.partition("="))
         if key not in LIMIT_NAMES:

@@ -171,6 +171,8 @@ def test_key_never_appears_in_anything_a_run_wrote(env: dict[str, str], server: 
     assert not leaks(r.stdout), r.stdout
     assert not leaks(r.stderr), r.stderr
     assert not leaks_in_files(tmp_path)  # DSH_HOME (ledger), the workspace, the config dir
+    if extra.get("DSH_TRACE_HOOKS"):
+        assert "request [hook]" in r.stderr  # the trace of every hook call really ran
     (ledger,) = (Path(env["DSH_HOME"]) / "sessions").glob("*.jsonl")
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     if code == 0:
@@ -191,14 +193,17 @@ def test_literal_key_in_the_config_stays_out_of_every_output(
     config.write_text(config.read_text() + f'api_key = "{KEY}"\n')
     env = {k: v for k, v in env.items() if k != "OPENAI_API_KEY"}
     server.script(Reply(body=openai_completion("hello")),
-                  Reply(401, _auth_error(f"Incorrect API key provided: {KEY}")))
+                  Reply(401, _auth_error(f"Incorrect API key provided: {KEY}")),
+                  Reply(body=openai_completion("traced")))
     outputs = []
     first = run(env, "run", "-m", "openai:m", "--events", "hi")
     assert first.returncode == 0, first.stderr
     sid = json.loads(first.stdout.splitlines()[0])["session"]
     failed = run(env, "run", "-m", "openai:m", "--session", sid, "again")
     assert failed.returncode == 1 and "check the api_key setting" in failed.stderr
-    outputs += [first, failed]
+    traced = run({**env, "DSH_TRACE_HOOKS": "1"}, "run", "-m", "openai:m", "--json", "trace")
+    assert traced.returncode == 0 and "request [hook]" in traced.stderr
+    outputs += [first, failed, traced]
     for args in (["models", "--json"], ["models"], ["agents", "--json"], ["plugins", "--json"],
                  ["sessions", "list", "--json"], ["sessions", "show", "--full", sid],
                  ["sessions", "export", "--format", "jsonl", sid], ["sessions", "export", sid]):
@@ -207,7 +212,7 @@ def test_literal_key_in_the_config_stays_out_of_every_output(
         outputs.append(r)
     for r in outputs:
         assert not leaks(r.stdout) and not leaks(r.stderr), r.args
-    assert [x.headers["authorization"] for x in server.received] == [f"Bearer {KEY}"] * 2
+    assert [x.headers["authorization"] for x in server.received] == [f"Bearer {KEY}"] * 3
     assert not leaks_in_files(tmp_path, skip=(config,))
 
 

@@ -28,7 +28,7 @@ from tests.servers import openai_completion
 
 DSH = [sys.executable, "-m", "dsh"]
 RETRIES = 2
-TIMEOUT = 0.5
+TIMEOUT = 1.0  # read timeout of openai:m; the slow cases wait this long once
 
 TOOL_PLUGIN = '''
 from dsh import hookimpl
