@@ -394,7 +394,12 @@ class HTTPModel(Model):
         )
 
     def check(self) -> None:
-        self.api_key()
+        key = self.api_key()
+        if key is not None and not key.isascii():
+            # HTTP headers are ASCII: say which setting is wrong, never what it holds.
+            raise ProviderError(
+                f"{self.provider}: the API key from {self.key_source} contains non-ASCII "
+                "characters (a copy-paste accident?)")
 
     # -- protocol methods ---------------------------------------------------------------------
 
