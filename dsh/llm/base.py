@@ -9,6 +9,7 @@ so that the adapter's module (and httpx) is imported only when that model is use
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -98,3 +99,25 @@ class ModelEntry:
             module_name, _, attr = factory.partition(":")
             factory = getattr(importlib.import_module(module_name), attr)
         return factory(name, settings)
+
+
+#: The key under which tool-call arguments that are not a JSON object are kept.
+INVALID_JSON_KEY = "__invalid_json__"
+
+
+def parse_tool_arguments(raw: Any) -> dict[str, Any]:
+    """Decode a tool call's arguments. Never raises: text that is not a JSON object becomes
+    ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
+    the model receives an error result it can read and correct."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {INVALID_JSON_KEY: raw}
+        if isinstance(value, dict):
+            return value
+    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}

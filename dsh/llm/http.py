@@ -38,8 +38,10 @@ import httpx
 from dsh._version import __version__
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
+from dsh.llm.base import INVALID_JSON_KEY  # noqa: F401 - re-exported for adapters and tests
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
+from dsh.llm.base import parse_tool_arguments  # noqa: F401 - re-exported
 from dsh.llm.sse import SSEEvent
 from dsh.llm.sse import SSEParser
 from dsh.messages import ModelRequest
@@ -54,7 +56,6 @@ log = logging.getLogger(__name__)
 #: Statuses worth retrying (529 is Anthropic's "overloaded").
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 #: Key under which unparseable tool-call arguments are kept (see :func:`parse_tool_arguments`).
-INVALID_JSON_KEY = "__invalid_json__"
 _MAX_DETAIL = 300
 _CONTEXT_RE = re.compile(
     r"context.(length|window|size)|maximum context|prompt is too long|too many tokens"
@@ -287,24 +288,6 @@ def backoff(attempt: int, base: float, cap: float) -> float:
 def truncate(text: str, limit: int = _MAX_DETAIL) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def parse_tool_arguments(raw: Any) -> dict[str, Any]:
-    """Decode a tool call's arguments. Never raises: text that is not a JSON object becomes
-    ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
-    the model receives an error result it can read and correct."""
-    if raw is None or raw == "":
-        return {}
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return {INVALID_JSON_KEY: raw}
-        if isinstance(value, dict):
-            return value
-    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
 
 
 def make_response(

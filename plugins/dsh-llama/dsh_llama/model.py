@@ -53,6 +53,7 @@ from dsh.errors import DshError
 from dsh.errors import ProviderError
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
+from dsh.llm.base import parse_tool_arguments
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -76,7 +77,6 @@ OPTION_KEYS = frozenset({
     "presence_penalty", "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode",
     "mirostat_tau", "mirostat_eta", "logit_bias", "response_format", "tool_choice",
 })
-INVALID_JSON_KEY = "__invalid_json__"  # as dsh.llm.http (not imported: it pulls in httpx)
 
 
 def pip_command(*args: str) -> str:
@@ -397,23 +397,6 @@ def map_tool(t: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": {
         "name": t.name, "description": t.description,
         "parameters": t.parameters or {"type": "object", "properties": {}}}}
-
-
-def parse_tool_arguments(raw: Any) -> dict[str, Any]:
-    """As :func:`dsh.llm.http.parse_tool_arguments`: never raises; text that is not a JSON
-    object becomes ``{"__invalid_json__": text}`` for the core's schema check to reject."""
-    if raw is None or raw == "":
-        return {}
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, str):
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            return {INVALID_JSON_KEY: raw}
-        if isinstance(value, dict):
-            return value
-    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
 
 
 def _calls(raw_calls: Any) -> list[ToolCall]:
