@@ -23,10 +23,11 @@ Every model is offline (dsh's ``echo``/scripted model, ``llm-echo``, pydantic-ai
    llm-echo only calls the tools named in the JSON of the *user's* prompt and a chain's
    follow-up prompts have empty text, so an llm chain stops after one tool round; a probe
    shows it, and the column says n/a rather than measuring another workload.
-3. **Step-cost growth**: CPU per step averaged over ``--window`` steps starting at step k=10,
+3. **Step-cost growth**: CPU per step averaged over a window of steps starting at step k=10,
    at k=``--k-other`` and at k=``--k``, all read from one long run (as ``steps.py``'s
    ``growth()``), and the ratio to k=10. pydantic-ai's per-step cost is linear in the length
-   of the history, so its run stops at ``--k-other`` (default 2000, ~90 s); dsh also reports
+   of the history, so its run stops at ``--k-other`` (default 2000, ~90 s) and its window is
+   ``--window-other`` (200) instead of ``--window`` (500, as ``steps.py``); dsh also reports
    that k so the two are compared at the same point.
 4. **Peak RSS**: the 200-step workload of (2) in a fresh process (this script with
    ``--child``), peak RSS from ``os.wait4``, median of 3; plus the one-shot runs of (1).
@@ -380,7 +381,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10_000, help="dsh: session length for growth")
     ap.add_argument("--k-other", type=int, default=2_000,
                     help="growth for the other frameworks (their step cost grows), capped by --k")
-    ap.add_argument("--window", type=int, default=200, help="growth: steps averaged per point")
+    ap.add_argument("--window", type=int, default=500, help="growth: steps averaged per point")
+    ap.add_argument("--window-other", type=int, default=200,
+                    help="growth: steps averaged per point for the other frameworks")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -395,7 +398,7 @@ def main() -> None:
 
 def compare(args: argparse.Namespace, spawner: Spawner) -> None:
     """Run the four workloads on every installed framework and print the tables."""
-    n, k, window = args.n, args.k, args.window
+    n, k = args.n, args.k
     k_other = min(args.k_other, k)
     why: dict[str, str | None] = {fw: missing(fw) for fw in OTHERS}
     available = {fw: why[fw] is None for fw in OTHERS}
@@ -446,30 +449,31 @@ def compare(args: argparse.Namespace, spawner: Spawner) -> None:
           ["framework", "us/step", "/ dsh", "/ dsh fsync=never"], rows, notes(loop_na))
 
     # 3. growth ---------------------------------------------------------------------------
-    progress(f"growth: dsh to k={k}, window {window}")
-    points = sorted({10, k_other, k})
+    windows = {"dsh": args.window, "pydantic-ai": args.window_other}
 
-    def window_cost(marks: list[float], start: int) -> float:
+    def window_cost(marks: list[float], start: int, window: int) -> float:
         return (marks[start + window] - marks[start]) / window * 1e6
 
     growth: dict[str, dict[int, float]] = {}
-    marks = dsh_marks(k + window + 1)
-    growth["dsh"] = {p: window_cost(marks, p) for p in points}
+    progress(f"growth: dsh to k={k}, window {args.window}")
+    marks = dsh_marks(k + args.window + 1)
+    growth["dsh"] = {p: window_cost(marks, p, args.window) for p in sorted({10, k_other, k})}
     if available["pydantic-ai"]:
-        progress(f"growth: pydantic-ai to k={k_other}, window {window}")
-        marks = pa_marks(k_other + window + 1)
-        growth["pydantic-ai"] = {p: window_cost(marks, p) for p in (10, k_other)}
+        progress(f"growth: pydantic-ai to k={k_other}, window {args.window_other}")
+        marks = pa_marks(k_other + args.window_other + 1)
+        growth["pydantic-ai"] = {p: window_cost(marks, p, args.window_other)
+                                 for p in sorted({10, k_other})}
     rows = []
     for fw in ("dsh", *OTHERS):
         costs = growth.get(fw)
         if costs is None:
-            rows.append([fw, "n/a", show(fw, None), "n/a", "n/a"])
+            rows.append([fw, "n/a", "n/a", show(fw, None), "n/a", "n/a"])
             continue
         for p, cost in costs.items():
-            rows.append([fw, f"{p:,}", num(cost), ratio(cost, costs[10]),
+            rows.append([fw, f"{p:,}", str(windows[fw]), num(cost), ratio(cost, costs[10]),
                          ratio(cost, growth["dsh"][p])])
-    table(f"3. Step-cost growth: CPU per step over {window} steps from step k (us)",
-          ["framework", "k", "us/step", "/ same at k=10", "/ dsh at same k"], rows,
+    table("3. Step-cost growth: CPU per step over a window of steps from step k (us)",
+          ["framework", "k", "window", "us/step", "/ same at k=10", "/ dsh at same k"], rows,
           notes(loop_na))
 
     # 4. peak RSS -------------------------------------------------------------------------

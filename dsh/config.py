@@ -7,7 +7,6 @@ a config file is actually read, so a run without one does not pay for it.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -187,6 +186,8 @@ def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None
     valid = [f.name for f in attrs.fields(cls) if f.name != "source"]
     for key in data:
         if key not in valid:
+            import difflib  # only on an error: it costs a millisecond at start-up
+
             near = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(valid)}"
             raise ConfigError(f"{where}{_line_of(text, key)}: unknown key "

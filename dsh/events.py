@@ -23,9 +23,13 @@ SCHEMA_VERSION = 1
 OUTCOMES = ("completed", "rejected", "stopped", "aborted", "budget", "error")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class Event:
-    """Base of persistent events."""
+    """Base of persistent events.
+
+    Subclasses are declared with ``repr=False`` and share :meth:`__repr__` below: attrs
+    would otherwise generate (and compile) one per class at import, which is start-up time.
+    """
 
     type: ClassVar[str] = ""
     seq: int = 0
@@ -34,8 +38,13 @@ class Event:
     #: Unknown fields read from a newer schema, preserved on a round trip.
     extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                           for f in attrs.fields(type(self)) if f.repr)
+        return f"{type(self).__name__}({fields})"
 
-@attrs.frozen(kw_only=True)
+
+@attrs.frozen(kw_only=True, repr=False)
 class TurnStarted(Event):
     """A turn opened. ``system``, ``tools``, ``model`` and ``options`` are what this turn's
     requests use; each is ``None`` when unchanged since the previous turn of the session."""
@@ -52,14 +61,14 @@ class TurnStarted(Event):
     parent_call: str | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class StepStarted(Event):
     type: ClassVar[str] = "step/start"
     turn: int
     step: int
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class UserMessage(Event):
     """A user message; ``source`` is ``user``, or the plugin that continued the turn."""
 
@@ -68,7 +77,7 @@ class UserMessage(Event):
     source: str = "user"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class ContextInjected(Event):
     """Injected context, written when a turn consumes it (before that turn's user message)."""
 
@@ -77,7 +86,7 @@ class ContextInjected(Event):
     source: str = "api"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class AssistantMessage(Event):
     type: ClassVar[str] = "assistant/message"
     text: str = ""
@@ -88,7 +97,7 @@ class AssistantMessage(Event):
     stop_reason: str | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class ToolCalled(Event):
     type: ClassVar[str] = "tool/call"
     call_id: str
@@ -98,7 +107,7 @@ class ToolCalled(Event):
     child_session: str | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class ToolReturned(Event):
     """A tool's result. ``status`` is ``ok``, ``error`` or ``interrupted`` (the run ended
     before the tool returned; written on resume)."""
@@ -111,7 +120,7 @@ class ToolReturned(Event):
     duration_ms: float | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class StepRejected(Event):
     """``pre_step`` refused the step (B4): the step was attempted but did not run."""
 
@@ -123,14 +132,14 @@ class StepRejected(Event):
     text: str = ""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class StepEnded(Event):
     type: ClassVar[str] = "step/end"
     turn: int
     step: int
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class TurnEnded(Event):
     """A turn closed with one of :data:`OUTCOMES` and a human-readable reason."""
 
@@ -140,7 +149,7 @@ class TurnEnded(Event):
     reason: str = ""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class UnknownEvent(Event):
     """A line whose ``type`` this version does not know (a newer dsh, or a plugin that is no
     longer installed). Kept verbatim in ``extra`` and written back unchanged."""

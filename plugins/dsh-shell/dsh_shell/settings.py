@@ -6,7 +6,6 @@ any run starts instead of a tool failing halfway through one.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -57,6 +56,8 @@ def parse_settings(raw: Mapping[str, Any], where: str = "plugins.shell") -> Shel
     """Validate ``raw`` into :class:`ShellSettings`; raise ConfigError naming the key."""
     for key in raw:
         if key not in _FIELDS:
+            import difflib  # only on an error: it costs a millisecond at start-up
+
             near = difflib.get_close_matches(key, _FIELDS, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(_FIELDS)}"
             raise ConfigError(f"[{where}]: unknown key {key!r}{hint}")
