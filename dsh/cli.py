@@ -304,6 +304,15 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise
     with session:
         code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget)
+    if output.interrupts >= 2:
+        # Aborted: the ledger is closed and consistent. Tools still running in worker
+        # threads would be joined at interpreter exit; the user asked to stop *now*.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
     click.get_current_context().exit(code)
 
 

@@ -243,6 +243,21 @@ def test_second_ctrl_c_aborts_and_the_ledger_resumes(env: dict[str, str],
     assert (again.returncode, again.stdout) == (0, "done\n")
 
 
+def test_second_ctrl_c_does_not_wait_for_concurrent_tools(env: dict[str, str],
+                                                          script: Callable[..., str]) -> None:
+    """Two tools running at once in worker threads, for 30 s: the abort is immediate."""
+    calls = [{"name": "slow", "arguments": {"seconds": 30}, "id": f"c{i}"} for i in range(2)]
+    model = script({"tool_calls": calls}, {"text": "done"})
+    t0 = time.monotonic()
+    code, out, _ = _interrupt(env, model, 2)
+    assert code == 130
+    assert time.monotonic() - t0 < 10  # not the tools' 30 s
+    events = ledger(env, json.loads(out)["session"])
+    results = [e for e in events if e["type"] == "tool/result"]
+    assert [r["status"] for r in results] == ["interrupted", "interrupted"]
+    assert events[-1]["outcome"] == "aborted"
+
+
 # --------------------------------------------------------------------------------------------
 # The status line
 # --------------------------------------------------------------------------------------------
