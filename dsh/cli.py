@@ -307,9 +307,9 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     if output.interrupts >= 2:
         # Aborted: the ledger is closed and consistent. Tools still running in worker
         # threads would be joined at interpreter exit; the user asked to stop *now*.
-        for stream in (sys.stdout, sys.stderr):
+        for out in (sys.stdout, sys.stderr):
             try:
-                stream.flush()
+                out.flush()
             except (OSError, ValueError):
                 pass
         os._exit(code)

@@ -25,6 +25,9 @@ from dsh.messages import Message
 from dsh.messages import MessageView
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
+from dsh.serialize import checked
+from dsh.serialize import raw_tool_calls
+from dsh.serialize import raw_tools
 
 
 def context_message(text: str, source: str) -> str:
@@ -121,6 +124,66 @@ class Projection:
         elif t is TurnEnded:
             self.turn_open = False
             self.step_open = False
+
+    def apply_raw(self, d: dict[str, Any]) -> None:
+        """:meth:`apply` for a decoded ledger line, without building the event.
+
+        Resuming a 100,000-event session spends most of its time building event objects
+        that the projection reads a few fields of and drops; this reads those fields straight
+        from the JSON object, checking each one's type. Any surprise raises
+        :class:`~dsh.serialize.InvalidLine` and the caller falls back to full event loading,
+        which explains exactly what is wrong. tests/test_history.py checks, over generated
+        sessions, that both paths project the same thing.
+        """
+        tag = d["type"]
+        seq = d["seq"]
+        if type(seq) is not int:
+            checked(seq, int)
+        if tag == "user/message":
+            self._messages.append(Message(role="user", content=checked(d["text"], str)))
+        elif tag == "assistant/message":
+            calls = raw_tool_calls(d.get("tool_calls", []))
+            self._messages.append(Message(role="assistant", content=checked(d.get("text", ""), str),
+                                          tool_calls=calls))
+            for call in calls:
+                self.pending[call.id] = call
+        elif tag == "tool/result":
+            call_id = checked(d["call_id"], str)
+            self.pending.pop(call_id, None)
+            self._messages.append(Message(
+                role="tool", content=checked(d.get("output", ""), str), tool_call_id=call_id,
+                name=checked(d["name"], str), is_error=checked(d.get("status", "ok"), str) != "ok",
+            ))
+        elif tag == "context/injected":
+            self._messages.append(Message(role="user", content=context_message(
+                checked(d["text"], str), checked(d.get("source", "api"), str))))
+        elif tag == "step/start":
+            checked(d["turn"], int)
+            self.step = checked(d["step"], int)
+            self.step_open = True
+        elif tag == "step/end":
+            self.step_open = False
+        elif tag == "turn/start":
+            self.turn = checked(d["turn"], int)
+            checked(d["agent"], str)
+            self.turn_open = True
+            self.step_open = False
+            system = d.get("system")
+            if system is not None:
+                self.system = checked(system, str)
+            tools = raw_tools(d.get("tools"))
+            if tools is not None:
+                self.tools = tools
+            model = d.get("model")
+            if model is not None:
+                self.model = checked(model, str)
+            options = d.get("options")
+            if options is not None:
+                self.options = checked(options, dict)
+        elif tag == "turn/end":
+            self.turn_open = False
+            self.step_open = False
+        self.seq = seq
 
 
 def derive_messages(events: Iterable[Event]) -> MessageView:

@@ -42,6 +42,7 @@ from dsh.events import UserMessage
 from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.serialize import EventCodec
+from dsh.serialize import InvalidLine
 from dsh.serialize import default_codec
 from dsh.serialize import dump_event
 
@@ -200,17 +201,20 @@ def read_lines(path: Path, codec: EventCodec) -> tuple[list[Event], int, int]:
     return events, good, torn
 
 
-def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink]) -> tuple[int, int]:
+def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
+         raw: Callable[[], Callable[[dict[str, Any]], None]] | None = None) -> tuple[int, int]:
     """Feed every event of the file to a sink without keeping them; ``(good, torn)`` bytes.
 
     ``fresh()`` returns the sink; it is called again (and must start over) if the fast path
-    gives up half way and the file is walked line by line instead.
+    gives up half way and the file is walked line by line instead. With ``raw``, the fast path
+    feeds the decoded JSON objects to ``raw()`` instead of building events (a consumer that
+    checks what it reads, like :meth:`Projection.apply_raw`).
     """
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"no session ledger at {path}") from None
-    fast = _scan_fast(data, codec, fresh())
+    fast = _scan_fast(data, codec, raw() if raw is not None else fresh(), raw is not None)
     if fast is not None:
         return fast
     sink = fresh()
@@ -238,7 +242,8 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink]) -> tuple[int,
 _CHUNK = 1 << 20
 
 
-def _scan_fast(data: bytes, codec: EventCodec, sink: Sink) -> tuple[int, int] | None:
+def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
+               raw: bool = False) -> tuple[int, int] | None:
     """The common case at C speed: every complete line valid, at most a torn tail without a
     newline. Decodes about a MiB of lines at a time as one JSON array, and checks that it
     yields one object per line with consecutive ``seq``; anything unusual returns ``None`` so
@@ -248,12 +253,12 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Sink) -> tuple[int, int] | 
     expected: int | None = None
     while pos < good:
         end = data.find(b"\n", min(pos + _CHUNK, good - 1)) + 1
-        lines = data[pos:end].split(b"\n")[:-1]
-        if not all(lines):
-            return None
         try:
-            objs = json.loads(b"[" + b",".join(lines) + b"]")
-        except ValueError:
+            lines = data[pos:end].decode().split("\n")[:-1]
+            if not all(lines):
+                return None
+            objs = json.loads("[" + ",".join(lines) + "]")
+        except ValueError:  # not UTF-8, or not JSON
             return None
         if len(objs) != len(lines):
             return None
@@ -261,12 +266,13 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Sink) -> tuple[int, int] | 
             for d in objs:
                 if type(d) is not dict:
                     return None
-                event = codec.from_dict(d)
-                if expected is not None and event.seq != expected:
+                item: Any = d if raw else codec.from_dict(d)
+                seq = d.get("seq") if raw else item.seq
+                if type(seq) is not int or (expected is not None and seq != expected):
                     return None
-                expected = event.seq + 1
-                sink(event)
-        except LedgerError:
+                expected = seq + 1
+                sink(item)
+        except (LedgerError, InvalidLine, KeyError, TypeError):
             return None
         pos = end
     return good, len(data) - good
@@ -329,22 +335,23 @@ class JsonlStore:
             ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync)
             count = 0
 
-            def fresh() -> Sink:
+            def fresh(raw: bool = False) -> Callable[[Any], None]:
                 nonlocal count
                 ledger.projection = Projection()
                 count = 0
-                apply = ledger.projection.apply
+                apply = ledger.projection.apply_raw if raw else ledger.projection.apply
 
-                def sink(event: Event) -> None:
+                def sink(item: Any) -> None:
                     nonlocal count
                     count += 1
-                    apply(event)
+                    apply(item)
 
                 return sink
 
-            # Events are projected as they are parsed, never kept: resuming a long session
-            # costs the projection's memory, not the ledger's (benchmarks/resume.py).
-            good, torn = scan(path, self.codec, fresh)
+            # Lines are projected as they are parsed — straight from the JSON objects when
+            # they are all well-formed — and never kept: resuming a long session costs the
+            # projection's memory and time, not the events' (benchmarks/resume.py).
+            good, torn = scan(path, self.codec, fresh, lambda: fresh(raw=True))
             if torn:
                 os.ftruncate(fd, good)
                 os.fsync(fd)

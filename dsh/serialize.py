@@ -153,8 +153,18 @@ class EventCodec:
         return self.from_dict(d, where)
 
 
-class _Invalid(Exception):
+class InvalidLine(Exception):
     """A field of the wrong shape, found by a fast loader (cattrs then explains it)."""
+
+
+_Invalid = InvalidLine
+
+
+def checked(value: Any, type_: type) -> Any:
+    """``value`` if it is exactly of ``type_`` (JSON has no subclasses), else InvalidLine."""
+    if type(value) is not type_:
+        raise InvalidLine
+    return value
 
 
 def _check(ok: bool) -> None:
@@ -162,7 +172,7 @@ def _check(ok: bool) -> None:
         raise _Invalid
 
 
-def _tool_calls(v: Any) -> tuple[ToolCall, ...]:
+def raw_tool_calls(v: Any) -> tuple[ToolCall, ...]:
     _check(type(v) is list)
     out = []
     for c in v:
@@ -179,7 +189,7 @@ def _usage(v: Any) -> Usage:
     return Usage(input_tokens=i, output_tokens=o)
 
 
-def _tools(v: Any) -> tuple[ToolSpec, ...] | None:
+def raw_tools(v: Any) -> tuple[ToolSpec, ...] | None:
     if v is None:
         return None
     _check(type(v) is list)
@@ -204,9 +214,9 @@ _PLAIN: dict[str, tuple[type, ...]] = {
 }
 #: Nested fields: a converter that checks and builds.
 _NESTED: dict[str, Callable[[Any], Any]] = {
-    "tuple[ToolCall, ...]": _tool_calls,
+    "tuple[ToolCall, ...]": raw_tool_calls,
     "Usage": _usage,
-    "tuple[ToolSpec, ...] | None": _tools,
+    "tuple[ToolSpec, ...] | None": raw_tools,
 }
 
 

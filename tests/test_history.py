@@ -1,0 +1,90 @@
+"""The projection: the fast raw path equals the event path; derive_messages folds events."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from dsh.events import AssistantMessage
+from dsh.events import ContextInjected
+from dsh.events import StepEnded
+from dsh.events import StepStarted
+from dsh.events import ToolCalled
+from dsh.events import ToolReturned
+from dsh.events import TurnEnded
+from dsh.events import TurnStarted
+from dsh.events import UnknownEvent
+from dsh.events import UserMessage
+from dsh.history import Projection
+from dsh.history import derive_messages
+from dsh.messages import ToolCall
+from dsh.messages import ToolSpec
+from dsh.messages import Usage
+from dsh.serialize import event_to_dict
+from dsh.serialize import load_event
+
+text = st.text(max_size=12)
+ids = st.sampled_from(["c1", "c2", "c3"])
+args = st.dictionaries(st.sampled_from(["a", "b"]), st.integers() | st.text(max_size=4),
+                       max_size=2)
+calls = st.lists(st.builds(ToolCall, id=ids, name=text, arguments=args), max_size=3)
+specs = st.none() | st.lists(st.builds(ToolSpec, name=text, description=text,
+                                       parameters=st.just({"type": "object"})), max_size=2)
+
+events = st.one_of(
+    st.builds(TurnStarted, turn=st.integers(1, 9), agent=text, model=st.none() | text,
+              system=st.none() | text, tools=specs.map(lambda v: None if v is None else tuple(v)),
+              options=st.none() | st.dictionaries(text, st.integers(), max_size=2)),
+    st.builds(StepStarted, turn=st.integers(1, 9), step=st.integers(0, 9)),
+    st.builds(UserMessage, text=text, source=text),
+    st.builds(ContextInjected, text=text, source=text),
+    st.builds(AssistantMessage, text=text, tool_calls=calls.map(tuple),
+              usage=st.builds(Usage, input_tokens=st.integers(0, 99),
+                              output_tokens=st.integers(0, 99))),
+    st.builds(ToolCalled, call_id=ids, name=text, arguments=args),
+    st.builds(ToolReturned, call_id=ids, name=text,
+              status=st.sampled_from(["ok", "error", "interrupted"]), output=text),
+    st.builds(StepEnded, turn=st.integers(1, 9), step=st.integers(0, 9)),
+    st.builds(TurnEnded, turn=st.integers(1, 9), outcome=st.sampled_from(["completed", "error"])),
+    st.builds(UnknownEvent, tag=st.just("plugin/x"),
+              extra=st.just({"type": "plugin/x", "seq": 0, "x": 1})),
+)
+
+
+def _state(p: Projection) -> tuple:
+    return (list(p.view()), p.system, p.tools, p.model, p.options, dict(p.pending), p.turn,
+            p.step, p.turn_open, p.step_open, p.seq)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(events, max_size=25))
+def test_raw_path_projects_exactly_like_the_event_path(seq_events):
+    by_event, by_raw = Projection(), Projection()
+    for i, e in enumerate(seq_events):
+        d = event_to_dict(e)
+        d["seq"] = i
+        d = json.loads(json.dumps(d))  # exactly what a ledger line decodes to
+        by_event.apply(load_event(json.dumps(d)))
+        by_raw.apply_raw(d)
+    assert _state(by_raw) == _state(by_event)
+
+
+def test_derive_messages_folds_a_session():
+    evs = [
+        TurnStarted(turn=1, agent="a", model="m", system="sys"),
+        StepStarted(turn=1, step=0),
+        ContextInjected(text="ctx", source="ci"),
+        UserMessage(text="hi"),
+        AssistantMessage(tool_calls=(ToolCall(id="c", name="t", arguments={}),)),
+        ToolCalled(call_id="c", name="t"),
+        ToolReturned(call_id="c", name="t", status="error", output="bad"),
+        StepEnded(turn=1, step=0),
+        TurnEnded(turn=1, outcome="completed"),
+    ]
+    msgs = list(derive_messages(evs))
+    assert [m.role for m in msgs] == ["user", "user", "assistant", "tool"]
+    assert msgs[0].content == '<context source="ci">\nctx\n</context>'
+    assert msgs[3].is_error and msgs[3].tool_call_id == "c"
