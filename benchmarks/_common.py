@@ -44,3 +44,28 @@ def tool_loop_script(steps: int) -> list[dict[str, Any]]:
 
 def tmpdir() -> str:
     return tempfile.mkdtemp(prefix="dsh-bench-")
+
+
+def step_marks(steps: int) -> list[float]:
+    """``time.process_time()`` at the start of every step of one dsh turn of ``steps``
+    tool-calling steps (ledger on disk, default fsync): the raw data of growth figures."""
+    import gc
+    import time
+
+    from dsh.llm.builtin import ScriptedModel
+
+    marks: list[float] = []
+
+    @hookimpl
+    def pre_step(step: Any) -> None:
+        marks.append(time.process_time())
+
+    app = bench_app(tmpdir(), extra={"pre_step": pre_step})
+    agent = app.agent(model="echo")
+    agent._model = ScriptedModel("", {"responses": tool_loop_script(steps)})
+    gc.collect()
+    with app.open_session(agent) as s:
+        result = s.send("go")
+    assert result.outcome == "completed" and result.steps == steps, result.reason
+    return marks
+

@@ -53,7 +53,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -216,26 +215,9 @@ def dsh_step_cpu(steps: int, fsync: str) -> float:
 
 def dsh_marks(steps: int) -> list[float]:
     """``time.process_time()`` at the start of every step of one dsh turn of ``steps`` steps."""
-    from benchmarks._common import bench_app
-    from benchmarks._common import tmpdir
-    from benchmarks._common import tool_loop_script
-    from dsh.hookspecs import hookimpl
-    from dsh.llm.builtin import ScriptedModel
+    from benchmarks._common import step_marks
 
-    marks: list[float] = []
-
-    @hookimpl
-    def pre_step(step: Any) -> None:
-        marks.append(time.process_time())
-
-    app = bench_app(tmpdir(), extra={"pre_step": pre_step})
-    agent = app.agent(model="echo")
-    agent._model = ScriptedModel("", {"responses": tool_loop_script(steps)})
-    gc.collect()
-    with app.open_session(agent) as s:
-        result = s.send("go")
-    assert result.outcome == "completed" and result.steps == steps, result.reason
-    return marks
+    return step_marks(steps)
 
 
 def pa_run(steps: int, marks: list[float] | None = None) -> float:

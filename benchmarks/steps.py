@@ -22,9 +22,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._common import bench_app  # noqa: E402
+from benchmarks._common import step_marks  # noqa: E402
 from benchmarks._common import tmpdir  # noqa: E402
 from benchmarks._common import tool_loop_script  # noqa: E402
-from dsh.hookspecs import hookimpl  # noqa: E402
 from dsh.llm.builtin import ScriptedModel  # noqa: E402
 
 
@@ -42,20 +42,7 @@ def per_step_cpu(steps: int, fsync: str = "step") -> float:
 
 
 def growth(k: int, window: int) -> tuple[float, float]:
-    marks: list[float] = []
-
-    @hookimpl
-    def pre_step(step):  # type: ignore[no-untyped-def]
-        marks.append(time.process_time())
-
-    total = k + window + 1
-    app = bench_app(tmpdir(), extra={"pre_step": pre_step})
-    agent = app.agent(model="echo")
-    agent._model = ScriptedModel("", {"responses": tool_loop_script(total)})
-    gc.collect()
-    with app.open_session(agent) as s:
-        result = s.send("go")
-    assert result.outcome == "completed", result.reason
+    marks = step_marks(k + window + 1)
 
     def window_cost(start: int) -> float:
         return (marks[start + window] - marks[start]) / window * 1e6
