@@ -43,6 +43,11 @@ agent = "default"
 # model = "openai:gpt-4o-mini"
 # max_steps = 40
 # options = { temperature = 0.2 }
+# subagents = ["default"]   # gives coder an ask_default(prompt) tool (a nested run)
+
+# [limits]              # budget of every run (docs/execution.md); agents may override
+# requests = 50
+# cost = 0.25           # priced with [models.ID] price = { input = …, output = … }
 
 # [plugins.shell]       # settings handed to the plugin named "shell"
 # timeout = 30
