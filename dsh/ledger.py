@@ -32,7 +32,6 @@ import attrs
 from dsh.errors import LedgerError
 from dsh.errors import SessionInUse
 from dsh.errors import UsageError
-from dsh.events import AssistantMessage
 from dsh.events import Event
 from dsh.events import StepEnded
 from dsh.events import ToolReturned
@@ -390,20 +389,45 @@ class JsonlStore:
         return sorted(names, reverse=True)
 
     def info(self, session_id: str) -> SessionInfo:
-        info: dict[str, Any] = {"id": session_id, "path": self.path(session_id), "turns": 0}
-        for event in self.read(session_id):
+        """A session's summary without parsing the whole ledger: the first lines give agent,
+        start, parent and first prompt; turns are counted as bytes (an event tag cannot
+        appear unescaped inside a JSON string); the model is the last turn's that named one.
+        ``dsh sessions list`` stays quick over many long sessions."""
+        path = self.path(session_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        tag = b'"type":"turn/start"'
+        info: dict[str, Any] = {"id": session_id, "path": path, "turns": data.count(tag)}
+        codec = self.codec
+        for lineno, line in enumerate(data.split(b"\n", 64)[:64], 1):
+            if not line.strip() or b"\n" in line:
+                break
+            try:
+                event = codec.load(line, f"{path}:{lineno}")
+            except LedgerError:
+                break
             if isinstance(event, TurnStarted):
-                info["turns"] += 1
                 info.setdefault("agent", event.agent)
+                info.setdefault("started", event.ts)
                 if event.parent and "parent" not in info:
                     info["parent"] = event.parent
-                info.setdefault("started", event.ts)
-                if event.model:
+                if event.model and "model" not in info:
                     info["model"] = event.model
-            elif isinstance(event, UserMessage) and "first_prompt" not in info:
+            elif isinstance(event, UserMessage):
                 info["first_prompt"] = event.text
-            elif isinstance(event, AssistantMessage) and event.model and "model" not in info:
-                info["model"] = event.model
+                break
+        last = data.rfind(tag)
+        if last > 0 and info["turns"] > 1:
+            start = data.rfind(b"\n", 0, last) + 1
+            end = data.find(b"\n", last)
+            try:
+                turn = codec.load(data[start:end if end != -1 else len(data)])
+                if isinstance(turn, TurnStarted) and turn.model:
+                    info["model"] = turn.model
+            except LedgerError:
+                pass
         return SessionInfo(**info)
 
     def sessions(self) -> Iterator[SessionInfo]:

@@ -150,3 +150,16 @@ def test_sessions_listing_newest_first(tmp_path: Path):
     assert store.latest("x") == "20260101-000000-aaaaaa"
     store.remove("20260101-000000-aaaaaa")
     assert store.ids() == ["20260102-000000-bbbbbb"]
+
+
+def test_info_summarises_without_parsing_everything(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    with store.create("20260101-000000.000-aaaaaa") as ledger:
+        ledger.append(TurnStarted, turn=1, agent="a", model="echo", parent="p1")
+        ledger.append(UserMessage, text='first "type":"turn/start" prompt')
+        ledger.append(TurnStarted, turn=2, agent="a")  # model unchanged: null
+        ledger.append(TurnStarted, turn=3, agent="a", model="openai:gpt-4o")
+    info = store.info("20260101-000000.000-aaaaaa")
+    assert (info.agent, info.turns, info.parent) == ("a", 3, "p1")
+    assert info.first_prompt == 'first "type":"turn/start" prompt'  # escaped: not counted
+    assert info.model == "openai:gpt-4o"
