@@ -133,7 +133,7 @@ class DshGroup(click.Group):
         except KeyboardInterrupt:
             raise Failure("interrupted", 130) from None
         except BrokenPipeError:
-            from dsh.render import silence_stdout
+            from dsh.terminal import silence_stdout
 
             silence_stdout()
             ctx.exit(0)
@@ -275,8 +275,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     overrides = {k: v for k, v in overrides.items() if v is not None}
     allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
     from dsh.errors import DshError
-    from dsh.render import RunOutput
-    from dsh.render import Stdout
+    from dsh.terminal import RunOutput
+    from dsh.terminal import Stdout
 
     output = RunOutput(Stdout(), events=events, as_json=as_json, stream=stream)
     try:
@@ -632,7 +632,7 @@ def main() -> None:
         finally:
             sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except BrokenPipeError:
-        from dsh.render import silence_stdout
+        from dsh.terminal import silence_stdout
 
         silence_stdout()
         sys.exit(0)

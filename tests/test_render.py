@@ -28,16 +28,16 @@ from dsh.ledger import SessionInfo
 from dsh.messages import ToolCall
 from dsh.messages import Usage
 from dsh.recorder import LiveEvent
-from dsh.render import StatusLine
-from dsh.render import Stdout
-from dsh.render import TextPrinter
-from dsh.render import event_line
 from dsh.render import markdown
 from dsh.render import one_line
 from dsh.render import sessions_table
 from dsh.render import trajectory
 from dsh.render import use_color
 from dsh.serialize import dump_event
+from dsh.terminal import StatusLine
+from dsh.terminal import Stdout
+from dsh.terminal import TextPrinter
+from dsh.terminal import event_line
 
 
 @pytest.fixture

@@ -1,0 +1,417 @@
+"""What ``dsh run`` prints while it runs (docs/cli.md): stdout that survives a closed pipe,
+streamed text, ``--events`` and ``--json`` lines, the status line on a terminal, and Ctrl-C.
+
+Views of a finished session (the trajectory, Markdown, tables) are in :mod:`dsh.render`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+from typing import TYPE_CHECKING
+from typing import Any
+
+import click
+
+from dsh.events import Event
+from dsh.render import one_line
+from dsh.render import use_color
+
+if TYPE_CHECKING:
+    from dsh.runcontext import RunContext
+
+
+class StatusLine:
+    """One line on stderr (spinner, step, activity, elapsed time) while the run waits on the
+    model or a tool; redrawn by a ticking thread, erased with ``\\r\\x1b[K``.
+
+    Fed from ``Session.send(on_event=...)``; :meth:`hide` is called before text is written to
+    the same terminal. Thread-safe: events arrive from tool worker threads too.
+    """
+
+    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+    def __init__(self, stream: IO[str], *, color: bool = False, interval: float = 0.1) -> None:
+        self.stream = stream
+        self.color = color
+        self.interval = interval
+        self.step = 0
+        self.activity = "starting"
+        self.started = time.monotonic()
+        self.visible = True
+        self._shown = False
+        self._frame = 0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._tick, name="dsh-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1)
+        with self._lock:
+            self._erase()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.draw()
+
+    def _erase(self) -> None:
+        if self._shown:
+            self._write("\r\x1b[K")
+            self._shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._stop.set()
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        frame = self.FRAMES[self._frame % len(self.FRAMES)]
+        step = f"step {self.step} · " if self.step else ""
+        text = f"{frame} {step}{self.activity} · {elapsed:.1f}s"
+        import shutil
+
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        text = one_line(text, width)
+        return click.style(text, dim=True) if self.color else text
+
+    def draw(self) -> None:
+        with self._lock:
+            if self._stop.is_set() or not self.visible:
+                return
+            self._frame += 1
+            self._write("\r" + self.line() + "\x1b[K")
+            self._shown = True
+
+    def hide(self) -> None:
+        """Erase the line and keep it hidden (text is about to go to the same terminal)."""
+        with self._lock:
+            self.visible = False
+            self._erase()
+
+    def show(self) -> None:
+        with self._lock:
+            self.visible = True
+
+    def note(self, message: str) -> None:
+        """Print ``message`` on its own line of stderr without garbling the status line."""
+        with self._lock:
+            self._erase()
+            self._write(message + "\n")
+
+    def on_event(self, event: Any) -> None:
+        kind = getattr(event, "type", "")
+        with self._lock:
+            if kind == "step/start":
+                self.step = event.step + 1
+                self.activity = "waiting for the model"
+            elif kind == "tool/call":
+                self.activity = f"running tool {event.name}"
+            elif kind == "tool/result":
+                self.activity = f"tool {event.name} returned"
+            elif kind == "assistant/message":
+                self.activity = "thinking"
+            elif kind == "llm/stream":
+                self.activity = "receiving"
+
+
+class TextPrinter:
+    """Writes streamed text to stdout. The texts of successive steps are separated by a
+    newline, written as soon as the next step or a tool call starts (so the status line has a
+    clean line while a tool runs), and the output ends with one. ``hide_status`` is called
+    before each write and ``show_status`` once the line is clean again, when the status line
+    shares the terminal."""
+
+    def __init__(self, write: Callable[[str], None],
+                 hide_status: Callable[[], None] | None = None,
+                 show_status: Callable[[], None] | None = None) -> None:
+        self.write = write
+        self.hide_status = hide_status
+        self.show_status = show_status
+        self.printed = False
+        self.dirty = False  # the last character written was not a newline
+
+    def on_text(self, delta: str) -> None:
+        if not delta:
+            return
+        if self.hide_status is not None:
+            self.hide_status()
+        self.write(delta)
+        self.printed = True
+        self.dirty = not delta.endswith("\n")
+
+    def on_event(self, event: Any) -> None:
+        if getattr(event, "type", "") in ("step/start", "tool/call"):
+            self.finish()
+            if self.show_status is not None:
+                self.show_status()
+
+    def finish(self) -> None:
+        if self.dirty:
+            self.write("\n")
+            self.dirty = False
+
+
+def silence_stdout() -> None:
+    """Point file descriptor 1 at ``/dev/null`` after the reader went away, so that the
+    interpreter's final flush cannot fail (the recipe of the Python docs for SIGPIPE)."""
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return  # not a real file (tests capture stdout): nothing left to flush to fd 1
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class Stdout:
+    """stdout that survives a closed pipe: the first ``BrokenPipeError`` silences it, calls
+    ``on_closed`` (``dsh run`` stops the run there) and turns later writes into no-ops."""
+
+    def __init__(self, on_closed: Callable[[], None] | None = None) -> None:
+        self.closed = False
+        self.on_closed = on_closed
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> None:
+        import sys
+
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                self.closed = True
+                silence_stdout()
+        if self.closed and self.on_closed is not None:
+            self.on_closed()
+
+
+def event_line(event: Any) -> str:
+    """The ``--events`` line of an event: a persistent event's ledger line, byte for byte, or
+    a live event's ``{"type": ..., **data}``."""
+    if isinstance(event, Event):
+        from dsh.serialize import dump_event
+
+        return dump_event(event)
+    return _compact({"type": getattr(event, "type", "live"), **getattr(event, "data", {})})
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]:
+    """The ``--json`` object (and the last ``--events`` line) of a run's result."""
+    return {
+        "session": result.session_id,
+        "agent": agent,
+        "model": model,
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "output": result.output,
+        "steps": result.steps,
+        "usage": {"input_tokens": result.usage.input_tokens,
+                  "output_tokens": result.usage.output_tokens},
+        "path": str(result.path) if result.path else None,
+    }
+
+
+class Interrupt:
+    """SIGINT during a run: the first stops after the current step (``ctx.stop()``), the
+    second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``)."""
+
+    def __init__(self, note: Any) -> None:
+        self.ctx: RunContext | None = None
+        self.count = 0
+        self.note = note
+        self._old: Any = None
+        self._installed = False
+
+    def attach(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT,
+                          self._old if self._old is not None else signal.default_int_handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count == 1 and self.ctx is not None:
+            self.ctx.stop()
+            self.note("dsh: stopping after the current step (Ctrl-C again to abort)")
+            return
+        if self.ctx is not None:
+            self.ctx.abort("interrupted")
+        raise KeyboardInterrupt
+
+
+class RunOutput:
+    """Everything ``dsh run`` shows while a turn runs and when it ends.
+
+    * ``--events``: a ``session`` line, every event (:func:`event_line`), a ``result`` line;
+    * ``--json``: the :func:`result_dict` object at the end;
+    * streaming (``--stream``, or stdout is a terminal): text deltas as they arrive;
+    * otherwise the final output, with a trailing newline.
+
+    The status line is shown when stderr is a terminal; it steps aside while streamed text
+    shares the terminal. With nothing to show live, :attr:`on_event` is ``None`` and the run
+    stays unobserved (MISSION D7).
+    """
+
+    def __init__(self, out: Stdout, *, events: bool = False, as_json: bool = False,
+                 stream: bool | None = None) -> None:
+        import sys
+
+        self.out = out
+        self.events = events
+        self.as_json = as_json
+        self.timed_out = False
+        self.interrupts = 0
+        stdout_tty = sys.stdout.isatty()
+        self.streaming = stream if stream is not None else (
+            stdout_tty and not (events or as_json))
+        self.status = (StatusLine(sys.stderr, color=use_color(sys.stderr))
+                       if sys.stderr.isatty() else None)
+        self._handlers: list[Callable[[Any], None]] = []
+        if events:
+            self._handlers.append(lambda e: out.write(event_line(e) + "\n"))
+        self.printer: TextPrinter | None = None
+        if self.streaming:
+            shared = self.status if stdout_tty else None
+            self.printer = TextPrinter(out.write, shared.hide if shared else None,
+                                       shared.show if shared else None)
+            self._handlers.append(self.printer.on_event)
+        if self.status is not None:
+            self._handlers.append(self.status.on_event)
+
+    def run(self, session: Any, text: str, *, timeout: float | None = None,
+            approve: bool = False, limits: Any = None) -> Any:
+        """``session.send(text)`` with this output attached, Ctrl-C handled (:class:`Interrupt`)
+        and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
+        is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
+        from dsh.app import RunResult
+        from dsh.messages import Usage
+        from dsh.runcontext import Limits
+
+        interrupt = Interrupt(self.note)
+        self.out.on_closed = lambda: interrupt.ctx.stop() if interrupt.ctx else None
+
+        def expire() -> None:
+            self.timed_out = True
+            if interrupt.ctx is not None:
+                interrupt.ctx.abort(f"time limit reached ({timeout:g}s)")
+
+        def attach(ctx: RunContext) -> None:
+            interrupt.attach(ctx)
+            if self.out.closed:  # the reader left before the run began
+                ctx.stop()
+
+        timer = threading.Timer(timeout, expire) if timeout else None
+        proj = session.ledger.projection
+        start = len(proj)
+        self.begin(session.id, session.agent.name, session.agent.model_id, proj.turn > 0)
+        try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
+            with interrupt:
+                return session.send(
+                    text, on_event=self.on_event, on_text=self.on_text,
+                    limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
+                                                       else None),
+                    context_hook=attach, approve=approve)
+        except KeyboardInterrupt:  # the second Ctrl-C: send() closed the turn and re-raised
+            ctx = interrupt.ctx
+            msgs = proj.view()
+            last = next((msgs[i].content for i in range(len(msgs) - 1, start - 1, -1)
+                         if msgs[i].role == "assistant"), "")
+            return RunResult(
+                output=last, session_id=session.id, outcome="aborted", reason="interrupted",
+                steps=ctx.budget.steps if ctx else 0, path=session.ledger.path,
+                usage=Usage(input_tokens=ctx.budget.input_tokens,
+                            output_tokens=ctx.budget.output_tokens) if ctx else Usage())
+        finally:
+            self.interrupts = interrupt.count
+            if timer is not None:
+                timer.cancel()
+            if self.status is not None:
+                self.status.stop()
+
+    def note(self, message: str) -> None:
+        """A line on stderr that does not garble the status line."""
+        if self.status is not None:
+            self.status.note(message)
+        else:
+            click.echo(message, err=True)
+
+    def begin(self, session: str, agent: str, model: str, resumed: bool) -> None:
+        if self.events:
+            self.out.write(_compact({"type": "session", "session": session, "agent": agent,
+                                     "model": model, "resumed": resumed}) + "\n")
+        if self.status is not None:
+            self.status.start()
+
+    @property
+    def on_event(self) -> Callable[[Any], None] | None:
+        if not self._handlers:
+            return None
+        handlers = tuple(self._handlers)
+
+        def on_event(event: Any) -> None:
+            for handler in handlers:
+                handler(event)
+
+        return on_event
+
+    @property
+    def on_text(self) -> Callable[[str], None] | None:
+        return self.printer.on_text if self.printer is not None else None
+
+    def finish(self, result: Any, agent: str, model: str) -> None:
+        """Print the result in the form asked for."""
+        data = result_dict(result, agent, model)
+        if self.events:
+            self.out.write(_compact({"type": "result", **data}) + "\n")
+        elif self.as_json:
+            self.out.write(_compact(data) + "\n")
+        elif self.printer is not None and self.printer.printed:
+            self.printer.finish()
+        elif result.output and result.outcome not in ("error", "aborted"):
+            text = result.output
+            self.out.write(text if text.endswith("\n") else text + "\n")
+
+    def fail(self, reason: str) -> None:
+        """The result line/object of a run that could not start (``--json``/``--events``)."""
+        data = {"session": None, "outcome": "error", "reason": reason, "output": "",
+                "steps": 0, "usage": {"input_tokens": 0, "output_tokens": 0}}
+        if self.events:
+            self.out.write(_compact({"type": "result", **data}) + "\n")
+        elif self.as_json:
+            self.out.write(_compact(data) + "\n")
