@@ -207,8 +207,6 @@ class Session:
                 ctx.notify(event)
 
             def stream_text(delta: str) -> None:
-                from dsh.recorder import emit as emit_live
-
                 emit_live("llm/stream", delta=delta)
                 if on_text is not None:
                     on_text(delta)
