@@ -45,6 +45,7 @@ from dsh.manager import plugin_of
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.prompt import collect_prompt
+from dsh.recorder import emit as emit_live
 from dsh.runcontext import Budget
 from dsh.runcontext import CancelToken
 from dsh.runcontext import Limits
