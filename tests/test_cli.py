@@ -388,18 +388,21 @@ def test_sessions_path_and_rm(dsh: Callable[..., Result], two_sessions: list[str
 # --------------------------------------------------------------------------------------------
 
 
+@hookimpl
+def register_hello(cli: click.Group) -> None:
+    """A plugin's ``register_commands``: adds ``dsh hello``."""
+
+    @cli.command()
+    def hello() -> None:
+        """Say hello."""
+        click.echo("hello from a plugin")
+
+
 def test_plugins_lists_hooks_agents_commands_and_errors(
         dsh: Callable[..., Result], cfg: Callable[..., Path],
         plugin_module: Callable[..., str]) -> None:
-    @hookimpl
-    def register_commands(cli: click.Group) -> None:
-        @cli.command()
-        def hello() -> None:
-            """Say hello."""
-            click.echo("hello from a plugin")
-
     tools = tools_plugin(plugin_module)
-    cmds = plugin_module(register_commands=register_commands)
+    cmds = plugin_module(register_commands=register_hello)
     cfg(f'load = ["{tools}", "{cmds}", "dsh_no_such_module"]\n'
         f'[agents.coder]\nplugins = ["{cmds}"]\n')
     r = dsh("plugins", "--json")
@@ -418,14 +421,7 @@ def test_plugins_lists_hooks_agents_commands_and_errors(
 def test_plugin_command_runs_but_is_not_in_help(dsh: Callable[..., Result],
                                                 cfg: Callable[..., Path],
                                                 plugin_module: Callable[..., str]) -> None:
-    @hookimpl
-    def register_commands(cli: click.Group) -> None:
-        @cli.command()
-        def hello() -> None:
-            """Say hello."""
-            click.echo("hello from a plugin")
-
-    cfg(f'load = ["{plugin_module(register_commands=register_commands)}"]\n')
+    cfg(f'load = ["{plugin_module(register_commands=register_hello)}"]\n')
     assert dsh("hello").stdout == "hello from a plugin\n"
     assert "hello" not in dsh("--help").stdout
     assert "Say hello." in dsh("--help", env={"DSH_HELP_PLUGINS": "1"}).stdout
