@@ -21,8 +21,6 @@ import os
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
-from datetime import UTC
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from typing import TypeVar
@@ -58,8 +56,17 @@ def new_session_id() -> str:
     return f"{stamp}.{int(now * 1000) % 1000:03d}-{os.urandom(3).hex()}"
 
 
+_SECOND: list[Any] = [-1, ""]
+
+
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """ISO-8601 UTC with milliseconds, ``2026-11-30T14:25:01.123Z``; the formatted second is
+    reused while it lasts (every event of a step is stamped here)."""
+    now = time.time()
+    second = int(now)
+    if second != _SECOND[0]:
+        _SECOND[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))]
+    return f"{_SECOND[1]}.{int((now - second) * 1000):03d}Z"
 
 
 class Ledger:

@@ -55,10 +55,61 @@ def _field_names(cls: type[Event]) -> tuple[str, ...]:
     return names
 
 
+#: How the generated dumpers write nested fields of the built-in events (by annotation).
+_NESTED_DUMP = {
+    "tuple[ToolCall, ...]":
+        "[{{'id': c.id, 'name': c.name, 'arguments': c.arguments}} for c in e.{0}]",
+    "Usage": "{{'input_tokens': e.{0}.input_tokens, 'output_tokens': e.{0}.output_tokens}}",
+    "tuple[ToolSpec, ...] | None":
+        "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
+        "'parameters': t.parameters}} for t in e.{0}]",
+}
+_PLAIN_DUMP = {"int", "str", "str | None", "float | None", "dict[str, Any]",
+               "dict[str, Any] | None", "bool"}
+_DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
+
+
+def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
+    """A generated function writing ``cls``'s JSON object in one dict display — what the
+    generic path below does, several times faster on the per-step path (every event of every
+    step goes through here). Classes with other annotations use the generic path."""
+    dumper = _DUMPERS.get(cls)
+    if dumper is not None:
+        return dumper
+    items = [f"'v': {SCHEMA_VERSION}", f"'type': {cls.type!r}", "'seq': e.seq", "'ts': e.ts",
+             "'session': e.session"]
+    for f in attrs.fields(cls):
+        if f.name in ("seq", "ts", "session", "extra"):
+            continue
+        ann = str(f.type)
+        if ann in _PLAIN_DUMP:
+            items.append(f"{f.name!r}: e.{f.name}")
+        elif ann in _NESTED_DUMP:
+            items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
+        else:
+            _DUMPERS[cls] = _generic_dict
+            return _generic_dict
+    names: dict[str, Any] = {}
+    exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
+    dumper = _DUMPERS[cls] = names["dump"]
+    return dumper
+
+
 def event_to_dict(event: Event) -> dict[str, Any]:
     """The JSON object of one ledger line."""
     if isinstance(event, UnknownEvent):
         return dict(event.extra)
+    d = _dumper(type(event))(event)
+    if event.extra:
+        for k, v in event.extra.items():
+            if k == "v":  # a line from another schema version keeps its version
+                d["v"] = v
+            else:
+                d.setdefault(k, v)
+    return d
+
+
+def _generic_dict(event: Event) -> dict[str, Any]:
     d: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "type": event.type,
@@ -71,12 +122,6 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         if value is not None and not isinstance(value, (str, int, float, bool)):
             value = _plain(value)
         d[name] = value
-    if event.extra:
-        for k, v in event.extra.items():
-            if k == "v":  # a line from another schema version keeps its version
-                d["v"] = v
-            else:
-                d.setdefault(k, v)
     return d
 
 

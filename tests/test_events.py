@@ -96,3 +96,13 @@ def test_golden_file_guards_tags_and_field_names():
         golden = json.loads(line)
         dumped = json.loads(dump_event(event))
         assert {k: dumped.get(k, "<missing>") for k in golden} == golden
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.type)
+def test_generated_dumper_writes_what_the_generic_path_writes(cls: type[Event]):
+    from dsh.serialize import _dumper
+    from dsh.serialize import _generic_dict
+
+    event = cls(seq=3, ts="t", session="s", **SAMPLES[cls.type])
+    assert _dumper(cls) is not _generic_dict  # every built-in event gets a generated one
+    assert _dumper(cls)(event) == _generic_dict(event)
