@@ -12,6 +12,7 @@ events are appended to the session ledger, and ``run_turn`` drives the loop.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from dsh.config import load_config
 from dsh.errors import Cancelled
 from dsh.errors import DshError
 from dsh.errors import PluginError
+from dsh.errors import SessionInUse
 from dsh.errors import UsageError
 from dsh.events import StepEnded
 from dsh.events import ToolReturned
@@ -156,6 +158,7 @@ class Session:
         self.agent = agent
         self.ledger = ledger
         self.inbox = Inbox()
+        self._busy = threading.Lock()
 
     @property
     def id(self) -> str:
@@ -190,6 +193,21 @@ class Session:
         :param approve: approve tool calls that need approval without asking
             (``RunContext.approve_all``).
         """
+        # One turn at a time per session: a second thread sending on the same Session would
+        # interleave two turns in one ledger (another process is kept out by the file lock).
+        if not self._busy.acquire(blocking=False):
+            raise SessionInUse(f"session {self.id} is running a turn in another thread")
+        try:
+            return self._send(text, observe=observe, on_event=on_event, on_text=on_text,
+                              limits=limits, cancel=cancel, parent=parent,
+                              context_hook=context_hook, approve=approve)
+        finally:
+            self._busy.release()
+
+    def _send(self, text: str, *, observe: bool | None, on_event: Callable[[Any], None] | None,
+              on_text: Callable[[str], None] | None, limits: Limits | None,
+              cancel: CancelToken | None, parent: RunContext | None,
+              context_hook: Callable[[RunContext], None] | None, approve: bool) -> RunResult:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm

@@ -44,3 +44,27 @@ def test_public_api_is_small_and_lazy():
     assert out[0] == "[]"  # `import dsh` imports none of them
     assert out[1] == dsh.__version__
     assert callable(dsh.hookimpl) and callable(dsh.tool) and callable(dsh.context)
+
+
+def test_one_turn_at_a_time_per_session(tmp_path: Path):
+    import threading
+
+    from dsh.errors import SessionInUse
+
+    app = dsh.App.from_config({"autoload": False, "sessions_dir": str(tmp_path / "s")})
+    script = tmp_path / "slow.json"
+    script.write_text('{"responses": [{"text": "slow", "delay": 0.5}, {"text": "second"}]}')
+    with app.session(model=f"scripted:{script}") as session:
+        first = threading.Thread(target=session.send, args=("one",))
+        first.start()
+        import time
+
+        time.sleep(0.1)
+        try:
+            session.send("two")
+        except SessionInUse as exc:
+            assert "running a turn in another thread" in str(exc)
+        else:
+            raise AssertionError("a second concurrent send must be refused")
+        first.join()
+        assert session.send("three").output == "second"  # free again afterwards
