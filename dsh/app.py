@@ -217,13 +217,17 @@ class Session:
         if watched:
             hook_observe = pm.hook.observe_event
             has_hook = bool(hook_observe.get_hookimpls())
+            # Tool calls of one step run in worker threads and emit tools/* events from there:
+            # observers receive events one at a time, in the order they were emitted.
+            serial = threading.Lock()
 
             def emit(event: Any) -> None:
-                if on_event is not None:
-                    on_event(event)
-                if has_hook:
-                    hook_observe(event=event)
-                ctx.notify(event)
+                with serial:
+                    if on_event is not None:
+                        on_event(event)
+                    if has_hook:
+                        hook_observe(event=event)
+                    ctx.notify(event)
 
             def stream_text(delta: str) -> None:
                 emit_live("llm/stream", delta=delta)

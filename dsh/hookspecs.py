@@ -274,6 +274,8 @@ def observe_event(event: Any) -> None:
 
     Implementing this hook makes every run of the agent *observed*: live events are built and
     providers stream. Unobserved runs build none (D7). Must be fast and must not raise.
+    Calls are serialised (one event at a time), although ``tools/*`` events of concurrent tool
+    calls come from their worker threads.
 
     .. versionadded:: 0.1
     """
