@@ -219,7 +219,7 @@ class Session:
             has_hook = bool(hook_observe.get_hookimpls())
             # Tool calls of one step run in worker threads and emit tools/* events from there:
             # observers receive events one at a time, in the order they were emitted.
-            serial = threading.Lock()
+            serial = threading.RLock()  # re-entrant: an observer may cause another event
 
             def emit(event: Any) -> None:
                 with serial:
