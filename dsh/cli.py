@@ -17,13 +17,16 @@ from typing import Any
 
 import click
 
+from dsh import errors
 from dsh._version import __version__
 
 if TYPE_CHECKING:
     from dsh.app import App
 
-EXIT_CODES = {"completed": 0, "error": 1, "budget": 3, "rejected": 4, "stopped": 130,
-              "aborted": 130}
+#: Exit code of each turn outcome (docs/cli.md).
+EXIT_CODES = {"completed": errors.EXIT_OK, "error": errors.EXIT_ERROR,
+              "budget": errors.EXIT_LIMIT, "rejected": errors.EXIT_REJECTED,
+              "stopped": errors.EXIT_INTERRUPTED, "aborted": errors.EXIT_INTERRUPTED}
 
 
 class State:

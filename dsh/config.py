@@ -249,20 +249,3 @@ def _make_converter() -> Any:
 
     conv.register_structure_hook_func(is_list, structure_list)
     return conv
-
-
-def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """The TOML-ready mapping of ``cfg`` (defaults left out)."""
-    out: dict[str, Any] = {}
-    defaults = Config()
-    for f in attrs.fields(Config):
-        value = getattr(cfg, f.name)
-        if f.name == "source" or value == getattr(defaults, f.name):
-            continue
-        if f.name == "agents":
-            value = {
-                n: {k: v for k, v in attrs.asdict(a).items() if v not in (None, {}, [])}
-                for n, a in value.items()
-            }
-        out[f.name] = value
-    return out

@@ -106,12 +106,6 @@ class Ledger:
         self._write(event)
         return event
 
-    def write_event(self, event: Event) -> None:
-        """Append an already built event (its ``seq`` must follow the last one)."""
-        if event.seq != self.projection.seq + 1:
-            raise LedgerError(f"event seq {event.seq} does not follow {self.projection.seq}")
-        self._write(event)
-
     def _write(self, event: Event) -> None:
         if self._fd is not None:
             data = (dump_event(event) + "\n").encode()

@@ -28,7 +28,6 @@ from dsh.messages import Usage
 if TYPE_CHECKING:
     import cattrs
 
-_BASE_KEYS = ("v", "type", "seq", "ts", "session")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 

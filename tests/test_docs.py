@@ -77,3 +77,15 @@ def test_cli_md_documents_every_command_and_option():
                 if opt.startswith("-") and opt != "--help":
                     assert f"`{opt}" in sections[path], f"`{path}`: option {opt} undocumented"
     assert sorted(seen) == sorted(sections), "docs/cli.md documents commands that do not exist"
+
+
+def test_events_md_lists_every_outcome_and_live_event():
+    from dsh.events import OUTCOMES
+    from dsh.recorder import LIVE_EVENTS
+
+    text = (DOCS / "events.md").read_text()
+    outcome_row = next(line for line in text.splitlines() if line.startswith("| `outcome` |"))
+    assert all(f"`{o}`" in outcome_row for o in OUTCOMES)
+    section = text.split("## Live events")[1].split("\n## ")[0]
+    live_rows = set(re.findall(r"^\| `([a-z]+/[a-z-]+)` \|", section, re.M))
+    assert live_rows == set(LIVE_EVENTS)
