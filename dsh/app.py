@@ -370,7 +370,12 @@ def subagent_tool(app: App, child: str) -> ToolDef:
         if result.outcome in ("error", "aborted", "rejected"):
             raise ToolError(f"sub-agent {child} ended with {result.outcome}: {result.reason}")
         if result.outcome == "budget":
-            return f"{result.output}\n[sub-agent {child} stopped: {result.reason}]"
+            # Its run could not reserve a step, request or tool call in the chain (D8).
+            if not result.output:
+                raise ToolError(f"sub-agent {child} stopped by a budget limit before "
+                                f"answering: {result.reason}")
+            return (f"{result.output}\n[sub-agent {child} stopped by a budget limit: "
+                    f"{result.reason}]")
         return result.output
 
     return ToolDef(

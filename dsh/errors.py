@@ -69,6 +69,14 @@ class NoRunContext(DshError):
     run's context)."""
 
 
+class BudgetExceeded(DshError):
+    """A counted unit (a model request, a step, a tool call) could not reserve its place in the
+    run's budget chain, so it did not start (MISSION D8). ``str(err)`` names the limit; the
+    loop ends the turn with outcome ``budget`` and that reason."""
+
+    exit_code = EXIT_LIMIT
+
+
 class Cancelled(DshError):
     """The run was aborted."""
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import attrs
 
+from dsh.budget import reserved_call
+from dsh.errors import BudgetExceeded
 from dsh.events import AssistantMessage
 from dsh.events import ContextInjected
 from dsh.events import StepEnded
@@ -159,6 +161,10 @@ def run_turn(turn: Turn) -> str:
             turn.reason = reason
             return "rejected"
 
+        refused = ctx.budget.reserve(steps=1)  # a step is counted before it starts (D8)
+        if refused:
+            turn.reason = refused
+            return "budget"
         ledger.append(StepStarted, turn=turn.number, step=draft.index)
         for item in draft.context:
             ledger.append(ContextInjected, text=item.text, source=item.source)
@@ -166,15 +172,19 @@ def run_turn(turn: Turn) -> str:
             ledger.append(UserMessage, text=draft.text, source=draft.source)
         context_items, text, source = [], "", "user"
         turn.steps += 1
-        ctx.budget.add(steps=1)
 
-        response = _request(turn)
+        try:
+            response = _request(turn)
+        except BudgetExceeded as exc:  # the request could not reserve its place: not sent
+            turn.reason = str(exc)
+            return "budget"
         ledger.append(
             AssistantMessage, text=response.text, tool_calls=response.tool_calls,
             usage=response.usage, tool_call_source=response.tool_call_source,
             model=response.model or agent.model_id, stop_reason=response.stop_reason,
         )
         turn.output = response.text
+        not_run = None
         if response.tool_calls:
             # Budgets are checked after each model call resolves (D8): a call that used up
             # the budget does not get its tools run; they are closed as interrupted.
@@ -182,9 +192,12 @@ def run_turn(turn: Turn) -> str:
             if exceeded:
                 turn.reason = exceeded
                 return "budget"
-            run_tools(turn, response.tool_calls)
+            not_run = run_tools(turn, response.tool_calls)
         ledger.append(StepEnded, turn=turn.number, step=draft.index)
         ledger.step_boundary()
+        if not_run:  # some calls of the step could not reserve: the budget is spent (D8)
+            turn.reason = not_run
+            return "budget"
         if response.tool_calls:
             continue  # tool results are due to the model
         if turn.inbox.awake:
@@ -232,11 +245,17 @@ def _request(turn: Turn) -> Any:
     return response
 
 
-def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> None:
+def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
     """Log every call, run them (concurrently unless a tool is sequential), log the results
-    in call order."""
+    in call order.
+
+    Each call reserves ``tool_calls=1`` in the budget chain, in call order, before any is
+    dispatched (D8): a call that cannot reserve is not run and gets a ``budget`` result
+    (``not run: <limit>``). Returns the first refusal, or ``None`` when every call ran.
+    """
     ledger = turn.ledger
     agent = turn.agent
+    budget = turn.ctx.budget
     invocations = []
     for call in calls:
         tool = agent.tools.get(call.name)
@@ -245,37 +264,47 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> None:
                       child_session=child)
         invocations.append(ToolInvocation(call, tool, dict(call.arguments), agent.name,
                                           child_session=child))
+    refusals = [budget.reserve(tool_calls=1) for _ in invocations]
+    first_refusal = next((r for r in refusals if r), None)
+    to_run = [inv for inv, r in zip(invocations, refusals, strict=True) if not r]
     execute = agent.pm.hook.execute
-    outcomes: list[ToolOutcome]
-    concurrent = len(invocations) > 1 and not any(
-        inv.tool is not None and inv.tool.sequential for inv in invocations
+    ran: list[ToolOutcome]
+    concurrent = len(to_run) > 1 and not any(
+        inv.tool is not None and inv.tool.sequential for inv in to_run
     )
     if concurrent:
         from concurrent.futures import ThreadPoolExecutor  # only when calls run at once
 
         # Each call runs in its own copy of the run's context, so dsh.context() works inside.
-        pool = ThreadPoolExecutor(max_workers=min(8, len(invocations)),
+        pool = ThreadPoolExecutor(max_workers=min(8, len(to_run)),
                                   thread_name_prefix="dsh-tool")
         try:
             futures = [
                 pool.submit(contextvars.copy_context().run, _execute_one, execute, inv)
-                for inv in invocations
+                for inv in to_run
             ]
-            outcomes = [f.result() for f in futures]
+            ran = [f.result() for f in futures]
         finally:
             # On an interrupt, do not wait here for tools still running: the turn is closed
             # (their calls marked interrupted) while they finish in the background.
             pool.shutdown(wait=False, cancel_futures=True)
     else:
-        outcomes = [_execute_one(execute, inv) for inv in invocations]
-    for inv, outcome in zip(invocations, outcomes, strict=True):
+        ran = [_execute_one(execute, inv) for inv in to_run]
+    results = iter(ran)
+    for inv, refused in zip(invocations, refusals, strict=True):
+        outcome = ToolOutcome("budget", f"not run: {refused}") if refused else next(results)
         ledger.append(ToolReturned, call_id=inv.call.id, name=inv.call.name,
                       status=outcome.status, output=outcome.output,
                       duration_ms=outcome.duration_ms)
+    return first_refusal
 
 
 def _execute_one(execute: Any, inv: ToolInvocation) -> ToolOutcome:
-    outcome = execute(call=inv)
+    token = reserved_call.set(inv)  # its tool_calls unit is reserved (see run_tools)
+    try:
+        outcome = execute(call=inv)
+    finally:
+        reserved_call.reset(token)
     if outcome is None:
         return ToolOutcome("error", "no plugin executed the tool (is dsh.tools blocked?)")
     return outcome

@@ -109,14 +109,25 @@ class Limits:
         return attrs.evolve(self, **changes)
 
 
+#: The counted units a :meth:`Budget.reserve` can take, with their names in a reason.
+_COUNTED = (("steps", "steps"), ("requests", "model requests"), ("tool_calls", "tool calls"))
+
+
 @attrs.define
 class Budget:
-    """Counters of one run, checked between units of work (MISSION D8).
+    """Counters of one run (MISSION D8).
 
     A nested run's budget is chained to its parent's: every count is added to each ancestor
-    too, and :meth:`exceeded` checks the whole chain, so the first exceeded limit — the run's
-    own or any ancestor's — stops it. A model call counts once it has resolved with its usage,
-    so a run may overshoot a token or cost limit by one call per nesting level.
+    too, and every check looks up the whole chain, so the first limit reached — the run's own
+    or any ancestor's — stops it.
+
+    Counted units (steps, model requests, tool calls) are *reserved* before they start, with
+    :meth:`reserve`: under one lock shared by the whole chain, the unit is checked against
+    every level and added to every level, or refused at all of them. A unit that cannot
+    reserve does not run, so these limits are exact under any concurrency. Tokens and cost are
+    known only once a call has resolved (:meth:`add`), and time passes while units run: those
+    limits stop new units from starting, and may be overshot by the units already running
+    (docs/execution.md, "Budgets").
     """
 
     limits: Limits = attrs.Factory(Limits)
@@ -127,46 +138,87 @@ class Budget:
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
-    started: float = attrs.Factory(time.monotonic)
+    #: The clock the time limit reads (``time.monotonic``; a test may pass its own).
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, repr=False, eq=False)
+    started: float = attrs.Factory(lambda self: self.clock(), takes_self=True)
+    #: One lock for the whole chain (the root's), so a reservation is atomic across levels.
+    _lock: threading.Lock = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._lock = self.parent._lock if self.parent is not None else threading.Lock()
 
     def add(self, **counts: float) -> None:
-        b: Budget | None = self
-        while b is not None:
-            for key, value in counts.items():
-                setattr(b, key, getattr(b, key) + value)
-            b = b.parent
+        """Add ``counts`` to this budget and every ancestor (no check: usage already spent)."""
+        with self._lock:
+            b: Budget | None = self
+            while b is not None:
+                for key, value in counts.items():
+                    setattr(b, key, getattr(b, key) + value)
+                b = b.parent
 
-    def exceeded(self) -> str | None:
-        """The first exceeded limit of the chain, as a sentence, or ``None``."""
-        b: Budget | None = self
-        depth = 0
-        while b is not None:
-            reason = b._own_exceeded()
-            if reason:
-                return reason if depth == 0 else f"{reason} in a parent run"
-            b = b.parent
-            depth += 1
+    def reserve(self, **counts: int) -> str | None:
+        """Take ``counts`` of counted units (``steps``, ``requests``, ``tool_calls``) at every
+        level of the chain, atomically, before the units start.
+
+        Refused — nothing is added anywhere — when adding them would take some level over its
+        limit (``used + n > limit``), or when some level has already reached any other limit
+        (tokens, cost, time). Returns ``None`` when reserved, else the refusing limit as a
+        sentence (an ancestor's names it as "… in a parent run (used/limit)").
+        """
+        with self._lock:
+            b: Budget | None = self
+            depth = 0
+            while b is not None:
+                reason = b._refusal(counts, depth)
+                if reason:
+                    return reason
+                b = b.parent
+                depth += 1
+            b = self
+            while b is not None:
+                for key, n in counts.items():
+                    setattr(b, key, getattr(b, key) + n)
+                b = b.parent
         return None
 
-    def _own_exceeded(self) -> str | None:
+    def exceeded(self) -> str | None:
+        """The first limit reached in the chain, as a sentence, or ``None``."""
+        with self._lock:
+            b: Budget | None = self
+            depth = 0
+            while b is not None:
+                reason = b._refusal({}, depth)
+                if reason:
+                    return reason
+                b = b.parent
+                depth += 1
+        return None
+
+    def _refusal(self, counts: dict[str, int], depth: int) -> str | None:
+        """Why this level refuses ``counts`` more units (``{}``: has it reached a limit?)."""
         lim = self.limits
-        pairs = (
-            ("steps", self.steps, lim.steps),
-            ("model requests", self.requests, lim.requests),
-            ("tool calls", self.tool_calls, lim.tool_calls),
-            ("input tokens", self.input_tokens, lim.input_tokens),
-            ("output tokens", self.output_tokens, lim.output_tokens),
-            ("total tokens", self.input_tokens + self.output_tokens, lim.total_tokens),
-        )
-        for name, used, limit in pairs:
-            if limit is not None and used >= limit:
-                return f"{name} limit reached ({used}/{limit})"
+        where = " in a parent run" if depth else ""
+        for key, name in _COUNTED:
+            limit = getattr(lim, key)
+            if limit is None:
+                continue
+            used = getattr(self, key)
+            n = counts.get(key, 0)
+            if used + n > limit or used >= limit:
+                return f"{name} limit reached{where} ({used}/{limit})"
+        used_tokens = (("input tokens", self.input_tokens, lim.input_tokens),
+                       ("output tokens", self.output_tokens, lim.output_tokens),
+                       ("total tokens", self.input_tokens + self.output_tokens,
+                        lim.total_tokens))
+        for name, tokens, limit in used_tokens:
+            if limit is not None and tokens >= limit:
+                return f"{name} limit reached{where} ({tokens}/{limit})"
         if lim.cost is not None and self.cost >= lim.cost:
-            return f"cost limit reached ({self.cost:.4f}/{lim.cost:g})"
+            return f"cost limit reached{where} ({self.cost:.4f}/{lim.cost:g})"
         if lim.seconds is not None:
-            elapsed = time.monotonic() - self.started
+            elapsed = self.clock() - self.started
             if elapsed >= lim.seconds:
-                return f"time limit reached ({elapsed:.1f}s/{lim.seconds:g}s)"
+                return f"time limit reached{where} ({elapsed:.1f}s/{lim.seconds:g}s)"
         return None
 
 
