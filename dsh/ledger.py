@@ -8,16 +8,28 @@ Durability rules (docs/architecture.md, "The ledger"):
 * a new file is created ``0600`` and its directory is fsynced, so the file itself survives;
 * the writing run holds an exclusive ``flock``: a second writer gets :class:`SessionInUse`;
 * on open, a torn last line is reported and cut; every earlier line is kept. A corrupt line
-  *before* the last is an error naming the file and line, never silently dropped;
+  *before* the last is an error naming the file and line, never silently dropped. Corrupt
+  means: not UTF-8 JSON, not an object, nested too deeply, holding a lone surrogate, a
+  wrong field, ``seq`` out of sequence (each line's is the previous one's plus one, from 0),
+  or ``ts``/``session`` missing;
 * a tool call without a result, and a turn without an end, are closed on open (``interrupted``)
-  so no provider ever sees a dangling call.
+  so no provider ever sees a dangling call;
+* text that cannot be written as UTF-8 (lone surrogates) is sanitised on the way in and the
+  event says so (``"sanitized": N``, :mod:`dsh.sanitize`);
+* a session that ends before its first event leaves no file behind; a ledger file deleted
+  while it is being written is noticed at the next step boundary (:attr:`Ledger.lost`);
+* only regular files are read: a FIFO, a directory or an unreadable file named ``*.jsonl``
+  is an error naming it (``sessions`` lists the others and reports it), never a hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
+import stat
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -38,6 +50,7 @@ from dsh.events import TurnStarted
 from dsh.events import UserMessage
 from dsh.history import Projection
 from dsh.hookspecs import hookimpl
+from dsh.sanitize import clean_value
 from dsh.serialize import EventCodec
 from dsh.serialize import InvalidLine
 from dsh.serialize import default_codec
@@ -46,6 +59,8 @@ from dsh.serialize import dump_event
 E = TypeVar("E", bound=Event)
 FSYNC_POLICIES = ("event", "step", "never")
 INTERRUPTED = "interrupted: the run ended before this tool returned"
+#: The longest session id, in bytes: ``ID.jsonl`` must fit a file name (255 bytes).
+MAX_ID_BYTES = 200
 
 
 def new_session_id() -> str:
@@ -69,6 +84,32 @@ def _now() -> str:
     return f"{_SECOND[1]}.{int((now - second) * 1000):03d}Z"
 
 
+def sanitized(event: E) -> E:
+    """``event`` with every lone surrogate in its text replaced (pairs joined first), and
+    ``"sanitized": N`` — how many were replaced — added to its line (docs/events.md)."""
+    fields = {}
+    total = 0
+    for f in attrs.fields(type(event)):
+        if f.name in ("seq", "ts", "session", "extra"):
+            continue
+        value, n = clean_value(getattr(event, f.name))
+        if n:
+            fields[f.name] = value
+            total += n
+    extra, n = clean_value(dict(event.extra))
+    total += n
+    extra["sanitized"] = int(extra.get("sanitized") or 0) + total
+    return attrs.evolve(event, **fields, extra=extra)
+
+
+def _reason(exc: OSError) -> str:
+    """An OS error as a short phrase: ``permission denied``, ``no space left on device``."""
+    if exc.errno is None:
+        return str(exc)
+    text = os.strerror(exc.errno)
+    return text[:1].lower() + text[1:]
+
+
 class Ledger:
     """An open session: appends events, keeps the projection, holds the lock.
 
@@ -84,6 +125,7 @@ class Ledger:
         fd: int | None = None,
         fsync: str = "step",
         projection: Projection | None = None,
+        created: bool = False,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise UsageError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
@@ -95,20 +137,28 @@ class Ledger:
         self.observer: Callable[[Event], None] | None = None
         #: What loading had to repair (torn tail, dangling calls), for the caller to report.
         self.notes: list[str] = []
+        #: True when this object created the file: closing it empty removes it again.
+        self._created = created
+        #: Why the file can no longer be trusted to hold what was written (it was deleted
+        #: during the run); set at the step boundary that noticed it.
+        self.lost: str | None = None
 
     @property
     def closed(self) -> bool:
         return self._fd is None and self.path is not None
 
     def append(self, cls: type[E], **fields: Any) -> E:
-        """Build, write and project one event; return it."""
+        """Build, write and project one event; return it (sanitised, if it had to be)."""
         event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id, **fields)
-        self._write(event)
-        return event
+        return self._write(event)
 
-    def _write(self, event: Event) -> None:
-        if self._fd is not None:
+    def _write(self, event: E) -> E:
+        try:
             data = (dump_event(event) + "\n").encode()
+        except UnicodeEncodeError:
+            event = sanitized(event)
+            data = (dump_event(event) + "\n").encode()
+        if self._fd is not None:
             try:
                 n = os.write(self._fd, data)
                 if n != len(data):  # pragma: no cover - regular files do not short-write
@@ -116,24 +166,47 @@ class Ledger:
                 if self.fsync == "event":
                     os.fsync(self._fd)
             except OSError as exc:
-                raise LedgerError(f"cannot write session ledger {self.path}: {exc}") from exc
+                raise LedgerError(f"cannot write session ledger {self.path}: "
+                                  f"{_reason(exc)}") from exc
         elif self.path is not None:
             raise LedgerError(f"session {self.session_id} is closed")
         self.projection.apply(event)
         if self.observer is not None:
             self.observer(event)
+        return event
 
     def step_boundary(self) -> None:
-        """Make everything written so far durable, per the fsync policy."""
-        if self._fd is not None and self.fsync != "never":
-            os.fsync(self._fd)
+        """Make everything written so far durable, per the fsync policy, and check that the
+        file is still there: a ledger deleted during the run (its folder removed) raises
+        :class:`LedgerError` once and sets :attr:`lost`."""
+        if self._fd is None:
+            return
+        if self.fsync != "never":
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise LedgerError(f"cannot write session ledger {self.path}: "
+                                  f"{_reason(exc)}") from exc
+        if self.lost is None and os.fstat(self._fd).st_nlink == 0:
+            self.lost = (f"session ledger {self.path} was deleted during the run: "
+                         "what this run did is not saved")
+            raise LedgerError(self.lost)
 
     def close(self) -> None:
         if self._fd is not None:
+            fd = self._fd
             try:
-                self.step_boundary()
+                if self._created and self.projection.seq < 0 and os.fstat(fd).st_size == 0:
+                    # Nothing was ever written (a failure before the first event): a
+                    # session without events is no session; do not leave an empty file.
+                    with contextlib.suppress(OSError):
+                        assert self.path is not None
+                        self.path.unlink()
+                    return
+                if self.lost is None:
+                    self.step_boundary()
             finally:
-                os.close(self._fd)  # closing the descriptor releases the flock
+                os.close(fd)  # closing the descriptor releases the flock
                 self._fd = None
 
     def __enter__(self) -> Ledger:
@@ -201,6 +274,75 @@ def read_lines(path: Path, codec: EventCodec) -> tuple[list[Event], int, int]:
     return events, good, torn
 
 
+def read_ledger_file(path: Path) -> bytes:
+    """The bytes of a ledger file. Only a regular file is read: a FIFO (opened without
+    blocking), a directory or a device named ``*.jsonl`` is a :class:`LedgerError` naming it,
+    and so is a file this user may not read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"no session ledger at {path}") from None
+    except OSError as exc:
+        raise LedgerError(f"cannot read session ledger {path}: {_reason(exc)}") from None
+    try:
+        _check_regular(fd, path)
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise LedgerError(f"cannot read session ledger {path}: {_reason(exc)}") from None
+    finally:
+        os.close(fd)
+
+
+def _check_regular(fd: int, path: Path) -> None:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise LedgerError(f"{path} is {kind}, not a session ledger file")
+
+
+#: ``\uD800``–``\uDFFF`` escapes in a line: it may hold a lone surrogate (checked slowly).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def parse_line(line: bytes, codec: EventCodec, where: str, expected: int) -> Event:
+    """One ledger line, checked strictly: an event whose ``seq`` is ``expected``, with ``ts``
+    and ``session``, and no text that cannot be written back. Anything else is a
+    :class:`LedgerError` saying what is wrong at ``where`` (``PATH:LINE``)."""
+    try:
+        d = json.loads(line)
+    except RecursionError:
+        raise LedgerError(f"{where}: nested too deeply to read") from None
+    except ValueError as exc:
+        raise LedgerError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise LedgerError(f"{where}: a ledger line must be a JSON object")
+    if _SURROGATE_ESCAPE.search(line):
+        try:
+            json.dumps(d, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise LedgerError(f"{where}: holds a lone surrogate (text that is not valid "
+                              "Unicode; dsh never writes one)") from None
+        except RecursionError:  # pragma: no cover - loads would have failed first
+            raise LedgerError(f"{where}: nested too deeply to read") from None
+    seq = d.get("seq")
+    if type(seq) is not int:
+        raise LedgerError(f"{where}: no 'seq' number")
+    if seq != expected:
+        raise LedgerError(f"{where}: 'seq' is {seq} where {expected} was expected "
+                          "(a line is missing, repeated or out of order)")
+    for key in ("ts", "session"):
+        if type(d.get(key)) is not str:
+            raise LedgerError(f"{where}: no {key!r} string")
+    return codec.from_dict(d, where)
+
+
 def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
          raw: Callable[[], Callable[[dict[str, Any]], None]] | None = None) -> tuple[int, int]:
     """Feed every event of the file to a sink without keeping them; ``(good, torn)`` bytes.
@@ -210,10 +352,7 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
     feeds the decoded JSON objects to ``raw()`` instead of building events (a consumer that
     checks what it reads, like :meth:`Projection.apply_raw`).
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"no session ledger at {path}") from None
+    data = read_ledger_file(path)
     fast = _scan_fast(data, codec, raw() if raw is not None else fresh(), raw is not None)
     if fast is not None:
         return fast
@@ -221,6 +360,7 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
     pos = 0
     lineno = 0
     size = len(data)
+    expected = 0
     while pos < size:
         end = data.find(b"\n", pos)
         lineno += 1
@@ -229,12 +369,13 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
         line = data[pos:end]
         if line.strip():
             try:
-                event = codec.load(line, f"{path}:{lineno}")
+                event = parse_line(line, codec, f"{path}:{lineno}", expected)
             except LedgerError:
                 if end + 1 >= size:  # a complete but garbled last line is a torn tail too
                     return pos, size - pos
                 raise
             sink(event)
+            expected += 1
         pos = end + 1
     return size, 0
 
@@ -246,11 +387,14 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
                raw: bool = False) -> tuple[int, int] | None:
     """The common case at C speed: every complete line valid, at most a torn tail without a
     newline. Decodes about a MiB of lines at a time as one JSON array, and checks that it
-    yields one object per line with consecutive ``seq``; anything unusual returns ``None`` so
-    that :func:`scan` walks the lines one by one and reports exactly what is wrong where."""
+    yields one object per line with consecutive ``seq`` from 0, ``ts`` and ``session``;
+    anything unusual (a surrogate escape included) returns ``None`` so that :func:`scan`
+    walks the lines one by one and reports exactly what is wrong where."""
     good = data.rfind(b"\n") + 1
+    if _SURROGATE_ESCAPE.search(data, 0, good):
+        return None
     pos = 0
-    expected: int | None = None
+    expected = 0
     while pos < good:
         end = data.find(b"\n", min(pos + _CHUNK, good - 1)) + 1
         try:
@@ -258,7 +402,7 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
             if not all(lines):
                 return None
             objs = json.loads("[" + ",".join(lines) + "]")
-        except ValueError:  # not UTF-8, or not JSON
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deeply
             return None
         if len(objs) != len(lines):
             return None
@@ -266,11 +410,12 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
             for d in objs:
                 if type(d) is not dict:
                     return None
-                item: Any = d if raw else codec.from_dict(d)
-                seq = d.get("seq") if raw else item.seq
-                if type(seq) is not int or (expected is not None and seq != expected):
+                seq = d.get("seq")
+                if (type(seq) is not int or seq != expected or type(d.get("ts")) is not str
+                        or type(d.get("session")) is not str):
                     return None
-                expected = seq + 1
+                item: Any = d if raw else codec.from_dict(d)
+                expected += 1
                 sink(item)
         except (LedgerError, InvalidLine, KeyError, TypeError):
             return None
@@ -293,44 +438,62 @@ class JsonlStore:
         return self._codec
 
     def path(self, session_id: str) -> Path:
-        if not session_id or "/" in session_id or session_id.startswith("."):
-            raise UsageError(f"invalid session id {session_id!r}")
+        """``<dir>/<session_id>.jsonl``; an id that could name another file is refused: empty,
+        with ``/``, starting with ``.``, with a NUL or another control character, or longer
+        than :data:`MAX_ID_BYTES`."""
+        if (not session_id or "/" in session_id or session_id.startswith(".")
+                or not session_id.isprintable()
+                or len(session_id.encode("utf-8", "surrogateescape")) > MAX_ID_BYTES):
+            shown = session_id if len(session_id) <= 80 else session_id[:77] + "..."
+            raise UsageError(f"invalid session id {shown!r}")
         return self.directory / f"{session_id}.jsonl"
 
     def exists(self, session_id: str) -> bool:
         return self.path(session_id).exists()
 
     def create(self, session_id: str | None = None) -> Ledger:
-        """Create a new session file (``0600``, directory fsynced) and lock it."""
+        """Create a new session file (``0600``, directory fsynced) and lock it. An existing
+        file is never overwritten (``O_EXCL``); a ledger closed before its first event
+        removes its file again."""
         session_id = session_id or new_session_id()
         path = self.path(session_id)
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
+                         0o600)
         except FileExistsError:
             raise UsageError(f"session {session_id} already exists ({path})") from None
         except OSError as exc:
-            raise LedgerError(f"cannot create session ledger {path}: {exc}") from exc
+            raise LedgerError(f"cannot create session ledger {path}: {_reason(exc)}") from exc
         try:
             _lock(fd, session_id, path)
-        except SessionInUse:
+            dfd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                path.unlink()
             os.close(fd)
+            if isinstance(exc, OSError):
+                raise LedgerError(f"cannot create session ledger {path}: "
+                                  f"{_reason(exc)}") from exc
             raise
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        return Ledger(session_id, path, fd=fd, fsync=self.fsync)
+        return Ledger(session_id, path, fd=fd, fsync=self.fsync, created=True)
 
     def open(self, session_id: str) -> Ledger:
         """Open an existing session for appending: lock, load, repair, project."""
         path = self.path(session_id)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        except OSError as exc:
+            raise LedgerError(f"cannot open session ledger {path} for writing: "
+                              f"{_reason(exc)}{_owner_hint(path, exc)}") from None
         try:
+            _check_regular(fd, path)
             _lock(fd, session_id, path)
             ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync)
             count = 0
@@ -353,8 +516,12 @@ class JsonlStore:
             # projection's memory and time, not the events' (benchmarks/resume.py).
             good, torn = scan(path, self.codec, fresh, lambda: fresh(raw=True))
             if torn:
-                os.ftruncate(fd, good)
-                os.fsync(fd)
+                try:
+                    os.ftruncate(fd, good)
+                    os.fsync(fd)
+                except OSError as exc:
+                    raise LedgerError(f"cannot repair session ledger {path}: "
+                                      f"{_reason(exc)}") from None
                 ledger.notes.append(
                     f"{path}: cut a torn last line ({torn} bytes) left by a crash; "
                     f"{count} earlier events kept"
@@ -370,35 +537,47 @@ class JsonlStore:
         return read_lines(self.path(session_id), self.codec)[0]
 
     def remove(self, session_id: str) -> Path:
+        """Delete a session's file; refused while another process holds its lock, and for
+        anything that is not a regular file."""
         path = self.path(session_id)
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        except OSError as exc:
+            raise LedgerError(f"cannot remove session ledger {path}: {_reason(exc)}") from None
         try:
+            _check_regular(fd, path)
             _lock(fd, session_id, path)
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise LedgerError(f"cannot remove session ledger {path}: "
+                                  f"{_reason(exc)}") from None
         finally:
             os.close(fd)
         return path
 
     def ids(self) -> list[str]:
-        """Session ids, newest first."""
-        if not self.directory.is_dir():
-            return []
-        names = [p.stem for p in self.directory.glob("*.jsonl")]
+        """Session ids, newest first (every ``*.jsonl`` name, whatever kind of file it is)."""
+        try:
+            names = [p.stem for p in self.directory.glob("*.jsonl")]
+        except OSError as exc:  # pragma: no cover - glob swallows most errors itself
+            raise LedgerError(f"cannot list sessions in {self.directory}: {_reason(exc)}") from None
+        if not names and self.directory.exists() and not os.access(self.directory, os.R_OK):
+            raise LedgerError(f"cannot list sessions in {self.directory}: permission denied")
         return sorted(names, reverse=True)
 
     def info(self, session_id: str) -> SessionInfo:
         """A session's summary without parsing the whole ledger: the first lines give agent,
         start, parent and first prompt; turns are counted as bytes (an event tag cannot
         appear unescaped inside a JSON string); the model is the last turn's that named one.
-        ``dsh sessions list`` stays quick over many long sessions."""
+        ``dsh sessions list`` stays quick over many long sessions. An empty file (a run that
+        died before its first event) is a :class:`LedgerError`: it is not a session."""
         path = self.path(session_id)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        data = read_ledger_file(path)
+        if not data.strip():
+            raise LedgerError(f"{path} is empty (a run that ended before its first event)")
         tag = b'"type":"turn/start"'
         info: dict[str, Any] = {"id": session_id, "path": path, "turns": data.count(tag)}
         codec = self.codec
@@ -406,7 +585,7 @@ class JsonlStore:
             if not line.strip() or b"\n" in line:
                 break
             try:
-                event = codec.load(line, f"{path}:{lineno}")
+                event = parse_line(line, codec, f"{path}:{lineno}", lineno - 1)
             except LedgerError:
                 break
             if isinstance(event, TurnStarted):
@@ -423,31 +602,48 @@ class JsonlStore:
         if last > 0 and info["turns"] > 1:
             start = data.rfind(b"\n", 0, last) + 1
             end = data.find(b"\n", last)
+            line = data[start:end if end != -1 else len(data)]
             try:
-                turn = codec.load(data[start:end if end != -1 else len(data)])
-                if isinstance(turn, TurnStarted) and turn.model:
+                turn = codec.load(line)
+                if (isinstance(turn, TurnStarted) and turn.model
+                        and not _SURROGATE_ESCAPE.search(line)):
                     info["model"] = turn.model
-            except LedgerError:
+            except (LedgerError, RecursionError):
                 pass
         return SessionInfo(**info)
 
-    def sessions(self) -> Iterator[SessionInfo]:
+    def sessions(self, on_skip: Callable[[Path, str], None] | None = None
+                 ) -> Iterator[SessionInfo]:
+        """Every readable session, newest first. One that cannot be summarised (unreadable,
+        not a regular file, empty) is skipped — never the ones after it — and, with
+        ``on_skip``, reported as ``on_skip(path, reason)``."""
         for sid in self.ids():
             try:
                 yield self.info(sid)
-            except (LedgerError, UsageError):
+            except (LedgerError, UsageError) as exc:
+                if on_skip is not None:
+                    on_skip(self.directory / f"{sid}.jsonl", str(exc))
                 continue
 
     def latest(self, agent: str | None = None) -> str | None:
-        for sid in self.ids():
-            if agent is None:
-                return sid
-            try:
-                if self.info(sid).agent == agent:
-                    return sid
-            except (LedgerError, UsageError):
-                continue
+        """The newest session (of ``agent``) with at least one readable event."""
+        for info in self.sessions():
+            if agent is None or info.agent == agent:
+                return info.id
         return None
+
+
+def _owner_hint(path: Path, exc: OSError) -> str:
+    """For a permission error on a file someone else owns (``sudo dsh`` made it): say so."""
+    if not isinstance(exc, PermissionError):
+        return ""
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return ""
+    if owner != os.geteuid():
+        return f" (the file belongs to user id {owner}: was it made by `sudo dsh`?)"
+    return ""
 
 
 def _lock(fd: int, session_id: str, path: Path) -> None:
