@@ -151,8 +151,10 @@ class Agent:
 class Session:
     """An open session of one agent: its ledger (locked) and inbox.
 
-    Use as a context manager; :meth:`send` runs one turn.
+    Use as a context manager; :meth:`send` runs one turn. While it runs, another thread may
+    :meth:`steer` it (add a user message) or :meth:`inject` context.
     """
+
 
     def __init__(self, agent: Agent, ledger: Ledger) -> None:
         self.agent = agent
@@ -165,8 +167,33 @@ class Session:
         return self.ledger.session_id
 
     def inject(self, text: str, source: str = "api") -> None:
-        """Queue context for the next turn; it never starts a turn by itself (B3)."""
+        """Queue context for the next user message; it never starts a turn by itself (B3).
+        Safe to call from any thread."""
         self.inbox.inject(text, source)
+
+    def steer(self, text: str, source: str = "user") -> bool:
+        """Add a user message to the turn running in another thread (B3, E5). Safe to call
+        from any thread; never blocks on the turn.
+
+        The running turn takes it at its next step boundary — after the step in flight ends,
+        with the tool results if any are due — and runs another step with it, recorded as a
+        ``user/message`` like any other (with injected context queued before it).
+
+        :return: True when the running turn will take it. False when no turn is running or
+            the running one has already decided to stop: the message then waits in the inbox,
+            and the next :meth:`send` takes it first, before its own text (``send("")`` runs
+            a turn on what waits). A turn that ends another way before its next step boundary
+            (stopped, budget, rejected, aborted, error) leaves it waiting too: :attr:`pending`
+            counts the messages waiting. Text that is empty or only whitespace is no message:
+            nothing is queued and the result is False.
+        """
+        return self.inbox.put(text, source)
+
+    @property
+    def pending(self) -> int:
+        """User messages waiting in the inbox for a turn to take them (see :meth:`steer`)."""
+        return self.inbox.messages
+
 
     def send(
         self,
@@ -183,6 +210,12 @@ class Session:
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
 
+        Messages already waiting in the inbox (see :meth:`steer`) are taken first, each in a
+        step of its own, then ``text``. Text that is empty or only whitespace (what
+        ``str.strip()`` removes) is no message: with nothing else waiting, no step runs and no
+        request is made; the turn still opens and closes in the ledger (outcome
+        ``completed``), and injected context keeps waiting for a real message (B3).
+
         :param observe: force observation on (live events built, provider streams) or off;
             default: observed when ``on_event``/``on_text`` is given or a plugin observes.
         :param on_event: receives every persistent event as written and every live event.
@@ -196,7 +229,8 @@ class Session:
         # One turn at a time per session: a second thread sending on the same Session would
         # interleave two turns in one ledger (another process is kept out by the file lock).
         if not self._busy.acquire(blocking=False):
-            raise SessionInUse(f"session {self.id} is running a turn in another thread")
+            raise SessionInUse(f"session {self.id} is running a turn in another thread; "
+                               "Session.steer(text) adds a message to it")
         try:
             return self._send(text, observe=observe, on_event=on_event, on_text=on_text,
                               limits=limits, cancel=cancel, parent=parent,
@@ -211,12 +245,12 @@ class Session:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm
+        hook_observe = pm.hook.observe_event
+        observers = tuple(i.plugin_name for i in hook_observe.get_hookimpls())
         watched = observe if observe is not None else (
-            on_event is not None or on_text is not None or agent.observed)
+            on_event is not None or on_text is not None or bool(observers))
         emit = None
         if watched:
-            hook_observe = pm.hook.observe_event
-            has_hook = bool(hook_observe.get_hookimpls())
             # Tool calls of one step run in worker threads and emit tools/* events from there:
             # observers receive events one at a time, in the order they were emitted.
             serial = threading.RLock()  # re-entrant: an observer may cause another event
@@ -225,7 +259,7 @@ class Session:
                 with serial:
                     if on_event is not None:
                         on_event(event)
-                    if has_hook:
+                    if ctx.observer_plugins:  # checked again at each step boundary
                         hook_observe(event=event)
                     ctx.notify(event)
 
@@ -241,12 +275,13 @@ class Session:
             cancel=CancelToken(cancel), emit=emit,
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else None),
-            approve_all=approve, price=agent.price, parent=parent,
+            approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
         )
         if context_hook is not None:
             context_hook(ctx)
         ledger.observer = emit
         self.inbox.put(text)
+        self.inbox.open()  # from now on a steered message is taken by this turn
         proj = ledger.projection
         number = proj.turn + 1
         turn = Turn(number, agent, ledger, self.inbox, ctx, agent.max_steps,
@@ -273,6 +308,7 @@ class Session:
                 outcome, error = "error", exc
                 turn.reason = describe_error(pm, exc)
             finally:
+                self.inbox.close()  # however the turn ended: later messages wait for the next
                 try:
                     self._close_turn(turn, outcome)
                 except Exception:

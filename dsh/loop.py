@@ -13,6 +13,8 @@ The model's history for each step is the ledger's projection, never a list kept 
 from __future__ import annotations
 
 import contextvars
+import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
@@ -21,6 +23,7 @@ import attrs
 
 from dsh.budget import reserved_call
 from dsh.errors import BudgetExceeded
+from dsh.errors import PluginError
 from dsh.events import AssistantMessage
 from dsh.events import ContextInjected
 from dsh.events import StepEnded
@@ -55,29 +58,93 @@ class InboxItem:
 
 class Inbox:
     """Every input enters here first (B3). A user message wakes the loop; injected context
-    waits until a user message arrives, and is then consumed with it."""
+    waits until a user message arrives, and is then consumed with it.
+
+    Thread-safe: any thread may put or inject while a turn runs (steering, ``Session.steer``);
+    the running turn takes what arrived at its step boundaries. Text that is empty or only
+    whitespace (what ``str.strip()`` removes) is no message and is not queued. Every
+    operation is O(1) but :meth:`take`, which is O(items it returns).
+    """
 
     def __init__(self) -> None:
-        self._items: list[InboxItem] = []
+        self._items: deque[InboxItem] = deque()
+        self._messages = 0  # user messages waiting: ``awake`` without a scan
+        self._lock = threading.Lock()
+        self._taking = False  # a running turn takes messages at its step boundaries
+        self._taken: list[InboxItem] = []  # taken, not yet recorded: see restore()
 
-    def put(self, text: str, source: str = "user") -> None:
-        self._items.append(InboxItem(text, "user", source))
+    def put(self, text: str, source: str = "user") -> bool:
+        """Queue a user message. Returns True when a running turn will take it at its next
+        step boundary, False when it waits for the next turn (or, blank, was not queued)."""
+        if not text.strip():
+            return False
+        with self._lock:
+            self._items.append(InboxItem(text, "user", source))
+            self._messages += 1
+            return self._taking
 
     def inject(self, text: str, source: str = "api") -> None:
-        self._items.append(InboxItem(text, "context", source))
+        with self._lock:
+            self._items.append(InboxItem(text, "context", source))
 
     @property
     def awake(self) -> bool:
         """True when a user message is waiting (injected context alone never wakes it)."""
-        return any(i.kind == "user" for i in self._items)
+        return self._messages > 0
 
-    def take(self) -> tuple[list[InboxItem], InboxItem | None]:
-        """Everything up to and including the first user message: ``(context, message)``."""
-        for idx, item in enumerate(self._items):
-            if item.kind == "user":
-                context, self._items = self._items[:idx], self._items[idx + 1:]
-                return context, item
-        return [], None
+    @property
+    def messages(self) -> int:
+        """How many user messages are waiting."""
+        return self._messages
+
+    def open(self) -> None:
+        """A turn is running: messages put from now on are taken at its step boundaries."""
+        with self._lock:
+            self._taking = True
+
+    def close(self) -> None:
+        """No turn is taking messages: from now on they wait for the next one."""
+        with self._lock:
+            self._taking = False
+
+    def take(self, close: bool = False) -> tuple[list[InboxItem], InboxItem | None]:
+        """Everything up to and including the first user message: ``(context, message)``.
+
+        With no user message waiting it returns ``([], None)`` and the context stays; with
+        ``close`` it then also stops taking (:meth:`close`) in the same critical section, so a
+        message put concurrently is either returned here or waits for the next turn, never
+        promised to this one and left behind.
+        """
+        with self._lock:
+            if not self._messages:
+                if close:
+                    self._taking = False
+                return [], None
+            context: list[InboxItem] = []
+            item = self._items.popleft()
+            while item.kind != "user":
+                context.append(item)
+                item = self._items.popleft()
+            self._messages -= 1
+            self._taken.extend(context)
+            self._taken.append(item)
+            return context, item
+
+    def commit(self) -> None:
+        """What was taken is recorded now (``user/message``, ``step/rejected``, …)."""
+        with self._lock:
+            self._taken.clear()
+
+    def restore(self) -> None:
+        """Put back, in front and in order, what was taken since the last :meth:`commit`: a
+        turn that ends before recording its input (a limit, a stop, an error) loses nothing;
+        the input waits for the next turn."""
+        with self._lock:
+            for item in reversed(self._taken):
+                self._items.appendleft(item)
+                if item.kind == "user":
+                    self._messages += 1
+            self._taken.clear()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -94,15 +161,19 @@ class StepDraft:
     messages: Sequence[Message]
     source: str = "user"
     rejected: str | None = None
+    #: The registered name of the plugin whose ``pre_step`` rejected the step or emptied its
+    #: message, set by the loop (never by the plugin itself).
     rejected_by: str | None = None
 
     def reject(self, reason: str, plugin: str | None = None) -> None:
-        self.rejected = reason or "rejected"
-        self.rejected_by = plugin
+        """Refuse the step with ``reason``. The loop records which plugin called this from
+        its registration; ``plugin`` is ignored (accepted for compatibility)."""
+        self.rejected = str(reason) if reason else "rejected"
 
     @property
     def has_input(self) -> bool:
-        return bool(self.text.strip()) or any(c.text.strip() for c in self.context)
+        """True when the step carries a message: text that is not empty or whitespace."""
+        return bool(self.text.strip())
 
 
 @attrs.define(eq=False)
@@ -129,13 +200,27 @@ class Turn:
 
 @hookimpl(trylast=True)
 def run_turn(turn: Turn) -> str:
+    try:
+        return _run_turn(turn)
+    finally:
+        turn.inbox.restore()  # input taken but never recorded waits for the next turn
+
+
+def _run_turn(turn: Turn) -> str:
     ctx = turn.ctx
     ledger = turn.ledger
     agent = turn.agent
-    hook = agent.pm.hook
+    observers = agent.pm.hook.observe_event
     context_items, message = turn.inbox.take()
-    text = message.text if message else ""
-    source = message.source if message else "user"
+    if message is None:
+        # No input (B3): the message was empty or whitespace, and injected context alone
+        # waits in the inbox for a real one. No step is attempted and nothing is sent.
+        follow = stopping(turn)
+        if follow is None:
+            turn.reason = turn.reason or "no input: the message was empty"
+            return "completed"
+        context_items, message = follow
+    text, source = message.text, message.source
     while True:
         ctx.cancel.check()
         if ctx.stop_requested:
@@ -151,13 +236,13 @@ def run_turn(turn: Turn) -> str:
 
         draft = StepDraft(turn.steps, agent.name, text, list(context_items),
                           ledger.projection.view(), source)
-        had_input = draft.has_input
         emit("agent/pre-step", step=draft.index, text=draft.text)
-        hook.pre_step(step=draft)
-        if draft.rejected is not None or (had_input and not draft.has_input):
-            reason = draft.rejected or "input rewritten to empty"
+        call_pre_step(agent.pm, draft)
+        if draft.rejected is not None:
+            reason = draft.rejected
             ledger.append(StepRejected, turn=turn.number, step=draft.index, reason=reason,
                           plugin=draft.rejected_by, text=text)
+            turn.inbox.commit()
             turn.reason = reason
             return "rejected"
 
@@ -168,8 +253,9 @@ def run_turn(turn: Turn) -> str:
         ledger.append(StepStarted, turn=turn.number, step=draft.index)
         for item in draft.context:
             ledger.append(ContextInjected, text=item.text, source=item.source)
-        if draft.text:
+        if draft.has_input:
             ledger.append(UserMessage, text=draft.text, source=draft.source)
+        turn.inbox.commit()
         context_items, text, source = [], "", "user"
         turn.steps += 1
 
@@ -198,33 +284,90 @@ def run_turn(turn: Turn) -> str:
         if not_run:  # some calls of the step could not reserve: the budget is spent (D8)
             turn.reason = not_run
             return "budget"
-        if response.tool_calls:
-            continue  # tool results are due to the model
-        if turn.inbox.awake:
-            context_items, message = turn.inbox.take()
-            assert message is not None
+        check_observers(ctx, observers)
+        # Steering (B3): a message that arrived during the step is taken now, and goes with
+        # the next step (with the tool results, if any are due).
+        context_items, message = turn.inbox.take()
+        if message is None and not response.tool_calls:
+            follow = stopping(turn)
+            if follow is None:
+                return "completed"
+            context_items, message = follow
+        if message is not None:
             text, source = message.text, message.source
-            continue
-        if turn.continuations < turn.max_continuations:
-            emit("agent/turn-stopping", steps=turn.steps)
-            follow = ask_to_continue(turn)
-            if follow is not None:
-                turn.continuations += 1
-                text, source = follow
-                continue
-        return "completed"
+
+
+def stopping(turn: Turn) -> tuple[list[InboxItem], InboxItem] | None:
+    """No work is due and the turn is about to stop (B2): emit ``agent/turn-stopping`` and
+    call ``turn_stopping``, every time. Returns the input of one more step, or None to stop.
+
+    A follow-up message is taken while ``turn.continuations < turn.max_continuations``; past
+    that the hook is still called, its answer is not taken, and ``turn.reason`` says so (it
+    lands in ``turn/end``). Then, in one critical section with closing the inbox, a message
+    that was steered in meanwhile still gets its step; one that comes later waits for the
+    next turn.
+    """
+    emit("agent/turn-stopping", steps=turn.steps)
+    follow = ask_to_continue(turn)
+    if follow is not None and turn.continuations < turn.max_continuations:
+        turn.continuations += 1
+        return [], InboxItem(follow[0], "user", follow[1])
+    context, message = turn.inbox.take(close=True)
+    if message is not None:
+        return context, message
+    if follow is not None:
+        turn.reason = (f"continuation limit reached ({turn.max_continuations}): the follow-up "
+                       f"from {follow[1]} was not taken")
+    return None
 
 
 def ask_to_continue(turn: Turn) -> tuple[str, str] | None:
     """Call ``turn_stopping`` as a firstresult hook would, but keep the answering plugin's
     name, so the follow-up message records where it came from."""
     for impl in reversed(turn.agent.pm.hook.turn_stopping.get_hookimpls()):
-        if impl.wrapper or impl.hookwrapper:
-            continue
+        _not_wrapped(impl, "turn_stopping")
         follow = call_impl(impl, "turn_stopping", turn=turn)
         if follow:
             return str(follow), f"plugin:{impl.plugin_name}"
     return None
+
+
+def call_pre_step(pm: Any, draft: StepDraft) -> None:
+    """Call ``pre_step`` one implementation at a time, in pluggy's order, so the plugin that
+    rejects the step, or rewrites its message to empty, is known from its registration (B4).
+
+    The first rejection wins: later implementations are not called. A message rewritten to
+    empty or whitespace is a rejection by the implementation that emptied it.
+    """
+    had_input = draft.has_input
+    for impl in reversed(pm.hook.pre_step.get_hookimpls()):
+        _not_wrapped(impl, "pre_step")
+        call_impl(impl, "pre_step", step=draft)
+        if not isinstance(draft.text, str):
+            raise PluginError(f"plugin {impl.plugin_name} set step.text to a "
+                              f"{type(draft.text).__name__} in hook pre_step (expected str)",
+                              plugin=impl.plugin_name, hook="pre_step")
+        if draft.rejected is None and had_input and not draft.has_input:
+            draft.rejected = "input rewritten to empty"
+        if draft.rejected is not None:
+            draft.rejected_by = impl.plugin_name
+            return
+
+
+def _not_wrapped(impl: Any, hook: str) -> None:
+    if impl.wrapper or impl.hookwrapper:
+        raise PluginError(f"plugin {impl.plugin_name}: hook {hook} cannot be wrapped (it is "
+                          "called one implementation at a time); use a plain implementation",
+                          plugin=impl.plugin_name, hook=hook)
+
+
+def check_observers(ctx: RunContext, hook: Any) -> None:
+    """At a step boundary: has the agent gained or lost an ``observe_event`` plugin since the
+    run started (D7)? O(1) on the normal path: one length compare of a list of 0–2 items."""
+    impls = hook.get_hookimpls()
+    known = ctx.observer_plugins
+    if len(impls) != len(known) or (impls and tuple(i.plugin_name for i in impls) != known):
+        ctx.observer_plugins_changed(tuple(i.plugin_name for i in impls))
 
 
 def _request(turn: Turn) -> Any:

@@ -244,7 +244,13 @@ class RunContext:
     #: The parent run, for a nested run (a sub-agent).
     parent: RunContext | None = None
     _cleanups: list[Callable[[], None]] = attrs.Factory(list)
-    _observers: list[Callable[[Any], None]] = attrs.Factory(list)
+    #: The plugins implementing ``observe_event`` in the agent's scope, as the run last saw
+    #: them (at its start, then at each step boundary): an observed run delivers events to
+    #: them only when there are some.
+    observer_plugins: tuple[str, ...] = ()
+    # A tuple, replaced (never mutated) by observe(): another thread may add an observer
+    # while events are delivered.
+    _observers: tuple[Callable[[Any], None], ...] = ()
 
     def observe(self, callback: Callable[[Any], None]) -> None:
         """Receive this run's events from now on (persistent and live).
@@ -258,12 +264,25 @@ class RunContext:
                 "observe=True (or on_event=) when starting it, or implement observe_event"),
                 stacklevel=2)
             return
-        self._observers.append(callback)
+        self._observers = (*self._observers, callback)
 
     def notify(self, event: Any) -> None:
         """Deliver ``event`` to the observers added with :meth:`observe`."""
         for callback in self._observers:
             callback(event)
+
+    def observer_plugins_changed(self, plugins: tuple[str, ...]) -> None:
+        """The agent's ``observe_event`` plugins changed during the run (a step boundary
+        noticed, D7). An observed run delivers to the new set from now on; an unobserved run
+        builds no events, so a plugin added to it would receive nothing: that warns with
+        :class:`UnobservedRunWarning` (once per plugin added)."""
+        added = [p for p in plugins if p not in self.observer_plugins]
+        self.observer_plugins = plugins
+        if added and self.emit is None:
+            warnings.warn(UnobservedRunWarning(
+                f"observer plugin {', '.join(added)} was registered during run {self.run_id}, "
+                "which was started unobserved and builds no events: it receives nothing from "
+                "this run, only from the next ones"), stacklevel=3)
 
     @property
     def observed(self) -> bool:

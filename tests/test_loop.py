@@ -108,17 +108,18 @@ class Rejecter:
     @hookimpl
     def pre_step(self, step):  # type: ignore[no-untyped-def]
         if "secret" in step.text:
-            step.reject("prompt mentions a secret", plugin="guard")
+            step.reject("prompt mentions a secret")
 
 
 def test_pre_step_rejection_closes_turn_and_logs(make_app, plugin_module):
-    app = make_app(load=[plugin_module(guard=Rejecter(), pre_step=Rejecter().pre_step)])
+    guard = plugin_module(pre_step=Rejecter().pre_step)
+    app = make_app(load=[guard])
     result = app.run("tell me the secret", model="echo")
     assert result.outcome == "rejected"
     assert result.reason == "prompt mentions a secret"
     assert ledger_types(result.path) == ["turn/start", "step/rejected", "turn/end"]
     rejected = app.store.read(result.session_id)[1]
-    assert rejected.text == "tell me the secret" and rejected.plugin == "guard"  # type: ignore[attr-defined]
+    assert rejected.text == "tell me the secret" and rejected.plugin == guard  # type: ignore[attr-defined]
     # a rejected step never reaches the history
     with app.store.open(result.session_id) as ledger:
         assert len(ledger.projection) == 0
@@ -168,7 +169,8 @@ def test_turn_stopping_continues_bounded(make_app, plugin_module):
     app = make_app(load=[plugin_module(turn_stopping=turn_stopping)], max_continuations=2)
     result = app.run("start", model="echo")
     assert result.outcome == "completed"
-    assert calls == [1, 2]  # asked twice, then the re-entry bound closes the turn
+    assert calls == [1, 2, 3]  # asked every time; the third answer is past the bound
+    assert result.reason.startswith("continuation limit reached (2)")
     events = app.store.read(result.session_id)
     users = [e for e in events if e.type == "user/message"]
     assert [u.text for u in users] == ["start", "keep going", "keep going"]  # type: ignore[attr-defined]
