@@ -574,20 +574,30 @@ class App:
 
         Each task runs in its own thread, in its own copy of the caller's context, in its own
         session. A task that fails is reported in its result and does not affect the others.
+
+        Called inside a run (from a tool or a hook), each task is a nested run of it: its
+        budget is chained to the run's, so the run's limits hold over all the tasks together
+        (D8); the run's cancellation reaches it; its first ``turn/start`` names the run's
+        session as ``parent``.
         """
         import contextvars
         from concurrent.futures import ThreadPoolExecutor
 
         from dsh.history import render_history
+        from dsh.runcontext import current_or_none
 
         frozen = render_history(parent.ledger.projection.view()) if parent else ""
+        run = current_or_none()
 
         def one(agent: str, prompt: str) -> RunResult:
             try:
                 with self.session(agent) as session:
                     if frozen:
                         session.inject(frozen, source=f"fork:{parent.id}")  # type: ignore[union-attr]
-                    return session.send(prompt, limits=limits)
+                    if run is None:
+                        return session.send(prompt, limits=limits)
+                    return session.send(prompt, limits=limits, parent=run, cancel=run.cancel,
+                                        approve=run.approve_all)
             except Exception as exc:  # a task that cannot even start is reported, not raised
                 return RunResult(output="", session_id="", outcome="error",
                                  reason=describe_error(self.pm, exc), error=exc)

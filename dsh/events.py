@@ -109,8 +109,9 @@ class ToolCalled(Event):
 
 @attrs.frozen(kw_only=True, repr=False)
 class ToolReturned(Event):
-    """A tool's result. ``status`` is ``ok``, ``error`` or ``interrupted`` (the run ended
-    before the tool returned; written on resume)."""
+    """A tool's result. ``status`` is ``ok``, ``error``, ``budget`` (not run: no tool call
+    left in the budget chain) or ``interrupted`` (the run ended before the tool returned;
+    written on resume)."""
 
     type: ClassVar[str] = "tool/result"
     call_id: str
