@@ -170,13 +170,25 @@ def run_turn(turn: Turn) -> str | None:
 def pre_step(step: StepDraft) -> None:
     """Inspect, rewrite or reject what the next step will send (``agent/pre-step``, B4).
 
-    :param step: the draft: ``step.text`` (the user message, mutable), ``step.context``
-        (injected context items, mutable list), ``step.messages`` (the history so far, read
-        only), ``step.index`` and ``step.agent``. Call ``step.reject(reason)`` to refuse it.
+    :param step: the draft: ``step.text`` (the user message, mutable; ``""`` on a step that
+        only carries tool results), ``step.context`` (injected context items, mutable list),
+        ``step.messages`` (the history so far, read only), ``step.index`` and ``step.agent``.
+        Call ``step.reject(reason)`` to refuse it.
 
     Called before every step, before anything of the step is written to the ledger, so a
-    rewrite is what gets logged (C3). A rejection, or a first step rewritten to empty, writes
-    ``step/rejected`` and closes the turn with outcome ``rejected``.
+    rewrite is what gets logged (C3). Text that is empty or only whitespace (what
+    ``str.strip()`` removes) is no message: no step is attempted for it, so this is not
+    called, and injected context alone waits in the inbox for a real message (B3).
+
+    A rejection, or a message rewritten to empty or whitespace, writes ``step/rejected`` and
+    closes the turn with outcome ``rejected``. The event names the plugin that did it — its
+    registered name, found by the loop, never a name the plugin passes (``reject``'s old
+    ``plugin=`` argument is ignored). Implementations are called one at a time, in pluggy's
+    order (last registered first, ``tryfirst`` before, ``trylast`` after); the first
+    rejection wins and later implementations are not called.
+
+    Cannot be wrapped (calling implementations one by one is what attributes a rejection): a
+    ``wrapper=True`` implementation ends the turn with an error naming its plugin.
 
     .. versionadded:: 0.1
     """
@@ -247,12 +259,26 @@ def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
 
 @hookspec(firstresult=True)
 def turn_stopping(turn: Turn) -> str | None:
-    """No work is due and the turn is about to close (``agent/turn-stopping``).
+    """No work is due and the turn is about to close (``agent/turn-stopping``, B2).
 
-    :param turn: the turn's state.
+    :param turn: the turn's state; ``turn.continuations`` and ``turn.max_continuations``
+        say whether an answer can still be taken, ``turn.steps`` how many steps ran (0 when
+        the turn's input was empty).
     :return: firstresult: a message to continue the turn with one more step (it is written to
         the ledger as a ``user/message`` whose ``source`` names the plugin), or None to let the
-        turn close. Bounded: after ``max_continuations`` (default 3) the turn closes anyway.
+        turn close.
+
+    Called every time the turn is about to stop because no work is due — also when
+    ``max_continuations`` is 0 or used up, so an observer or a plugin checking the result
+    sees every stop. Past the bound (``max_continuations``, default 3, per turn) an answer is
+    not taken: the turn closes with outcome ``completed`` and ``turn/end``'s reason says
+    ``continuation limit reached (N): the follow-up from plugin:NAME was not taken``.
+    Not called when the turn ends another way (``rejected``, ``budget``, ``stopped``,
+    ``aborted``, ``error``). A user message steered in while the hook runs
+    (``Session.steer``) still gets its step, after a follow-up taken here.
+
+    Cannot be wrapped: implementations are called one at a time, to record which one
+    answered; a ``wrapper=True`` implementation ends the turn with an error naming its plugin.
 
     .. versionadded:: 0.1
     """

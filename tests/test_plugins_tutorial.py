@@ -299,7 +299,7 @@ def test_rejection_records_the_original_text(site: Path, tmp_path: Path,
 
     @hookimpl
     def pre_step(step: Any) -> None:
-        step.reject("contains a key", plugin="guard")
+        step.reject("contains a key")
 
     guard = plugin_module(pre_step=pre_step)
     app = example_app(tmp_path, [{"text": "never"}], load=[guard],
@@ -307,5 +307,5 @@ def test_rejection_records_the_original_text(site: Path, tmp_path: Path,
     run = app.run("my key sk-0123456789abcdefghijkl", agent="writer", model="fake")
     assert run.outcome == "rejected"
     [rejected] = [e for e in app.store.read(run.session_id) if isinstance(e, StepRejected)]
-    assert (rejected.reason, rejected.plugin) == ("contains a key", "guard")
+    assert (rejected.reason, rejected.plugin) == ("contains a key", guard)  # its registered name
     assert "sk-0123456789abcdefghijkl" in rejected.text
