@@ -549,8 +549,13 @@ def _drop_oversized(agent: Agent, ledger: Ledger, window: int, used: int) -> Non
 
 
 def learn_window(agent: Agent, exc: BaseException) -> None:
-    """Remember the window a provider's context-length error stated."""
+    """Remember the window a provider's context-length error stated, or, when it stated
+    none, the one the server reports where it can be asked (``probe_context_window``, e.g.
+    llama.cpp's ``/props``). Later requests of the process then compact before they fail."""
     size = window_in_error(str(exc))
+    if not size:
+        probe = getattr(agent.model, "probe_context_window", None)
+        size = probe() if callable(probe) else None
     if size:
         agent._learnt_window = size  # type: ignore[attr-defined]
 
