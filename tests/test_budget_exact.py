@@ -226,6 +226,42 @@ def test_depth_three_parallel_fan_out_holds_the_root_request_limit(make_app, tmp
             assert end.reason == "model requests limit reached in a parent run (7/7)"
 
 
+def test_app_parallel_inside_a_run_is_held_by_the_runs_budget(make_app, plugin_module,
+                                                              tmp_path):
+    """A tool that fans out with ``app.parallel`` does not escape its run's budget: the
+    tasks are nested runs, chained to it."""
+    holder: dict[str, App] = {}
+
+    def fan_out() -> str:
+        """Ask four helpers at once."""
+        results = holder["app"].parallel([("helper", f"q{i}") for i in range(4)])
+        return " | ".join(f"{r.outcome}: {r.output or r.reason}" for r in results)
+
+    @hookimpl
+    def register_tools(register):  # type: ignore[no-untyped-def]
+        register(fan_out)
+
+    agents = {
+        "lead": {"model": _write_script(tmp_path, "lead", [
+            {"tool_calls": [{"name": "fan_out", "arguments": {}}]}, {"text": "never"}]),
+            "limits": {"requests": 3}},
+        "helper": {"model": _write_script(tmp_path, "helper", [
+            {"text": "helped", "delay": 0.05}])},
+    }
+    app = holder["app"] = make_app(agent="lead", agents=agents,
+                                   load=[plugin_module(register_tools=register_tools)])
+    result = app.run("start")
+    assert (result.outcome, result.reason) == ("budget", "model requests limit reached (3/3)")
+    output = next(e.output for e in app.store.read(result.session_id) if e.type == "tool/result")
+    parts = output.split(" | ")
+    assert sorted(parts) == ["budget: model requests limit reached in a parent run (3/3)"] * 2 \
+        + ["completed: helped"] * 2
+    infos = [app.store.info(i) for i in app.store.ids()]
+    helper_sessions = [s for s in infos if s.agent == "helper"]
+    assert len(helper_sessions) == 4
+    assert all(s.parent == result.session_id for s in helper_sessions)
+
+
 # --- parallel tool calls ----------------------------------------------------------------------
 
 
@@ -421,7 +457,7 @@ def test_a_generous_time_limit_lets_a_run_finish(lead_and_helpers):
 # --- the property: generated trees never exceed any level's limit -----------------------------
 
 
-_LIMIT = st.one_of(st.none(), st.integers(0, 6))
+_LIMIT = st.one_of(st.none(), st.integers(1, 6))  # a limit is a positive integer
 
 
 @st.composite
@@ -444,7 +480,7 @@ def trees(draw: Callable[..., Any]) -> list[dict[str, Any]]:
             "steps": draw(st.integers(1, 2)),
             "limits": {k: v for k, v in (("requests", draw(_LIMIT)),
                                          ("tool_calls", draw(_LIMIT)),
-                                         ("steps", draw(st.one_of(st.none(), st.integers(0, 4)))))
+                                         ("steps", draw(st.one_of(st.none(), st.integers(1, 4)))))
                        if v is not None},
         })
     return levels
