@@ -16,8 +16,9 @@ come from ``[plugins.shell]``, overlaid with ``[agents.NAME.plugin_settings.shel
 ``max_read``
     bytes of a file ``read_file`` returns per call (default 256 KiB);
 ``env_keep``
-    environment variables passed to commands although their names look like secrets
-    (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, … are withheld by default).
+    environment variables passed to commands besides ``PATH``, ``HOME``, ``USER``,
+    ``LOGNAME``, ``SHELL``, ``LANG``, ``LANGUAGE``, ``LC_*``, ``TERM``, ``TZ`` and ``TMPDIR``
+    (names, or patterns such as ``GIT_*``); nothing else of dsh's environment reaches them.
 
 Any other command is asked about on the terminal, or refused when there is none unless the
 run was started with ``dsh run --yes``. See README.md for the security model.

@@ -7,22 +7,21 @@ command is refused unless the run was started with ``--yes`` (``RunContext.appro
 
 from __future__ import annotations
 
-import codecs
 import os
-import re
 import shlex
 import signal
 import threading
-from typing import IO
+import time
 from typing import TYPE_CHECKING
 
 from dsh.errors import ToolError
 from dsh.runcontext import current_or_none
+from dsh_shell import process
 from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
 
 if TYPE_CHECKING:
-    import subprocess
+    from dsh.runcontext import RunContext
 
 #: Tokens that mean the model expected a shell. Without one they would reach the program as
 #: plain arguments (``ls | wc`` would list files named ``|`` and ``wc``), so they are refused.
@@ -32,11 +31,6 @@ SHELL_OPERATORS = frozenset(
 )
 #: Commands a model may try that are shell builtins, so they are not found as programs.
 _BUILTINS = frozenset({"cd", "export", "source", ".", "set", "alias", "ulimit", "umask"})
-
-#: Environment variables withheld from commands unless named in ``env_keep``: an allowlisted
-#: ``cat /proc/self/environ`` would otherwise hand the model dsh's API keys (DESIGN: keys never
-#: reach the ledger).
-SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 
 # Approval prompts of concurrent runs in one process must not interleave on the terminal.
 _tty_lock = threading.Lock()
@@ -96,89 +90,159 @@ def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -
             f"command {name!r} needs approval: {reason}; no terminal to ask on — rerun with "
             "--yes to approve"
         ) from None
+    # Imported only when asking: the terminal helpers import click.
+    from dsh.render import escape_controls
+    from dsh.terminal import status_paused
+
     # The command comes from the model: show it quoted and with control characters escaped,
     # so escape sequences cannot redraw the question into something else.
-    shown = _printable(shlex.join(argv))
-    with _tty_lock, os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(f"\ndsh-shell: run `{shown}` in {root}? [y/N] ".encode(errors="replace"))
-        answer = tty.readline(1024).strip().lower()
-    if answer not in (b"y", b"yes"):
+    shown = escape_controls(shlex.join(argv), newlines=False)
+    question = f"\ndsh-shell: run `{shown}` in {escape_controls(root, newlines=False)}? [y/N] "
+    # The status line pauses while the question is on screen (it would redraw over it).
+    with _tty_lock, status_paused(), os.fdopen(fd, "r+b", buffering=0) as tty:
+        tty.write(question.encode(errors="replace"))
+        answer, why = _read_answer(fd, ctx)
+        if answer is None:
+            tty.write(f"(no answer: {why})\n".encode())
+    if answer is None:
+        raise ToolError(f"{name!r} was not run: no answer to the approval question before "
+                        f"{why}; do not retry it")
+    if answer.strip().lower() not in (b"y", b"yes"):
         raise ToolError(f"the user did not approve running {name!r} ({reason}); "
                         "do not retry it, ask the user or find another way")
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+def _read_answer(fd: int, ctx: RunContext | None) -> tuple[bytes | None, str]:
+    """One line typed on the terminal ``fd``; ``(None, why)`` when the run is aborted or its
+    time limit (``--timeout``, ``[limits] seconds``) passes first."""
+    import select
 
+    wake_r, wake_w = os.pipe()
+    guard = threading.Lock()
+    open_ = [True]
 
-def child_env(keep: tuple[str, ...]) -> dict[str, str]:
-    """dsh's environment without the variables that look like secrets (except ``keep``)."""
-    return {k: v for k, v in os.environ.items() if k in keep or not SECRET_ENV.search(k)}
+    def wake() -> None:  # may run in another thread, after the wait ended
+        with guard:
+            if open_[0]:
+                os.write(wake_w, b"x")
 
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    forget = ctx.cancel.on_cancel(wake) if ctx is not None else None
+    line = b""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # already gone
-        pass
+        while b"\n" not in line and len(line) < 1024:
+            left = _time_left(ctx)
+            if left is not None and left <= 0:
+                return None, "the run's time limit was reached"
+            ready, _, _ = select.select([fd, wake_r], [], [], left)
+            if wake_r in ready:
+                reason = ctx.cancel.reason if ctx is not None else ""
+                return None, f"the run was aborted ({reason})" if reason else "the run ended"
+            if fd in ready:
+                data = os.read(fd, 1024)
+                if not data:  # the terminal went away (hangup)
+                    return None, "the terminal was closed"
+                line += data
+    finally:
+        if forget is not None:
+            forget()
+        with guard:
+            open_[0] = False
+            os.close(wake_r)
+            os.close(wake_w)
+    return line, ""
+
+
+def _time_left(ctx: RunContext | None) -> float | None:
+    """Seconds until the first time limit of the run's budget chain, or None."""
+    budget = getattr(ctx, "budget", None)
+    left: float | None = None
+    while budget is not None:
+        seconds = getattr(getattr(budget, "limits", None), "seconds", None)
+        if seconds is not None:
+            rest = seconds - (budget.clock() - budget.started)
+            left = rest if left is None else min(left, rest)
+        budget = getattr(budget, "parent", None)
+    return left
+
+
+def child_env(keep: tuple[str, ...], cwd: str = "") -> dict[str, str]:
+    """The environment a command gets (:func:`dsh_shell.process.child_env`)."""
+    return process.child_env(keep, cwd or os.getcwd())
 
 
 def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
-    # Output goes to temporary files, not pipes: memory stays bounded however much a command
-    # prints (only max_output bytes are read back), and a background child that keeps a pipe
-    # open cannot hang the wait. (Imported here: dsh imports this plugin on every start-up.)
+    # Imported here: dsh imports this plugin on every start-up.
     import subprocess
-    import tempfile
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            # start_new_session: the command gets its own process group (killed as a whole on
-            # timeout) and no controlling terminal, so it cannot prompt the user behind dsh's
-            # back (sudo, ssh) — it fails instead of hanging.
-            proc = subprocess.Popen(argv, cwd=root, shell=False, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True,
-                                    env=child_env(settings.env_keep))
-        except FileNotFoundError:
-            workspace_root(root)  # the workspace itself vanished: say so, not "not found"
-            hint = (" (it is a shell builtin; commands always run in the workspace, so give "
-                    "paths relative to it)" if argv[0] in _BUILTINS else "")
-            raise ToolError(f"command not found: {argv[0]!r}{hint}") from None
-        except PermissionError:
-            raise ToolError(f"permission denied: cannot execute {argv[0]!r}") from None
-        except OSError as exc:
-            raise ToolError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
-        ctx = current_or_none()
-        # Aborting the run (Ctrl-C, RunHandle.abort) kills the command instead of waiting.
-        forget = ctx.cancel.on_cancel(lambda: _kill_group(proc)) if ctx is not None else None
-        try:
-            code = proc.wait(timeout=settings.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
+    # Before the first command exists: it must not be able to read dsh's environment.
+    process.harden_process()
+    try:
+        # start_new_session: the command gets its own process group (killed as a whole on
+        # timeout) and no controlling terminal, so it cannot prompt the user behind dsh's
+        # back (sudo, ssh) — it fails instead of hanging. close_fds (the default) keeps
+        # every descriptor of dsh (the ledger, sockets) away from it.
+        proc = subprocess.Popen(argv, cwd=root, shell=False, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True,
+                                env=child_env(settings.env_keep, root))
+    except FileNotFoundError:
+        workspace_root(root)  # the workspace itself vanished: say so, not "not found"
+        hint = (" (it is a shell builtin; commands always run in the workspace, so give "
+                "paths relative to it)" if argv[0] in _BUILTINS else "")
+        raise ToolError(f"command not found: {argv[0]!r}{hint}") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: cannot execute {argv[0]!r}") from None
+    except OSError as exc:
+        raise ToolError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    out = process.Stream(settings.max_output)
+    err = process.Stream(settings.max_output)
+    limit = process.drain_limit(settings.max_output)
+    ctx = current_or_none()
+    # Aborting the run (Ctrl-C, SIGTERM, RunHandle.abort) kills the command instead of waiting.
+    forget = ctx.cancel.on_cancel(lambda: process.kill_group(proc)) if ctx is not None else None
+    deadline = time.monotonic() + settings.timeout
+    try:
+        stop = process.pump(proc, {proc.stdout.fileno(): out, proc.stderr.fileno(): err},
+                            deadline, limit)
+        if stop is None:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop = "timeout"
+        if stop is not None:
+            process.kill_group(proc)
             proc.wait()
-            partial = _format(None, out, err, settings.max_output)
-            raise ToolError(f"command timed out after {settings.timeout:g}s and was killed: "
-                            f"{shlex.join(argv)}\n{partial}") from None
-        except BaseException:
-            # Ctrl-C reaches dsh, not the command (it has its own session): kill it too,
-            # rather than leave it running after dsh is gone.
-            _kill_group(proc)
-            proc.wait()
-            raise
-        finally:
-            if forget is not None:
-                forget()
-        if ctx is not None and ctx.cancel.cancelled:
-            raise ToolError("the command was killed: the run was aborted")
-        return _format(code, out, err, settings.max_output)
+    except BaseException:
+        # Ctrl-C or SIGTERM reaches dsh, not the command (it has its own session): kill it
+        # too, rather than leave it running after dsh is gone.
+        process.kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        if forget is not None:
+            forget()
+        proc.stdout.close()
+        proc.stderr.close()
+    if ctx is not None and ctx.cancel.cancelled:
+        raise ToolError("the command was killed: the run was aborted")
+    if stop == "timeout":
+        partial = _format(None, out, err, settings.max_output)
+        raise ToolError(f"command timed out after {settings.timeout:g}s and was killed: "
+                        f"{shlex.join(argv)}\n{partial}") from None
+    if stop == "output":
+        head = (f"killed: the command printed more than {limit} bytes (output is kept up to "
+                f"max_output = {settings.max_output} bytes), so it was stopped before it "
+                "finished")
+        return head + "\n" + _format(None, out, err, settings.max_output)
+    return _format(proc.returncode, out, err, settings.max_output)
 
 
-def _format(code: int | None, out: IO[bytes], err: IO[bytes], limit: int) -> str:
+def _format(code: int | None, out: process.Stream, err: process.Stream, limit: int) -> str:
     """``exit code: N`` then each non-empty stream, cut so both fit in ``limit`` bytes."""
-    out_size = os.fstat(out.fileno()).st_size
-    err_size = os.fstat(err.fileno()).st_size
     # Share the budget: a stream under half of it leaves the rest to the other one.
-    out_take = min(out_size, max(limit // 2, limit - err_size))
-    err_take = min(err_size, limit - out_take)
+    out_take = min(out.size, max(limit // 2, limit - err.size))
+    err_take = min(err.size, limit - out_take)
     lines = []
     if code is not None:
         if code < 0:
@@ -188,19 +252,12 @@ def _format(code: int | None, out: IO[bytes], err: IO[bytes], limit: int) -> str
                 lines.append(f"killed by signal {-code}")
         else:
             lines.append(f"exit code: {code}")
-    for label, f, size, take in (("stdout", out, out_size, out_take),
-                                 ("stderr", err, err_size, err_take)):
-        if size == 0:
+    for label, stream, take in (("stdout", out, out_take), ("stderr", err, err_take)):
+        if stream.size == 0:
             continue
-        f.seek(0)
-        data = f.read(take)
-        if take < size:
-            text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=False)
-            lines.append(f"--- {label} (cut: first {take} of {size} bytes) ---")
-        else:
-            text = data.decode("utf-8", errors="replace")
-            lines.append(f"--- {label} ---")
+        note, text = stream.text(take)
+        lines.append(f"--- {label} ({note}) ---" if note else f"--- {label} ---")
         lines.append(text.rstrip("\n"))
-    if out_size == 0 and err_size == 0:
+    if out.size == 0 and err.size == 0:
         lines.append("(no output)")
     return "\n".join(lines)

@@ -36,8 +36,9 @@ class ShellSettings:
     max_output: int = 64 * 1024
     #: Bytes of a file that ``read_file`` returns; a larger file is cut and said to be.
     max_read: int = 256 * 1024
-    #: Environment variables passed to commands although their names look like secrets
-    #: (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSW*``, ``*CREDENTIAL*``, ``*AUTH*``).
+    #: Environment variables passed to commands besides the base allowlist
+    #: (:data:`dsh_shell.process.BASE_ENV`: ``PATH``, ``HOME``, the locale, …), by name or
+    #: by pattern (``GIT_*``). Nothing else of dsh's environment reaches a command.
     env_keep: tuple[str, ...] = ()
     #: Where approval is asked. Only tests and unusual setups change it.
     tty: str = "/dev/tty"

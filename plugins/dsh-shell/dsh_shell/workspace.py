@@ -59,28 +59,39 @@ def resolve(root: str, path: str) -> str:
     )
 
 
-def _open_beneath(root: str, rel: str, flags: int, *, make_parents: bool = False) -> int:
+def _open_beneath(root: str, rel: str, flags: int) -> int:
     """Open ``rel`` (symlink-free, from :func:`resolve`) under ``root`` without following
-    any symlink, creating missing parent directories if ``make_parents``."""
+    any symlink."""
     parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
     if not parts:
         raise ToolError("the path is the workspace directory itself, not a file")
+    dfd = _open_dir_beneath(root, parts[:-1], create=False)
+    try:
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def _open_dir_beneath(root: str, parts: list[str], *, create: bool = True) -> int:
+    """A descriptor of the directory ``root/parts…``, each component opened with
+    ``O_NOFOLLOW`` from the one before (missing ones created if ``create``)."""
     dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in parts[:-1]:
+        for part in parts:
             try:
                 nfd = os.open(part, dir_flags, dir_fd=dfd)
             except FileNotFoundError:
-                if not make_parents:
+                if not create:
                     raise
                 os.mkdir(part, 0o777, dir_fd=dfd)
                 nfd = os.open(part, dir_flags, dir_fd=dfd)
             os.close(dfd)
             dfd = nfd
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
-    finally:
+    except BaseException:
         os.close(dfd)
+        raise
+    return dfd
 
 
 def _os_error(path: str, exc: OSError) -> ToolError:
@@ -163,21 +174,67 @@ def _skip_lines(f: BinaryIO, count: int) -> int:
 
 
 def write_text(root: str, path: str, content: str) -> str:
-    """Write ``content`` to ``path`` (replacing it), creating parent directories."""
+    """Write ``content`` to ``path``, creating parent directories.
+
+    The file is *replaced*, never written in place: the content goes to a new file in the
+    same directory, which is then renamed over the old name (atomic: a reader sees the old
+    content or the new one, never half of it). So a hard link — another name of the same
+    file, perhaps outside the workspace — keeps the old content, and a symlink swapped in
+    for the name is replaced, not followed. The old file's permission bits are kept.
+    """
     rel = resolve(root, path)
-    target = os.path.join(root, rel)
-    if os.path.isdir(target):
-        raise ToolError(f"{path!r} is a directory; give a file path")
-    existed = os.path.lexists(target)
+    parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
+    if not parts:
+        raise ToolError("the path is the workspace directory itself, not a file")
     data = content.encode("utf-8", errors="replace")
     try:
-        fd = _open_beneath(root, rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK,
-                           make_parents=True)
+        dfd = _open_dir_beneath(root, parts[:-1])
     except OSError as exc:
         raise _os_error(path, exc) from None
-    with os.fdopen(fd, "wb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    name = parts[-1]
+    try:
+        return _replace(dfd, name, path, data)
+    finally:
+        os.close(dfd)
+
+
+def _replace(dfd: int, name: str, path: str, data: bytes) -> str:
+    try:
+        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    if old is not None:
+        if stat.S_ISDIR(old.st_mode):
+            raise ToolError(f"{path!r} is a directory; give a file path")
+        if stat.S_ISLNK(old.st_mode):  # resolve() saw no symlink here: one appeared since
+            raise ToolError(f"path {path!r} changed while it was being opened (a symlink "
+                            "appeared in it): refused")
+        if not stat.S_ISREG(old.st_mode):
             raise ToolError(f"{path!r} is not a regular file")
-        f.write(data)
-    verb = "replaced" if existed else "created"
-    return f"{verb} {path} ({len(data)} bytes)"
+    tmp = f".{name[:200]}.dsh-{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666, dir_fd=dfd)
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if old is not None:
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode) & 0o777)
+            f.write(data)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise _os_error(path, exc) from None
+        raise
+    if old is None:
+        return f"created {path} ({len(data)} bytes)"
+    linked = (f"; it had {old.st_nlink - 1} other hard link(s), which keep the old content"
+              if old.st_nlink > 1 else "")
+    return f"replaced {path} ({len(data)} bytes){linked}"
