@@ -331,29 +331,36 @@ def test_steer_from_another_thread_is_taken_at_the_next_step(make_app, plugin_mo
     assert roles == ["user", "assistant", "tool", "user", "assistant"]
 
 
-def test_steer_during_a_slow_response_runs_another_step(make_app) -> None:
-    app = make_app()
-    asked = threading.Event()
+def test_steer_during_a_slow_response_runs_another_step(make_app, plugin_module) -> None:
+    asked, steered = threading.Event(), threading.Event()
+
+    @hookimpl(wrapper=True)
+    def request(call):  # type: ignore[no-untyped-def]
+        if not asked.is_set():  # the first response is slow: it waits for the steering
+            asked.set()
+            assert steered.wait(10)
+        return (yield)
+
+    app = make_app(load=[plugin_module(request=request)])
     with app.session() as s:
-        scripted(s, {"text": "first", "delay": 1.0}, {"text": "second"})
-
-        def on_event(event: Any) -> None:
-            if event.type == "agent/request" and not asked.is_set():
-                asked.set()
-
+        scripted(s, {"text": "first"}, {"text": "second"})
         taken: list[bool] = []
 
         def steerer() -> None:
-            assert asked.wait(10)
+            assert asked.wait(10)  # the model is answering the first request
             taken.append(s.steer("and one more thing"))
+            steered.set()
 
         t = threading.Thread(target=steerer)
         t.start()
-        result = s.send("slow question", on_event=on_event)
+        result = s.send("slow question")
         t.join()
     assert taken == [True]
     assert (result.output, result.steps) == ("second", 2)
     events = app.store.read(result.session_id)
+    assert [e.type for e in events] == [
+        "turn/start", "step/start", "user/message", "assistant/message", "step/end",
+        "step/start", "user/message", "assistant/message", "step/end", "turn/end"]
     assert [e.text for e in events if e.type == "user/message"] == [  # type: ignore[attr-defined]
         "slow question", "and one more thing"]
 
