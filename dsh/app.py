@@ -23,6 +23,7 @@ import attrs
 from dsh.config import Config
 from dsh.config import config_from_dict
 from dsh.config import load_config
+from dsh.config import options_error
 from dsh.errors import Cancelled
 from dsh.errors import DshError
 from dsh.errors import PluginError
@@ -92,6 +93,10 @@ class Agent:
         self.model_id = model or acfg.model or cfg.model
         self.max_steps = max_steps if max_steps is not None else (
             acfg.max_steps if acfg.max_steps is not None else cfg.max_steps)
+        if options:
+            problem = options_error(options, "options")
+            if problem is not None:
+                raise UsageError(f"agent {name!r}: {problem}")
         self.options: dict[str, Any] = {**acfg.options, **(options or {})}
         self.info = AgentInfo(
             name=name, model=self.model_id, settings=attrs.asdict(acfg),
@@ -113,14 +118,17 @@ class Agent:
             self.pm = app.pm
         else:
             records = [r for r in app.plugins if r.name in set(chosen)]
-            self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins)
+            self.pm = make_plugin_manager(records, cfg.disable, cfg.strict_plugins, complete=True,
+                                          where=f"{cfg.source or 'config'}: agent {name!r}")
             configure(self.pm, app)
         allow = tools if tools is not None else acfg.tools
-        self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info, allow)
+        self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info)
         for child in acfg.subagents:
             sub_tool = subagent_tool(app, child)
-            if allow is None or sub_tool.name in allow:
-                self.tools[sub_tool.name] = sub_tool
+            self.tools[sub_tool.name] = sub_tool
+        if allow is not None:
+            check_tool_names(app, name, allow, self.tools, override=tools is not None)
+            self.tools = {k: v for k, v in self.tools.items() if k in allow}
         self.limits: Limits = cfg.limits.merged(acfg.limits)
         self.tool_specs: tuple[ToolSpec, ...] = tuple(t.spec for t in self.tools.values())
         self.system, self.prompt_parts = collect_prompt(
@@ -353,6 +361,27 @@ class Session:
         self.close()
 
 
+def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[str, Any],
+                     override: bool) -> None:
+    """Every name of a tool allow list names a tool: a typo would silently leave the agent
+    without it. Unchecked while a plugin of the agent failed to load (its tools are unknown;
+    that failure is reported on its own)."""
+    acfg = app.config.agent_config(agent)
+    if any(r.error and (acfg.plugins is None or r.name in acfg.plugins) for r in app.plugins):
+        return
+    for tool_name in allow:
+        if tool_name not in available:
+            from dsh.config import unknown_name
+
+            message = unknown_name("tool", tool_name, available, "available")
+            if override:
+                raise UsageError(f"agent {agent!r}: tools: {message}")
+            from dsh.errors import ConfigError
+
+            raise ConfigError(f"{app.config.source or 'config'}: key 'agents.{agent}.tools': "
+                              f"{message}")
+
+
 def configure(pm: Any, app: App) -> None:
     """Call the historic ``configure`` hook; a plugin raising is named with the hook."""
     try:
@@ -459,7 +488,8 @@ class App:
         """Installed plugins (imported once), with their load errors."""
         if self._plugins is None:
             cfg = self.config
-            self._plugins = discover(cfg.autoload, cfg.load, cfg.strict_plugins)
+            self._plugins = discover(cfg.autoload, cfg.load, cfg.strict_plugins,
+                                     cfg.disable, cfg.source or "config")
         return self._plugins
 
     @property
@@ -467,7 +497,8 @@ class App:
         """The app-wide plugin manager: built-ins plus every installed plugin."""
         if self._pm is None:
             cfg = self.config
-            self._pm = make_plugin_manager(self.plugins, cfg.disable, cfg.strict_plugins)
+            self._pm = make_plugin_manager(self.plugins, cfg.disable, cfg.strict_plugins,
+                                           complete=True, where=cfg.source or "config")
             configure(self._pm, self)
         return self._pm
 

@@ -7,8 +7,10 @@ a config file is actually read, so a run without one does not pay for it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections.abc import Iterable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,14 @@ from typing import Any
 import attrs
 
 from dsh.errors import ConfigError
+from dsh.runcontext import LIMIT_NAMES
 from dsh.runcontext import Limits
 
 FSYNC_CHOICES = ("event", "step", "never")
+#: Options (``[agents.X] options``, ``[models.ID] options``, ``-o``) nested deeper are refused.
+MAX_OPTION_DEPTH = 64
+#: Keys of ``[models.ID]`` that dsh itself reads (an adapter validates the others).
+MODEL_PRICE_KEYS = ("input", "output")
 
 
 @attrs.frozen(kw_only=True)
@@ -101,13 +108,11 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
     explicit = path is not None or bool(os.environ.get("DSH_CONFIG"))
     p = Path(path) if path is not None else default_config_path()
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_config_text(p)
     except FileNotFoundError:
         if explicit or required:
             raise ConfigError(f"{p}: config file not found") from None
         return Config()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read config file: {exc}") from None
     import tomllib
 
     try:
@@ -117,10 +122,40 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
     return config_from_dict(data, source=str(p), text=text)
 
 
+BOM = "\ufeff"
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config file, without the UTF-8 byte-order mark some editors write.
+
+    Raises :class:`FileNotFoundError` for a missing file and :class:`ConfigError` for any
+    other failure (a directory, no permission, bytes that are not UTF-8).
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path}:{line}: config file is not UTF-8 text (byte "
+                          f"0x{data[exc.start]:02x})") from None
+    return text[1:] if text.startswith(BOM) else text
+
+
 def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
                      text: str | None = None) -> Config:
-    """Validate a config mapping (from TOML or the API) into a :class:`Config`."""
+    """Validate a config mapping (from TOML or the API) into a :class:`Config`.
+
+    Every problem is a :class:`ConfigError` naming ``source``, the key as a dotted path (and
+    its line when ``text`` is given) and what was expected.
+    """
     where = source or "config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a table of settings, got {_toml_kind(data)}")
     if "source" in data:
         raise ConfigError(f"{where}: unknown key 'source'")
     _check_keys(data, Config, where, text, prefix="")
@@ -129,9 +164,9 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
         if isinstance(agent, Mapping):
             _check_keys(agent, AgentConfig, where, text, prefix=f"agents.{name}.")
             if isinstance(agent.get("limits"), Mapping):
-                _check_keys(agent["limits"], Limits, where, text, f"agents.{name}.limits.")
+                _check_limits(agent["limits"], where, text, f"agents.{name}.limits.")
     if isinstance(data.get("limits"), Mapping):
-        _check_keys(data["limits"], Limits, where, text, prefix="limits.")
+        _check_limits(data["limits"], where, text, prefix="limits.")
     conv = _converter()
     import cattrs
 
@@ -143,13 +178,152 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
         raise ConfigError(f"{where}{msgs[0][0]}: " + "; ".join(m for _, m in msgs)) from None
     if cfg.fsync not in FSYNC_CHOICES:
         raise ConfigError(
-            f"{where}{_line_of(text, 'fsync')}: fsync must be one of "
-            f"{', '.join(FSYNC_CHOICES)}, not {cfg.fsync!r}"
+            f"{where}{_line_of(text, 'fsync')}: key 'fsync': expected one of "
+            f"{', '.join(map(repr, FSYNC_CHOICES))}, got {_toml_kind(cfg.fsync)}"
         )
-    for name, value in (("max_steps", cfg.max_steps), ("max_continuations", cfg.max_continuations)):
-        if value < 0:
-            raise ConfigError(f"{where}{_line_of(text, name)}: {name} must be ≥ 0")
+    counts = [("max_steps", cfg.max_steps), ("max_continuations", cfg.max_continuations)]
+    counts += [(f"agents.{n}.max_steps", a.max_steps) for n, a in cfg.agents.items()]
+    for key, value in counts:
+        if value is not None and value < 0:
+            raise ConfigError(f"{where}{_line_of(text, key.rpartition('.')[2])}: key {key!r}: "
+                              f"expected an integer ≥ 0, got integer {value}")
+    for name, agent in cfg.agents.items():
+        _check_options(agent.options, where, text, f"agents.{name}.options")
+    for model_id, settings in cfg.models.items():
+        _check_model(settings, where, text, f"models.{_dotted(model_id)}")
     return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Rules shared with the command line (one function each, so config and CLI cannot disagree)
+# --------------------------------------------------------------------------------------------
+
+
+def did_you_mean(name: str, known: Iterable[str], label: str = "known") -> str:
+    """``"; did you mean 'x'?"`` when a known name is close to ``name``, else
+    ``" (known: a, b, c)"`` (``label`` names the list)."""
+    known = list(known)
+    import difflib  # only on an error: it costs a millisecond at start-up
+
+    near = difflib.get_close_matches(name, known, n=1)
+    if near:
+        return f"; did you mean {near[0]!r}?"
+    return f" ({label}: {', '.join(known) or 'none'})"
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str], label: str = "known") -> str:
+    """``"unknown tool 'x'; did you mean 'y'?"``: the message for a name nothing defines."""
+    return f"unknown {kind} {name!r}{did_you_mean(name, known, label)}"
+
+
+def check_limit(name: str, value: Any) -> int | float:
+    """The value of budget limit ``name`` if it is valid, else :class:`ValueError` saying
+    what was expected. The one rule for ``[limits]``, ``[agents.X.limits]`` and ``-L``:
+    counts are positive integers (a boolean is not one), ``cost`` and ``seconds`` positive
+    finite numbers."""
+    if name not in LIMIT_NAMES:
+        raise ValueError(unknown_name("limit", name, LIMIT_NAMES, "one of"))
+    integer = "float" not in str(attrs.fields_dict(Limits)[name].type)
+    expected = "a positive integer" if integer else "a positive number"
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"expected {expected}, got {_toml_kind(value)}")
+    number: int | float = value
+    return number
+
+
+def json_problem(value: Any) -> tuple[str, str] | None:
+    """``(path, problem)`` of the first part of ``value`` that JSON cannot carry — a TOML
+    date or time, NaN or infinity, a non-string key, another object — or ``None`` when it is
+    JSON-compatible. ``path`` is dotted from ``value`` (``""`` for itself)."""
+    stack: list[tuple[str, Any, int]] = [("", value, 0)]
+    while stack:
+        path, v, depth = stack.pop()
+        if v is None or isinstance(v, str | bool | int):
+            continue
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return path, f"got float {v!r} (JSON has no NaN or infinity)"
+            continue
+        if depth >= MAX_OPTION_DEPTH:
+            return path, f"nested more than {MAX_OPTION_DEPTH} levels deep"
+        if isinstance(v, Mapping):
+            for k, item in reversed(list(v.items())):
+                if not isinstance(k, str):
+                    return path, f"has a key that is not a string: {k!r}"
+                stack.append((f"{path}.{_dotted(k)}" if path else _dotted(k), item, depth + 1))
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in reversed(
+                list(enumerate(v))))
+        else:
+            return path, f"got {_toml_kind(v)}"
+    return None
+
+
+def options_error(options: Any, key: str) -> str | None:
+    """``"'KEY.PATH': option values must be JSON-compatible …"`` for the first option value
+    JSON cannot carry (``key`` names the table: ``agents.coder.options``, ``-o``), or
+    ``None`` when every value is fine."""
+    problem = json_problem(options)
+    if problem is None:
+        return None
+    path, what = problem
+    where = f"{key}.{path}" if path and not path.startswith("[") else key + path
+    return (f"{where!r}: option values must be JSON-compatible (a string, number, boolean, "
+            f"array or table), {what}")
+
+
+def _check_limits(table: Mapping[str, Any], where: str, text: str | None, prefix: str) -> None:
+    _check_keys(table, Limits, where, text, prefix)
+    for key, value in table.items():
+        if value is None:  # from the API: unset
+            continue
+        try:
+            check_limit(key, value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}{_line_of(text, key)}: key {prefix + key!r}: "
+                              f"{exc}") from None
+
+
+def _check_options(options: Any, where: str, text: str | None, key: str) -> None:
+    problem = json_problem(options)
+    if problem is not None:
+        leaf = re.split(r"[.\[]", problem[0])[-1].strip('"') if problem[0] else "options"
+        raise ConfigError(f"{where}{_line_of(text, leaf)}: key {options_error(options, key)}")
+
+
+def _check_model(settings: Mapping[str, Any], where: str, text: str | None, key: str) -> None:
+    """The ``[models.ID]`` keys dsh reads itself; an adapter checks the rest."""
+    for name in ("adapter", "model"):
+        value = settings.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}{_line_of(text, name)}: key '{key}.{name}': expected a "
+                              f"string, got {_toml_kind(value)}")
+    if "options" in settings:
+        if not isinstance(settings["options"], Mapping):
+            raise ConfigError(f"{where}{_line_of(text, 'options')}: key '{key}.options': "
+                              f"expected a table, got {_toml_kind(settings['options'])}")
+        _check_options(settings["options"], where, text, f"{key}.options")
+    price = settings.get("price")
+    if price is None:
+        return
+    if not isinstance(price, Mapping):
+        raise ConfigError(f"{where}{_line_of(text, 'price')}: key '{key}.price': expected a "
+                          f"table such as {{input = 0.15, output = 0.6}}, got {_toml_kind(price)}")
+    for name, value in price.items():
+        if name not in MODEL_PRICE_KEYS:
+            raise ConfigError(f"{where}{_line_of(text, 'price')}: key '{key}.price': "
+                              + unknown_name("key", str(name), MODEL_PRICE_KEYS, "valid keys"))
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{where}{_line_of(text, 'price')}: key '{key}.price.{name}': "
+                              f"expected a number ≥ 0 (per million tokens), got "
+                              f"{_toml_kind(value)}")
+
+
+def _dotted(key: str) -> str:
+    """``key`` as one segment of a dotted TOML key (quoted unless it is a bare key)."""
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f'"{key}"'
 
 
 def _tidy(msg: str, text: str | None) -> tuple[str, str]:
@@ -175,16 +349,38 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
 
 
 def _toml_kind(value: Any) -> str:
-    kinds = ((bool, "boolean"), (int, "integer"), (float, "float"), (str, "string"),
-             (list, "array"), (dict, "table"))
-    kind = next((name for t, name in kinds if isinstance(value, t)), type(value).__name__)
-    return f"{kind} {value!r}" if kind not in ("array", "table") else kind
+    """``string 'x'``, ``boolean true``, ``date 1979-05-27``, ``array``: a value as TOML
+    would name it."""
+    import datetime
+
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, datetime.datetime):
+        return f"date-time {value.isoformat()}"
+    if isinstance(value, datetime.date):
+        return f"date {value.isoformat()}"
+    if isinstance(value, datetime.time):
+        return f"time {value.isoformat()}"
+    if value is None:
+        return "nothing (None)"
+    kinds = ((int, "integer"), (float, "float"), (str, "string"),
+             (list | tuple, "array"), (Mapping, "table"))
+    kind = next((name for t, name in kinds if isinstance(value, t)), None)
+    if kind is None:
+        return f"a Python {type(value).__name__}"
+    if kind in ("array", "table"):
+        return f"an {kind}" if kind == "array" else f"a {kind}"
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None,
                 prefix: str) -> None:
     valid = [f.name for f in attrs.fields(cls) if f.name != "source"]
     for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: key {key!r} in {prefix.rstrip('.') or 'the top level'}:"
+                              " keys must be strings")
         if key not in valid:
             import difflib  # only on an error: it costs a millisecond at start-up
 
@@ -242,10 +438,32 @@ def _make_converter() -> Any:
         if not isinstance(value, list):
             raise _WrongType(f"expected an array, got {_toml_kind(value)}")
         (item,) = typing.get_args(tp) or (Any,)
-        return [conv.structure(v, item) for v in value]
+        out = []
+        for i, v in enumerate(value):
+            try:
+                out.append(conv.structure(v, item))
+            except _WrongType as exc:
+                raise _WrongType(f"item {i + 1}: {exc}") from None
+        return out
 
     def is_list(tp: Any) -> bool:
         return typing.get_origin(tp) is list
 
     conv.register_structure_hook_func(is_list, structure_list)
+
+    def table_hook(cls: type) -> Any:
+        """An attrs class (``[agents.X]``, ``[limits]``) is structured from a table only."""
+        from cattrs.gen import make_dict_structure_fn
+
+        inner: Any = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
+
+        def hook(value: Any, tp: Any) -> Any:
+            if not isinstance(value, Mapping):
+                raise _WrongType(f"expected a table, got {_toml_kind(value)}")
+            return inner(value, tp)
+
+        return hook
+
+    conv.register_structure_hook_factory(attrs.has, table_hook)
+
     return conv

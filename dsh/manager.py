@@ -56,6 +56,8 @@ class PluginRecord:
     error: str | None = None
     distribution: Any = attrs.field(default=None, repr=False)
     _meta: tuple[str, str] | None = attrs.field(default=None, repr=False)
+    #: Warnings already issued about this plugin (each is issued once per app).
+    warned: set[str] = attrs.field(factory=set, repr=False, eq=False)
 
     def _read_meta(self) -> tuple[str, str]:
         if self._meta is None:
@@ -162,6 +164,7 @@ def _read_name_version(path: str) -> tuple[str, str]:
 
 
 def _allowlist() -> set[str] | None:
+    """``$DSH_LOAD_PLUGINS`` as a set of entry-point names, or ``None`` when it is unset."""
     raw = os.environ.get("DSH_LOAD_PLUGINS")
     if raw is None:
         return None
@@ -169,14 +172,24 @@ def _allowlist() -> set[str] | None:
 
 
 def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = False,
-             ) -> list[PluginRecord]:
+             disable: Iterable[str] = (), where: str = "config") -> list[PluginRecord]:
     """Import installed plugins (entry points, unless ``autoload`` is false or the
-    ``DSH_LOAD_PLUGINS`` allow list excludes them) and the ``load`` modules."""
+    ``DSH_LOAD_PLUGINS`` allow list excludes them) and the ``load`` modules.
+
+    A name in ``DSH_LOAD_PLUGINS`` that is no installed plugin, or in ``disable`` that is no
+    built-in, installed or ``load`` plugin, is a :class:`ConfigError` (a typo would otherwise
+    load or block nothing without a word); ``where`` names the config in that message.
+    """
     records: list[PluginRecord] = []
     allow = _allowlist()
+    load = list(load)
+    disable = list(disable)
+    unsure = [n for n in disable if n not in BUILTIN_PLUGINS and n not in load]
+    installed = entry_points(ENTRY_POINT_GROUP) if autoload or allow or unsure else []
+    _check_names(allow, unsure, [name for name, _, _ in installed], load, where)
     if autoload:
         seen: set[str] = set()
-        for name, value, dist in entry_points(ENTRY_POINT_GROUP):
+        for name, value, dist in installed:
             if name in seen or (allow is not None and name not in allow):
                 continue
             seen.add(name)
@@ -201,6 +214,22 @@ def discover(autoload: bool = True, load: Iterable[str] = (), strict: bool = Fal
                                   plugin=dotted) from exc
         records.append(rec)
     return records
+
+
+def _check_names(allow: set[str] | None, disable: list[str], installed: list[str],
+                 load: list[str], where: str) -> None:
+    """Every name in ``DSH_LOAD_PLUGINS`` is installed; every name in ``disable`` is known."""
+    from dsh.config import unknown_name
+
+    for name in sorted(allow or ()):
+        if name not in installed:
+            raise ConfigError("DSH_LOAD_PLUGINS: "
+                              + unknown_name("plugin", name, sorted(set(installed)), "installed"))
+    known = [*BUILTIN_PLUGINS, *sorted(set(installed)), *load]
+    for name in disable:
+        if name not in known:
+            raise ConfigError(f"{where}: key 'disable': "
+                              + unknown_name("plugin", name, known, "built-in and installed"))
 
 
 class BuiltinHooks:
@@ -244,16 +273,31 @@ def _builtin_object(name: str, pm: pluggy.PluginManager) -> Any:
     return hooks
 
 
+#: Hooks every run calls for one answer (``firstresult``), with no meaning for "nobody
+#: answered": after assembly each must have an implementation, else the configuration is wrong
+#: (say ``disable = ["dsh.loop"]`` with no replacement). Wrappers do not count.
+ESSENTIAL_HOOKS: tuple[str, ...] = ("agent_plugins", "session_store", "run_turn", "request",
+                                    "execute")
+
+
 def make_plugin_manager(
     plugins: Iterable[PluginRecord] = (),
     disable: Iterable[str] = (),
     strict: bool = False,
+    *,
+    complete: bool = False,
+    where: str = "config",
 ) -> pluggy.PluginManager:
     """A manager with every hookspec, the built-ins and ``plugins`` (already imported).
 
     Order: hookspecs → blocks → built-ins → plugins → ``check_pending``. A plugin whose
-    registration fails gets ``error`` set on its record (or raises, when ``strict``).
+    registration fails gets ``error`` set on its record (or raises, when ``strict``). A hook
+    implementation whose name matches no hook is a :class:`~dsh.errors.PluginWarning` (once
+    per plugin record), or an error when ``strict``. With ``complete`` (an assembled app or
+    agent), each of :data:`ESSENTIAL_HOOKS` must have an implementation: a
+    :class:`ConfigError` naming ``where`` and the blocked plugin otherwise.
     """
+    disable = list(disable)
     pm = pluggy.PluginManager("dsh")
     pm.add_hookspecs(hookspecs)
     for name in disable:
@@ -263,12 +307,16 @@ def make_plugin_manager(
     for name in BUILTIN_PLUGINS:
         if not pm.is_blocked(name):
             pm.register(_builtin_object(name, pm), name=name)
+    notes: list[str] = []
     for rec in plugins:
         if rec.obj is None or pm.is_blocked(rec.name):
             continue
         try:
             pm.register(rec.obj, name=rec.name)
-            _check_pending(pm, rec.name)
+            for message in _check_pending(pm, rec, strict):
+                if message not in rec.warned:
+                    rec.warned.add(message)
+                    notes.append(message)
         except Exception as exc:
             if pm.get_plugin(rec.name) is not None:
                 pm.unregister(name=rec.name)
@@ -277,27 +325,65 @@ def make_plugin_manager(
             if strict:
                 raise PluginError(f"plugin {rec.label} failed to register: {rec.error}",
                                   plugin=rec.name) from exc
+    if complete:
+        _check_essential(pm, disable, where)
     if os.environ.get("DSH_TRACE_HOOKS"):
         pm.trace.root.setwriter(sys.stderr.write)
         pm.enable_tracing()
+    if notes:
+        import warnings
+
+        from dsh.errors import PluginWarning
+
+        for message in notes:  # after registration: a filter may turn a warning into an error
+            warnings.warn(message, PluginWarning, stacklevel=2)
     return pm
 
 
-def _check_pending(pm: pluggy.PluginManager, name: str) -> None:
-    """Fail for a hook implementation of plugin ``name`` that matches no hookspec (a typo)."""
+def _check_pending(pm: pluggy.PluginManager, rec: PluginRecord, strict: bool) -> list[str]:
+    """Warnings for the hook implementations of plugin ``rec`` that match no hookspec (a
+    typo: pluggy would never call them); with ``strict``, the first is a PluginError. An
+    implementation marked ``optionalhook=True`` is left alone, as pluggy does."""
     callers = dict(vars(pm.hook))
+    known = sorted(h for h, c in callers.items() if c.spec is not None)
+    messages = []
     for hook_name, caller in callers.items():
         if caller.spec is not None:
             continue
         for impl in caller.get_hookimpls():
-            if impl.plugin_name == name and not impl.optionalhook:
-                known = [h for h, c in callers.items() if c.spec is not None]
+            if impl.plugin_name == rec.name and not impl.optionalhook:
                 import difflib
 
                 near = difflib.get_close_matches(hook_name, known, n=1)
                 hint = f"; did you mean {near[0]!r}?" if near else ""
-                raise PluginError(f"implements unknown hook {hook_name!r}{hint}",
-                                  plugin=name, hook=hook_name)
+                if strict:
+                    raise PluginError(f"implements unknown hook {hook_name!r}{hint}",
+                                      plugin=rec.name, hook=hook_name)
+                messages.append(f"plugin {rec.label}: {hook_name!r} is not a dsh hook, so this "
+                                f"implementation is never called{hint}")
+    return messages
+
+
+def _check_essential(pm: pluggy.PluginManager, disable: list[str], where: str) -> None:
+    for hook in ESSENTIAL_HOOKS:
+        impls = getattr(pm.hook, hook).get_hookimpls()
+        if any(not (i.hookwrapper or i.wrapper) for i in impls):
+            continue
+        blocked = [n for n in disable if n in BUILTIN_PLUGINS and _builtin_implements(n, hook)]
+        why = (f"{' and '.join(repr(b) for b in blocked)} is disabled (key 'disable') and no "
+               "plugin here replaces it" if blocked else "no plugin provides it")
+        raise ConfigError(f"{where}: no plugin implements the hook {hook!r}, which every run "
+                          f"needs: {why}")
+
+
+def _builtin_implements(name: str, hook: str) -> bool:
+    """Whether built-in ``name`` has a non-wrapper implementation of ``hook``."""
+    module_name, _, attr = name.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    if attr:
+        obj = getattr(obj, attr)
+    opts = getattr(getattr(obj, hook, None), "dsh_impl", None)
+    return bool(opts is not None and not (opts.get("wrapper") or opts.get("hookwrapper")))
 
 
 def call_impl(impl: Any, hook: str, **kwargs: Any) -> Any:

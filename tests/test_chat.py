@@ -1,0 +1,293 @@
+"""``dsh chat`` (issue 15): under a real pseudo-terminal (pexpect), and in pipelines.
+
+Scripted models and a slow tool loaded from a module on PYTHONPATH; every check of what
+happened reads the session's ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+pexpect = pytest.importorskip("pexpect", reason="pexpect is in the test extra: pip install -e '.[test]'")
+
+SLOW_TOOL = textwrap.dedent('''
+    import time
+    from dsh.hookspecs import hookimpl
+
+    @hookimpl
+    def register_tools(register):
+        def slow(seconds: float) -> str:
+            """Wait a while.
+
+            :param seconds: how long
+            """
+            time.sleep(seconds)
+            return f"waited {seconds}"
+        register(slow)
+
+    @hookimpl
+    def register_chat_commands(register):
+        register("shout", lambda chat, arg: arg.upper() + "!", help="shout it")
+''')
+
+
+class Env:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        (tmp_path / "slowtool.py").write_text(SLOW_TOOL)
+        self.sessions = tmp_path / "sessions"
+        self.home = tmp_path / "home"
+        self.config = tmp_path / "config.toml"
+        self.env = {**os.environ, "DSH_CONFIG": str(self.config), "PYTHONPATH": str(tmp_path),
+                    "DSH_HOME": str(self.home), "NO_COLOR": "1"}
+
+    def configure(self, *responses: dict[str, Any], **extra: Any) -> None:
+        script = self.tmp / f"script{len(list(self.tmp.glob('script*')))}.json"
+        script.write_text(json.dumps({"responses": list(responses)}))
+        self.config.write_text(tomli_w.dumps({
+            "model": f"scripted:{script}", "autoload": False, "load": ["slowtool"],
+            "sessions_dir": str(self.sessions), **extra}))
+
+    def spawn(self, *args: str) -> Any:
+        child = pexpect.spawn(sys.executable, ["-m", "dsh", "chat", *args], env=self.env,
+                              encoding="utf-8", timeout=20, dimensions=(40, 200))
+        child.expect("› ")
+        return child
+
+    def run(self, *args: str, input: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dsh", *args], env=self.env, input=input,
+                              capture_output=True, text=True, timeout=60)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        (path,) = [p for p in self.sessions.glob("*.jsonl")
+                   if '"parent"' not in p.read_text().split("\n")[0] or True][:1]
+        return [json.loads(x) for x in path.read_text().splitlines()]
+
+    def session_ids(self) -> list[str]:
+        return sorted(p.stem for p in self.sessions.glob("*.jsonl"))
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+def _kinds(lines: list[dict[str, Any]]) -> list[str]:
+    return [d["type"] + (f":{d.get('text') or d.get('output') or ''}"
+                         if d["type"] in ("user/message", "tool/result") else "")
+            for d in lines]
+
+
+# -- under a terminal ------------------------------------------------------------------------
+
+
+def test_typing_while_a_tool_runs_steers_the_same_turn(env: Env) -> None:
+    env.configure({"text": "hello there"},
+                  {"tool_calls": [{"name": "slow", "arguments": {"seconds": 2.5}}]},
+                  {"text": "after steering"})
+    child = env.spawn()
+    child.sendline("hi")
+    child.expect("hello there")
+    child.expect("› ")
+    child.sendline("wait please")
+    time.sleep(0.8)  # the tool is running now
+    child.sendline("change of plan")
+    child.expect("queued: the agent takes it after the current step")
+    child.expect("after steering")
+    child.expect("› ")
+    child.sendeof()
+    child.expect("session ")
+    child.expect(pexpect.EOF)
+    kinds = _kinds(env.ledger())
+    second = kinds[kinds.index("user/message:wait please"):]
+    assert second[:8] == ["user/message:wait please", "assistant/message", "tool/call",
+                          "tool/result:waited 2.5", "step/end", "step/start",
+                          "user/message:change of plan", "assistant/message"]
+    assert kinds.count("turn/start") == 2  # the steering message did not start a turn
+
+
+def test_a_follow_up_waits_for_the_end_of_the_turn(env: Env) -> None:
+    env.configure({"tool_calls": [{"name": "slow", "arguments": {"seconds": 2}}]},
+                  {"text": "first done"}, {"text": "follow-up answered"})
+    child = env.spawn()
+    child.sendline("go")
+    time.sleep(0.6)
+    child.sendline("> and then this")
+    child.expect("queued for after this turn")
+    child.expect("first done")
+    child.expect("follow-up answered")
+    child.expect("› ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    lines = env.ledger()
+    turns = [d for d in lines if d["type"] == "turn/start"]
+    assert len(turns) == 2
+    msgs = [d["text"] for d in lines if d["type"] == "user/message"]
+    assert msgs == ["go", "and then this"]
+
+
+def test_ctrl_c_once_stops_after_the_step_twice_aborts(env: Env) -> None:
+    env.configure({"tool_calls": [{"name": "slow", "arguments": {"seconds": 2}}]},
+                  {"tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]},
+                  {"text": "still alive"})
+    child = env.spawn()
+    child.sendline("one")
+    time.sleep(0.6)
+    child.sendintr()
+    child.expect("stopping after the current step")
+    child.expect("› ")
+    child.sendline("two")
+    time.sleep(0.6)
+    child.sendintr()
+    time.sleep(0.2)
+    child.sendintr()
+    child.expect("aborted")
+    child.expect("› ")
+    child.sendline("three")
+    child.expect("still alive")
+    child.expect("› ")
+    child.sendintr()  # at the prompt: clears the line, stays
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    ends = [d["outcome"] for d in env.ledger() if d["type"] == "turn/end"]
+    assert ends == ["stopped", "aborted", "completed"]
+
+
+def test_commands_inject_model_session_and_a_plugins_command(env: Env) -> None:
+    env.configure({"text": "a1"}, {"text": "a2"})
+    child = env.spawn()
+    child.sendline("/shout hey")
+    child.expect("HEY!")
+    child.sendline("/inject the sky is green")
+    child.expect("context queued")
+    child.sendline("/model echo")
+    child.expect("model: echo")
+    child.sendline("what colour")
+    child.expect("\r\nwhat colour\r\n")  # echo answers with the message
+    child.expect("› ")
+    child.sendline("/session")
+    child.expect(r"session (\d\S+)")
+    sid = child.match.group(1).strip()
+    child.sendline("/nope")
+    child.expect("unknown command '/nope'")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    lines = env.ledger()
+    assert sid in env.session_ids()
+    starts = [d for d in lines if d["type"] == "turn/start"]
+    assert starts[0]["model"] == "echo"  # recorded on the turn's start
+    kinds = _kinds(lines)
+    assert kinds.index("user/message:what colour") > kinds.index("context/injected")
+    injected = next(d for d in lines if d["type"] == "context/injected")
+    assert injected["text"] == "the sky is green" and injected["source"] == "chat"
+
+
+def test_multi_line_input_and_history_file_is_private(env: Env) -> None:
+    env.configure({"text": "ok"}, {"text": "ok2"})
+    child = env.spawn()
+    child.sendline("line one \\")
+    child.expect("… ")
+    child.sendline("line two")
+    child.expect("ok")
+    child.expect("› ")
+    child.sendline('"""')
+    child.sendline("block a")
+    child.sendline("block b")
+    child.sendline('"""')
+    child.expect("ok2")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    msgs = [d["text"] for d in env.ledger() if d["type"] == "user/message"]
+    assert msgs == ["line one \nline two", "block a\nblock b"]
+    history = env.home / "chat_history"
+    assert history.exists()
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+
+
+def test_continue_a_chat_with_dsh_run_and_the_other_way_round(env: Env) -> None:
+    env.configure({"text": "from chat"}, {"text": "from run"}, {"text": "chat again"})
+    child = env.spawn()
+    child.sendline("hello")
+    child.expect("from chat")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    done = env.run("run", "-c", "and now")
+    assert done.returncode == 0 and done.stdout == "from run\n"
+    child = env.spawn("-c")
+    child.sendline("back")
+    child.expect("chat again")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    assert len(env.session_ids()) == 1
+    ends = [d for d in env.ledger() if d["type"] == "turn/end"]
+    assert len(ends) == 3
+
+
+# -- without a terminal ----------------------------------------------------------------------
+
+
+def test_piped_chat_answers_one_message_per_line(env: Env) -> None:
+    env.configure({"text": "one"}, {"text": "two"})
+    done = env.run("chat", input="first\n\n/session\nsecond\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[0] == "one" and out[1].startswith("session ") and out[-1] == "two"
+    assert "continue it with" in done.stderr
+    msgs = [d["text"] for d in env.ledger() if d["type"] == "user/message"]
+    assert msgs == ["first", "second"]
+
+
+def test_piped_chat_reports_a_failed_turn_in_its_exit_code(env: Env) -> None:
+    env.configure({"text": "fine"}, {"error": "model exploded", "status": 500})
+    done = env.run("chat", input="a\nb\n")
+    assert done.returncode == 1
+    assert "model exploded" in done.stderr
+    assert done.stdout == "fine\n"
+
+
+def test_chat_help_lists_every_command(env: Env) -> None:
+    env.configure({"text": "x"})
+    done = env.run("chat", input="/help\n")
+    assert done.returncode == 0
+    for name in ("help", "tools", "model", "system", "session", "inject", "stop", "exit",
+                 "shout"):
+        assert f"/{name}" in done.stdout
+
+
+def test_the_approval_question_is_answered_at_the_chat_prompt(env: Env) -> None:
+    """dsh-shell asks on the terminal in the middle of a turn; the chat's reader of typed
+    lines steps aside, so the answer goes to the question, not into the session."""
+    pytest.importorskip("dsh_shell", reason="dsh-shell is installed by .ci/run")
+    work = env.tmp / "work"
+    work.mkdir()
+    env.configure(
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch approved"}}]},
+        {"text": "made it"},
+        load=["slowtool", "dsh_shell"],
+        plugins={"shell": {"workspace": str(work), "allow": ["ls"]}})
+    child = env.spawn()
+    child.sendline("make the file")
+    child.expect(r"run `touch approved` in .*\? \[y/N\] ")
+    child.sendline("y")
+    child.expect("made it")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    assert (work / "approved").exists()
+    kinds = _kinds(env.ledger())
+    assert "user/message:y" not in kinds  # the answer did not become a message
