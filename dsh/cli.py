@@ -101,7 +101,7 @@ class Failure(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # per instance, not per class
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"dsh: error: {self.message}", err=True)
+        warn(f"error: {self.message}")
 
 
 class DshGroup(click.Group):
@@ -127,26 +127,10 @@ class DshGroup(click.Group):
         return names
 
     def invoke(self, ctx: click.Context) -> Any:
-        import warnings
-
         from dsh.errors import DshError
-        from dsh.errors import DshWarning
 
         try:
-            with warnings.catch_warnings():
-                # dsh's own warnings (a plugin's misspelt hook): one `dsh: warning:` line each
-                warnings.simplefilter("always", DshWarning)
-                show = warnings.showwarning
-
-                def show_warning(message: Warning | str, category: type[Warning],
-                                 *args: Any, **kwargs: Any) -> None:
-                    if issubclass(category, DshWarning):
-                        warn(f"warning: {message}")
-                    else:
-                        show(message, category, *args, **kwargs)
-
-                warnings.showwarning = show_warning
-                return super().invoke(ctx)
+            return super().invoke(ctx)
         except DshError as exc:
             raise Failure(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
@@ -159,7 +143,17 @@ class DshGroup(click.Group):
 
 
 def warn(message: str) -> None:
-    click.echo(f"dsh: {message}", err=True)
+    """``dsh: MESSAGE`` on stderr; on a terminal, controls in it (from a model, a tool, a
+    ledger) are made visible. A terminal that hung up (SIGHUP) is not an error here."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        from dsh.render import escape_controls
+
+        message = escape_controls(message)
+    try:
+        click.echo(f"dsh: {message}", err=True)
+    except OSError:
+        pass
+
 
 
 @click.group(cls=DshGroup)
@@ -199,53 +193,44 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def parse_limits(pairs: tuple[str, ...]) -> Any:
-    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None). Values
-    follow the same rule as ``[limits]`` in the config (:func:`dsh.config.check_limit`)."""
+    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None)."""
     if not pairs:
         return None
-    from dsh.config import check_limit
-    from dsh.config_edit import parse_value
-    from dsh.errors import UsageError
+    import difflib
+
+    from dsh.runcontext import LIMIT_NAMES
     from dsh.runcontext import Limits
 
     values: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = (part.strip() for part in pair.partition("="))
-        if not sep:
-            raise UsageError(f"--limit: expected KEY=VALUE, got {pair!r}")
-        value = parse_value(raw)
-        if isinstance(value, str):  # not TOML (".5"), or a word
-            try:
-                value = float(raw)
-            except ValueError:
-                pass
+        if key not in LIMIT_NAMES:
+            near = difflib.get_close_matches(key, LIMIT_NAMES, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f" (one of {', '.join(LIMIT_NAMES)})"
+            raise click.BadParameter(f"unknown limit {key!r}{hint}", param_hint="'--limit'")
         try:
-            values[key] = check_limit(key, value)
-        except ValueError as exc:
-            raise UsageError(f"--limit {key}: {exc}" if str(exc).startswith("expected") else
-                             f"--limit: {exc}") from None
+            number = float(raw) if key in ("cost", "seconds") else int(raw)
+        except ValueError:
+            raise click.BadParameter(f"{key}: expected a number, got {raw!r}",
+                                     param_hint="'--limit'") from None
+        if not sep or number <= 0:
+            raise click.BadParameter(f"{key}: expected a positive number",
+                                     param_hint="'--limit'")
+        values[key] = number
     return Limits(**values)
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``-o temperature=0.2`` → ``{"temperature": 0.2}``: each value parsed as TOML when it is
-    one. A value JSON cannot carry (a TOML date) is refused here, before any session exists."""
     if not pairs:
         return {}
-    from dsh.config import options_error
     from dsh.config_edit import parse_value
-    from dsh.errors import UsageError
 
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"-o: expected KEY=VALUE, got {pair!r}")
-        value = parse_value(raw)
-        problem = options_error(value, key.strip())
-        if problem:
-            raise UsageError(f"-o {problem} (quote it to pass text: -o '{key.strip()}=\"…\"')")
-        out[key.strip()] = value
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'-o'")
+        out[key.strip()] = parse_value(raw)
     return out
 
 
@@ -311,12 +296,12 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         app = state.app
         if allow:
             known = app.agent(agent, **overrides).tools
-            for name in allow:
-                if name not in known:
-                    from dsh.config import unknown_name
-                    from dsh.errors import UsageError
+            unknown = [t for t in allow if t not in known]
+            if unknown:
+                from dsh.errors import UsageError
 
-                    raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
+                raise UsageError(f"unknown tool(s) {', '.join(unknown)} (available: "
+                                 f"{', '.join(known) or 'none'})")
             overrides["tools"] = allow
         assembled = app.agent(agent, **overrides)
         resume = None
@@ -332,9 +317,10 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise
     with session:
         code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget)
-    if output.interrupts >= 2:
-        # Aborted: the ledger is closed and consistent. Tools still running in worker
-        # threads would be joined at interpreter exit; the user asked to stop *now*.
+    if output.interrupts >= 2 or output.terminated:
+        # Aborted (second Ctrl-C, SIGTERM, SIGHUP): the ledger is closed and consistent.
+        # Tools still running in worker threads would be joined at interpreter exit; the
+        # user asked to stop *now*.
         for out in (sys.stdout, sys.stderr):
             try:
                 out.flush()
@@ -354,7 +340,13 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     if output.out.closed:
         return 0  # the reader has what it wanted: end quietly
     code = EXIT_CODES.get(result.outcome, 1)
-    if result.outcome == "error":
+    if output.terminated:
+        import signal
+
+        code = 128 + output.terminated  # errors.EXIT_SIGTERM, errors.EXIT_SIGHUP
+        warn(f"terminated by {signal.Signals(output.terminated).name} ({result.outcome}); "
+             f"session {session.id}")
+    elif result.outcome == "error":
         code = getattr(result.error, "exit_code", 1)
         warn(f"error: {result.reason}")
     elif output.timed_out:
@@ -442,7 +434,7 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
     from dsh.render import sessions_table
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
-    click.echo(sessions_table(found, width))
+    click.echo(sessions_table(found, width, terminal=sys.stdout.isatty()))
 
 
 @sessions.command("show")
@@ -457,7 +449,8 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     store = state.app.store
     color = use_color(sys.stdout)
     events = store.read(resolve_session(state.app, session_id))
-    click.echo(trajectory(events, color=color, full=full, children=store.read), nl=False,
+    click.echo(trajectory(events, color=color, full=full, children=store.read,
+                          terminal=sys.stdout.isatty()), nl=False,
                color=color)
 
 
@@ -481,6 +474,11 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
 
         text = markdown(sid, events)
     if output is None:
+        if sys.stdout.isatty():  # a pipe gets the bytes; a terminal sees controls escaped
+            from dsh.render import escape_controls
+            from dsh.render import escape_json_controls
+
+            text = escape_json_controls(text) if fmt == "jsonl" else escape_controls(text)
         click.echo(text, nl=False)
     else:
         output.write_text(text, encoding="utf-8")
@@ -615,7 +613,7 @@ def config_init(state: State, force: bool) -> None:
     warn(f"wrote {init_config(state.config_file(), force=force)}")
 
 
-@config.command("set", context_settings={"ignore_unknown_options": True})
+@config.command("set")
 @click.argument("key")
 @click.argument("value")
 @pass_state
@@ -623,7 +621,6 @@ def config_set(state: State, key: str, value: str) -> None:
     """Set KEY (dotted: agents.coder.model) to VALUE (a TOML value, else a string).
 
     The whole file is validated before it is written; other keys are kept, comments are not.
-    A symbolic link is written through; VALUE may start with "-" (-1).
     """
     from dsh.config_edit import set_value
 

@@ -9,12 +9,15 @@ writes a commented starter file as text.
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from dsh.config import BOM
 from dsh.config import Config
 from dsh.config import config_from_dict
+from dsh.config import read_config_text
 from dsh.errors import ConfigError
 from dsh.errors import UsageError
 
@@ -65,46 +68,62 @@ def init_config(path: Path, *, force: bool = False) -> Path:
     return path
 
 
+_SENTINEL = "dsh-config-set-sentinel"
+
+
 def parse_key(key: str) -> list[str]:
     """The segments of a dotted TOML key: ``agents.coder.model``, ``models."gpt-4.1".x``."""
+    invalid = UsageError(f"invalid key {key!r}: expected a dotted TOML key such as "
+                         "agents.coder.model or models.\"openai:gpt-4o\".base_url")
+    if not key.strip():
+        raise invalid
     try:
-        data: Any = tomllib.loads(f"{key} = 0")
+        data: Any = tomllib.loads(f"{key} = '{_SENTINEL}'")
     except tomllib.TOMLDecodeError:
-        raise UsageError(f"invalid key {key!r}: expected a dotted TOML key such as "
-                         "agents.coder.model") from None
+        raise invalid from None
     parts = []
     while isinstance(data, dict):
+        if len(data) != 1:
+            raise invalid
         (name, data), = data.items()
         parts.append(name)
+    if data != _SENTINEL:  # ``a = 1 #`` parses, but is not a key
+        raise invalid
     return parts
 
 
 def parse_value(raw: str) -> Any:
-    """``raw`` as a TOML value if it is one (``3``, ``true``, ``["a", "b"]``, ``"x"``),
-    otherwise as a plain string."""
+    """``raw`` as a TOML value if it is exactly one (``3``, ``true``, ``["a", "b"]``,
+    ``"x"``), otherwise as a plain string (``openai:gpt-4o``, or text that would parse as
+    more than a value, such as ``1\nx = 2``)."""
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        data = tomllib.loads(f"v = {raw}")
     except tomllib.TOMLDecodeError:
         return raw
+    return data["v"] if len(data) == 1 else raw
 
 
 def read_text(path: Path) -> str:
-    """The file's text; ``""`` when it does not exist."""
+    """The file's text (without a UTF-8 byte-order mark); ``""`` when it does not exist."""
     try:
-        return path.read_text(encoding="utf-8")
+        return read_config_text(path)
     except FileNotFoundError:
         return ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc}") from None
 
 
 def set_value(path: Path, key: str, raw: str) -> bool:
     """Set ``key`` to ``raw`` (parsed by :func:`parse_value`) in the file at ``path``.
 
     The result is validated before anything is written; an invalid result raises
-    :class:`~dsh.errors.ConfigError` and leaves the file untouched. Returns True when the
-    file had comments (tomli-w does not keep them).
+    :class:`~dsh.errors.ConfigError` and leaves the file untouched. A symbolic link is
+    written through (its target is replaced), a byte-order mark is kept. Returns True when
+    the file had comments (tomli-w does not keep them).
     """
+    for what, text_ in (("key", key), ("value", raw)):
+        bad = _not_utf8(text_)
+        if bad is not None:
+            raise ConfigError(f"{path}: cannot set {key.encode('utf-8', 'replace').decode()}: "
+                              f"the {what} is not UTF-8 text (byte 0x{bad:02x})")
     parts = parse_key(key)
     text = read_text(path)
     try:
@@ -122,8 +141,28 @@ def set_value(path: Path, key: str, raw: str) -> bool:
     config_from_dict(data, source=str(path))
     import tomli_w
 
-    _write(path, tomli_w.dumps(data))
+    bom = BOM if _has_bom(path) else ""
+    _write(path, bom + tomli_w.dumps(data))
     return any(line.lstrip().startswith("#") for line in text.splitlines())
+
+
+def _not_utf8(text: str) -> int | None:
+    """The first byte of ``text`` that was not UTF-8 (decoded with surrogateescape), or
+    ``None``."""
+    for ch in text:
+        if "\udc80" <= ch <= "\udcff":
+            return ord(ch) - 0xDC00
+        if "\ud800" <= ch <= "\udfff":
+            return 0x3F  # a lone surrogate from elsewhere: no byte to name
+    return None
+
+
+def _has_bom(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(3) == BOM.encode("utf-8")
+    except OSError:
+        return False
 
 
 def effective(cfg: Config) -> dict[str, Any]:
@@ -144,15 +183,40 @@ def _prune(value: Any) -> Any:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write atomically (temporary file, then rename), ``0600`` for a new file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """Write atomically (a temporary file beside the target, then rename).
+
+    A symbolic link is followed: its target is replaced and the link kept. The target keeps
+    its mode; a new file gets ``0600``. A read-only file (no write bit) is refused, even for
+    root: someone made it so on purpose. Every failure is a :class:`ConfigError` naming the
+    file.
+    """
+    target = Path(os.path.realpath(path))
+    shown = f"{path}" if target == path.absolute() else f"{path} (-> {target})"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            st = target.stat()
+        except FileNotFoundError:
+            mode = 0o600
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{shown}: cannot write config file: not a regular file")
+            mode = stat.S_IMODE(st.st_mode)
+            if not mode & 0o222:
+                raise ConfigError(f"{shown}: cannot write config file: it is read-only "
+                                  f"(mode {mode:04o}); change its mode first")
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot write config file: "
+                          f"{exc.strerror or exc}") from None

@@ -1,7 +1,8 @@
 """Errors dsh raises on purpose, each with the process exit code the CLI maps it to.
 
 Exit codes (documented in docs/cli.md): 0 completed; 1 runtime or provider error; 2 usage or
-configuration error; 3 step or budget limit reached; 4 rejected by a plugin; 130 interrupted.
+configuration error; 3 step or budget limit reached; 4 rejected by a plugin; 130 interrupted;
+129 / 143 ended by SIGHUP / SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ EXIT_USAGE = 2
 EXIT_LIMIT = 3
 EXIT_REJECTED = 4
 EXIT_INTERRUPTED = 130
+#: Ended by a signal during a run (128 + the signal's number, as a shell reports it): the
+#: running tool's process group is killed and the turn closed as ``aborted`` first.
+EXIT_SIGHUP = 129
+EXIT_SIGTERM = 143
 
 
 class DshError(Exception):
@@ -85,13 +90,3 @@ class Cancelled(DshError):
 
 class ToolError(DshError):
     """Raised by a tool to return a clean error message to the model (no traceback)."""
-
-
-class DshWarning(UserWarning):
-    """Base of the warnings dsh issues (``warnings.warn``); the CLI shows each as one
-    ``dsh: warning:`` line on stderr."""
-
-
-class PluginWarning(DshWarning):
-    """A plugin will not do what its author meant, though it loaded: e.g. a hook
-    implementation whose name matches no hook (a typo), which would never be called."""

@@ -8,12 +8,19 @@ What ``dsh run`` prints while it runs (status line, streamed text, ``--events``/
 closed pipes, Ctrl-C) is in :mod:`dsh.terminal`.
 
 Colour is used only when asked for (:func:`use_color`: a terminal, and ``NO_COLOR`` unset).
+
+Text that comes from a model, a tool or a ledger is untrusted: written to a terminal it goes
+through :func:`escape_controls` (every writer of ``dsh`` that targets a terminal uses it), so
+an escape sequence in it cannot set the clipboard (OSC 52), retitle or clear the window, or
+redraw what is on screen. Written to a pipe or a file, it is passed on byte for byte.
 """
+
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from collections.abc import Iterable
 from datetime import datetime
@@ -51,6 +58,54 @@ def use_color(stream: IO[str]) -> bool:
     return bool(isatty and isatty())
 
 
+#: What a terminal would act on instead of showing: C0 controls but newline and tab, DEL, C1
+#: controls (U+0080-U+009F: CSI, OSC, DCS as one character), the bidirectional overrides and
+#: isolates (Trojan Source: text shown in another order than it is), and lone surrogates.
+_CONTROLS = re.compile("\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                       "\u2066-\u2069\ud800-\udfff]")
+_LINE_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                            "\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\r": "\\r", "\x1b": "\\x1b", "\n": "\\n", "\t": "\\t"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    c = match.group()
+    if c == "\r\n":
+        return "\n"  # a Windows line end is a line end, not a carriage-return trick
+    named = _NAMED.get(c)
+    if named is not None:
+        return named
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str, *, newlines: bool = True) -> str:
+    """``text`` safe to show on a terminal: every control character is made visible as a
+    Python-style escape (``\\x1b``, ``\\r``, ``\\x9b``, ``\\u202e``), so no escape
+    sequence, BEL, backspace or carriage return in it reaches the terminal. Newlines and tabs
+    are kept (a ``\\r\\n`` line end becomes ``\\n``) unless ``newlines`` is false (one-line
+    contexts). Per character, so a sequence split across streamed pieces is caught too.
+    Only for terminals: pipes and files get the text unchanged."""
+    pattern = _CONTROLS if newlines else _LINE_CONTROLS
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_visible, text)
+
+
+#: Characters that JSON leaves raw (``json.dumps`` escapes only U+0000-U+001F) but a terminal
+#: acts on: DEL, C1 controls, bidirectional controls, lone surrogates.
+_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                       "\ud800-\udfff]")
+
+
+def escape_json_controls(line: str) -> str:
+    """A JSON text (from ``json.dumps``) with the controls a terminal would act on written as
+    ``\\uXXXX`` escapes: the same JSON value, safe on a terminal."""
+    if _JSON_RAW.search(line) is None:
+        return line
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
 def local_time(ts: str) -> str:
     """``2026-11-30T14:25:01.123Z`` as local ``2026-11-30 15:25``; unparseable text as is."""
     try:
@@ -65,13 +120,18 @@ def one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: max(0, width - 1)] + "…"
 
 
-def sessions_table(rows: Iterable[Any], width: int | None = None) -> str:
+def sessions_table(rows: Iterable[Any], width: int | None = None, *,
+                   terminal: bool = False) -> str:
     """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt (``↳``
-    marks a sub-agent's session)."""
+    marks a sub-agent's session). ``terminal``: controls in the cells are made visible
+    (:func:`escape_controls`)."""
     header = ("ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST PROMPT")
+    clean: Callable[[str], str] = (
+        (lambda t: escape_controls(t, newlines=False)) if terminal else (lambda t: t))
     cells = [header] + [
-        (r.id, r.agent, r.model, local_time(r.started) if r.started else "", str(r.turns),
-         ("↳ " if getattr(r, "parent", None) else "") + r.first_prompt)
+        (clean(r.id), clean(r.agent), clean(r.model),
+         local_time(r.started) if r.started else "", str(r.turns),
+         ("↳ " if getattr(r, "parent", None) else "") + clean(" ".join(r.first_prompt.split())))
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(5)]
@@ -107,10 +167,18 @@ def _indent(text: str, prefix: str = "  ") -> str:
 
 
 class _Styler:
-    def __init__(self, color: bool) -> None:
+    """Styles a fragment of a view; on a terminal (``safe``) escapes its controls first, so
+    only dsh's own styling reaches the terminal as escape sequences."""
+
+    def __init__(self, color: bool, safe: bool = False) -> None:
         self.color = color
+        self.safe = safe
+
+    def text(self, text: str) -> str:
+        return escape_controls(text) if self.safe else text
 
     def __call__(self, text: str, **style: Any) -> str:
+        text = self.text(text)
         return click.style(text, **style) if self.color else text
 
 
@@ -120,13 +188,15 @@ MAX_NESTING = 8
 
 def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False,
                children: Callable[[str], Iterable[Event]] | None = None,
-               depth: int = 0) -> str:
+               depth: int = 0, terminal: bool = False) -> str:
     """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
 
     :param children: reads a child session's events: a sub-agent's session is then shown
         under the tool call that started it, indented with ``│``.
+    :param terminal: the view goes to a terminal: every text from the ledger has its
+        control characters made visible (:func:`escape_controls`).
     """
-    s = _Styler(color)
+    s = _Styler(color, terminal)
     out: list[str] = []
     usage = [0, 0]
     steps = 0
@@ -135,7 +205,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         head = s(label, bold=True, **style) + (s(" " + note, dim=True) if note else "")
         out.append(head)
         if text.strip():
-            out.append(_indent(text.rstrip("\n")))
+            out.append(_indent(s.text(text.rstrip("\n"))))
 
     for e in events:
         if isinstance(e, TurnStarted):
@@ -171,7 +241,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         elif isinstance(e, ToolCalled):
             child = f" (session {e.child_session})" if e.child_session else ""
             out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
-                       + " " + _args(e.arguments) + s(child, dim=True))
+                       + " " + s.text(_args(e.arguments)) + s(child, dim=True))
             if e.child_session and children is not None and depth < MAX_NESTING:
                 out.append(_nested(e.child_session, children, s, color, full, depth))
         elif isinstance(e, ToolReturned):
@@ -202,9 +272,9 @@ def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler
 
     try:
         text = trajectory(children(session), color=color, full=full, children=children,
-                          depth=depth + 1)
+                          depth=depth + 1, terminal=s.safe)
     except DshError as exc:
-        text = f"(session {session} cannot be read: {exc})\n"
+        text = s.text(f"(session {session} cannot be read: {exc})") + "\n"
     bar = s("    │ ", dim=True)
     return "\n".join(bar + line for line in text.rstrip("\n").splitlines())
 

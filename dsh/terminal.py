@@ -6,12 +6,16 @@ Views of a finished session (the trajectory, Markdown, tables) are in :mod:`dsh.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO
 from typing import TYPE_CHECKING
 from typing import Any
@@ -19,11 +23,36 @@ from typing import Any
 import click
 
 from dsh.events import Event
+from dsh.render import escape_controls
+from dsh.render import escape_json_controls
 from dsh.render import one_line
 from dsh.render import use_color
 
 if TYPE_CHECKING:
     from dsh.runcontext import RunContext
+
+
+_pauses = 0
+_pause_lock = threading.Lock()
+_status_lines: weakref.WeakSet[StatusLine] = weakref.WeakSet()
+
+
+@contextmanager
+def status_paused() -> Iterator[None]:
+    """Erase every status line of this process and keep it off the terminal inside the
+    block: for a plugin that asks the user something on the terminal (dsh-shell's approval
+    question), which the status line would otherwise redraw over within 0.1 s."""
+    global _pauses
+    with _pause_lock:
+        _pauses += 1
+        lines = list(_status_lines)
+    for line in lines:
+        line.pause()
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses -= 1
 
 
 class StatusLine:
@@ -49,6 +78,12 @@ class StatusLine:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _status_lines.add(self)
+
+    def pause(self) -> None:
+        """Erase the line now; :func:`status_paused` keeps it from being redrawn."""
+        with self._lock:
+            self._erase()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._tick, name="dsh-status", daemon=True)
@@ -81,7 +116,9 @@ class StatusLine:
         elapsed = time.monotonic() - self.started
         frame = self.FRAMES[self._frame % len(self.FRAMES)]
         step = f"step {self.step} · " if self.step else ""
-        text = f"{frame} {step}{self.activity} · {elapsed:.1f}s"
+        # The activity names a tool the model asked for: its controls are made visible.
+        activity = escape_controls(self.activity, newlines=False)
+        text = f"{frame} {step}{activity} · {elapsed:.1f}s"
         import shutil
 
         width = shutil.get_terminal_size((80, 24)).columns - 1
@@ -90,7 +127,7 @@ class StatusLine:
 
     def draw(self) -> None:
         with self._lock:
-            if self._stop.is_set() or not self.visible:
+            if self._stop.is_set() or not self.visible or _pauses:
                 return
             self._frame += 1
             self._write("\r" + self.line() + "\x1b[K")
@@ -110,7 +147,7 @@ class StatusLine:
         """Print ``message`` on its own line of stderr without garbling the status line."""
         with self._lock:
             self._erase()
-            self._write(message + "\n")
+            self._write(escape_controls(message) + "\n")
 
     def on_event(self, event: Any) -> None:
         kind = getattr(event, "type", "")
@@ -199,7 +236,11 @@ class Stdout:
             try:
                 sys.stdout.write(text)
                 sys.stdout.flush()
-            except BrokenPipeError:
+            except OSError as exc:
+                # A closed pipe, or a terminal that hung up (EIO after SIGHUP): the reader
+                # is gone either way.
+                if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
+                    raise
                 self.closed = True
                 silence_stdout()
         if self.closed and self.on_closed is not None:
@@ -237,29 +278,48 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
 
 
 class Interrupt:
-    """SIGINT during a run: the first stops after the current step (``ctx.stop()``), the
-    second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``)."""
+    """Signals during a run. SIGINT: the first stops after the current step (``ctx.stop()``),
+    the second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``).
+
+    SIGTERM and SIGHUP end the run as the second Ctrl-C does, at once: the run is aborted
+    (its cancel callbacks kill a running command's process group and close in-flight HTTP),
+    KeyboardInterrupt closes the turn as ``aborted``, and :attr:`terminated` holds the signal
+    so that ``dsh run`` exits with 128 + its number (143, 129). Further ones are ignored
+    while the turn closes."""
+
+    TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, note: Any) -> None:
         self.ctx: RunContext | None = None
         self.count = 0
         self.note = note
-        self._old: Any = None
-        self._installed = False
+        self.terminated: int | None = None
+        self._old: dict[int, Any] = {}
 
     def attach(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
     def __enter__(self) -> Interrupt:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+            self._old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.TERMINATING:
+                self._old[signum] = signal.signal(signum, self._terminate)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT,
-                          self._old if self._old is not None else signal.default_int_handler)
+        for signum, old in self._old.items():
+            if old is None:
+                old = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, old)
+        self._old = {}
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        if self.terminated is not None:
+            return  # already ending: let the turn close
+        self.terminated = signum
+        if self.ctx is not None:
+            self.ctx.abort(f"terminated by {signal.Signals(signum).name}")
+        raise KeyboardInterrupt
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
@@ -294,18 +354,24 @@ class RunOutput:
         self.as_json = as_json
         self.timed_out = False
         self.interrupts = 0
+        #: SIGTERM or SIGHUP ended the run (its number), else None.
+        self.terminated: int | None = None
         stdout_tty = sys.stdout.isatty()
+        #: stdout is a terminal: text from the model and tools has its controls made
+        #: visible (:func:`dsh.render.escape_controls`); a pipe gets every byte.
+        self.tty = stdout_tty
+        self.err_tty = sys.stderr.isatty()
         self.streaming = stream if stream is not None else (
             stdout_tty and not (events or as_json))
         self.status = (StatusLine(sys.stderr, color=use_color(sys.stderr))
                        if sys.stderr.isatty() else None)
         self._handlers: list[Callable[[Any], None]] = []
         if events:
-            self._handlers.append(lambda e: out.write(event_line(e) + "\n"))
+            self._handlers.append(lambda e: self.write_json(event_line(e)))
         self.printer: TextPrinter | None = None
         if self.streaming:
             shared = self.status if stdout_tty else None
-            self.printer = TextPrinter(out.write, shared.hide if shared else None,
+            self.printer = TextPrinter(self.write_text, shared.hide if shared else None,
                                        shared.show if shared else None)
             self._handlers.append(self.printer.on_event)
         if self.status is not None:
@@ -359,22 +425,33 @@ class RunOutput:
                             output_tokens=ctx.budget.output_tokens) if ctx else Usage())
         finally:
             self.interrupts = interrupt.count
+            self.terminated = interrupt.terminated
             if timer is not None:
                 timer.cancel()
             if self.status is not None:
                 self.status.stop()
+
+    def write_text(self, text: str) -> None:
+        """Untrusted text (the model's, a tool's) to stdout: controls made visible on a
+        terminal, every byte to a pipe or file."""
+        self.out.write(escape_controls(text) if self.tty else text)
+
+    def write_json(self, line: str) -> None:
+        """A JSON line to stdout; on a terminal, the controls JSON leaves raw (C1, DEL, bidi)
+        are written as ``\\uXXXX`` escapes (the same JSON value)."""
+        self.out.write((escape_json_controls(line) if self.tty else line) + "\n")
 
     def note(self, message: str) -> None:
         """A line on stderr that does not garble the status line."""
         if self.status is not None:
             self.status.note(message)
         else:
-            click.echo(message, err=True)
+            click.echo(escape_controls(message) if self.err_tty else message, err=True)
 
     def begin(self, session: str, agent: str, model: str, resumed: bool) -> None:
         if self.events:
-            self.out.write(_compact({"type": "session", "session": session, "agent": agent,
-                                     "model": model, "resumed": resumed}) + "\n")
+            self.write_json(_compact({"type": "session", "session": session, "agent": agent,
+                                      "model": model, "resumed": resumed}))
         if self.status is not None:
             self.status.start()
 
@@ -398,20 +475,20 @@ class RunOutput:
         """Print the result in the form asked for."""
         data = result_dict(result, agent, model)
         if self.events:
-            self.out.write(_compact({"type": "result", **data}) + "\n")
+            self.write_json(_compact({"type": "result", **data}))
         elif self.as_json:
-            self.out.write(_compact(data) + "\n")
+            self.write_json(_compact(data))
         elif self.printer is not None and self.printer.printed:
             self.printer.finish()
         elif result.output and result.outcome not in ("error", "aborted"):
             text = result.output
-            self.out.write(text if text.endswith("\n") else text + "\n")
+            self.write_text(text if text.endswith("\n") else text + "\n")
 
     def fail(self, reason: str) -> None:
         """The result line/object of a run that could not start (``--json``/``--events``)."""
         data = {"session": None, "outcome": "error", "reason": reason, "output": "",
                 "steps": 0, "usage": {"input_tokens": 0, "output_tokens": 0}}
         if self.events:
-            self.out.write(_compact({"type": "result", **data}) + "\n")
+            self.write_json(_compact({"type": "result", **data}))
         elif self.as_json:
-            self.out.write(_compact(data) + "\n")
+            self.write_json(_compact(data))

@@ -284,7 +284,7 @@ def test_run_overrides_reach_the_ledger(dsh: Callable[..., Result], cfg: Callabl
 def test_run_unknown_tool_is_a_usage_error(dsh: Callable[..., Result]) -> None:
     r = dsh("run", "-m", "echo", "-T", "nope", "hi")
     assert r.exit_code == 2
-    assert "unknown tool(s) nope" in r.stderr
+    assert "--tool: unknown tool 'nope' (available: " in r.stderr
 
 
 def test_run_bad_option_pair(dsh: Callable[..., Result]) -> None:
