@@ -198,6 +198,8 @@ class Chat:
         from dsh.terminal import RunOutput
 
         output = RunOutput(self.stdout, stream=True if self.interactive else None)
+        if self.interactive:
+            output._handlers.append(self.show_tool_event)
         self.output = output
         typeahead = None
         if self.interactive:
@@ -234,6 +236,23 @@ class Chat:
             self.exit_code = code  # a script learns that something failed
         if output.terminated:
             self.exit_code = code
+
+    def show_tool_event(self, event: Any) -> None:
+        """One line per tool call and result, as they happen (in full: ``sessions show``)."""
+        kind = getattr(event, "type", "")
+        if kind == "tool/call":
+            import json
+
+            from dsh.render import one_line
+
+            args = json.dumps(dict(event.arguments), ensure_ascii=False, default=str)
+            self.note(f"  → {event.name} {one_line(args, 100)}")
+        elif kind == "tool/result":
+            took = f", {event.duration_ms / 1000:.1f}s" if event.duration_ms else ""
+            first = event.output.strip().splitlines()[0] if event.output.strip() else ""
+            from dsh.render import one_line
+
+            self.note(f"  ← {event.name}: {event.status}{took} · {one_line(first, 80)}")
 
     def typed_during_turn(self, line: str) -> None:
         """A line typed while a turn runs: steer it, keep it for later, or a command."""

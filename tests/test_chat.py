@@ -6,6 +6,7 @@ happened reads the session's ledger.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import stat
@@ -101,9 +102,11 @@ def test_typing_while_a_tool_runs_steers_the_same_turn(env: Env) -> None:
     child.expect("hello there")
     child.expect("› ")
     child.sendline("wait please")
-    time.sleep(0.8)  # the tool is running now
+    child.expect("→ slow")  # the call is shown as it happens
+    time.sleep(0.5)  # the tool is running now
     child.sendline("change of plan")
     child.expect("queued: the agent takes it after the current step")
+    child.expect("← slow: ok")
     child.expect("after steering")
     child.expect("› ")
     child.sendeof()
@@ -291,3 +294,94 @@ def test_the_approval_question_is_answered_at_the_chat_prompt(env: Env) -> None:
     assert (work / "approved").exists()
     kinds = _kinds(env.ledger())
     assert "user/message:y" not in kinds  # the answer did not become a message
+
+
+# -- the default model, as a newcomer meets it ---------------------------------------------
+
+
+@pytest.mark.parametrize(("env_vars", "expected", "note"), [
+    ({}, "echo", True),
+    ({"OPENAI_API_KEY": "sk-test-abcdefghijkl"}, "openai:gpt-4o-mini", False),
+    ({"ANTHROPIC_API_KEY": "sk-ant-test-abcdefgh"}, "anthropic:claude-haiku-4-5", False),
+    ({"OPENAI_API_KEY": "  ", "ANTHROPIC_API_KEY": "sk-ant-test-abcdefgh"},
+     "anthropic:claude-haiku-4-5", False),
+])
+def test_the_default_model_follows_the_environment(tmp_path: Path, env_vars: dict[str, str],
+                                                   expected: str, note: bool) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DSH_CONFIG")}
+    env.update(env_vars, DSH_HOME=str(tmp_path / "home"),
+               XDG_CONFIG_HOME=str(tmp_path / "xdg"), DSH_LOAD_PLUGINS="")
+    models = subprocess.run([sys.executable, "-m", "dsh", "models", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    data = json.loads(models.stdout)
+    assert data["default"] == expected
+    assert ("no model configured" in data["default_why"]) is True
+    if expected == "echo":
+        done = subprocess.run([sys.executable, "-m", "dsh", "run", "what is 2+2"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout == "what is 2+2\n"
+        assert "no model configured" in done.stderr and "dsh config set model" in done.stderr
+        quiet = subprocess.run([sys.executable, "-m", "dsh", "run", "-m", "echo", "x"],
+                               env=env, capture_output=True, text=True, timeout=60)
+        assert "no model configured" not in quiet.stderr  # chosen on purpose: no note
+
+
+def test_a_configured_model_wins_over_keys(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('model = "echo"\n')
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test-abcdefghijkl", "DSH_CONFIG": str(config),
+           "DSH_HOME": str(tmp_path / "home")}
+    models = subprocess.run([sys.executable, "-m", "dsh", "models", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    data = json.loads(models.stdout)
+    assert data["default"] == "echo" and data["default_why"].startswith("set in ")
+
+
+def test_a_plugin_can_offer_the_default(make_app: Any, plugin_module: Any) -> None:
+    from dsh.hookspecs import hookimpl
+
+    @hookimpl
+    def default_model():  # type: ignore[no-untyped-def]
+        return "scripted:/nonexistent.json", "the test plugin offers it"
+
+    app = make_app(load=[plugin_module(default_model=default_model)])
+    assert app.default_model.id == "scripted:/nonexistent.json"
+    assert "the test plugin offers it" in app.default_model.why
+    assert not app.default_model.fallback
+
+
+def test_dsh_llama_offers_the_local_model_only_when_it_can_run() -> None:
+    import importlib.util
+
+    dsh_llama = pytest.importorskip("dsh_llama")
+    offered = dsh_llama.default_model()
+    runnable = importlib.util.find_spec("llama_cpp") is not None and (
+        importlib.import_module("dsh_llama.model").bundled_gguf() is not None)
+    assert (offered is not None) == runnable
+    if offered:
+        assert offered[0] == "local"
+
+
+def test_stop_and_inject_typed_during_a_turn(env: Env) -> None:
+    env.configure({"tool_calls": [{"name": "slow", "arguments": {"seconds": 2}}]},
+                  {"text": "next answer"})
+    child = env.spawn()
+    child.sendline("go")
+    child.expect("→ slow")
+    child.sendline("/inject remember the milk")
+    child.expect("context queued")
+    child.sendline("/model echo")
+    child.expect("waits for the turn to end")
+    child.sendline("/stop")
+    child.expect("stopping after the current step")
+    child.expect("› ")
+    child.sendline("and now")
+    child.expect("next answer")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    lines = env.ledger()
+    assert [d["outcome"] for d in lines if d["type"] == "turn/end"] == ["stopped", "completed"]
+    kinds = _kinds(lines)
+    assert kinds.index("context/injected") < kinds.index("user/message:and now")
