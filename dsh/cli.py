@@ -127,10 +127,26 @@ class DshGroup(click.Group):
         return names
 
     def invoke(self, ctx: click.Context) -> Any:
+        import warnings
+
         from dsh.errors import DshError
+        from dsh.errors import DshWarning
 
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                # dsh's own warnings (a plugin's misspelt hook): one `dsh: warning:` line each
+                warnings.simplefilter("always", DshWarning)
+                show = warnings.showwarning
+
+                def show_warning(message: Warning | str, category: type[Warning],
+                                 *args: Any, **kwargs: Any) -> None:
+                    if issubclass(category, DshWarning):
+                        warn(f"warning: {message}")
+                    else:
+                        show(message, category, *args, **kwargs)
+
+                warnings.showwarning = show_warning
+                return super().invoke(ctx)
         except DshError as exc:
             raise Failure(str(exc), exc.exit_code) from None
         except KeyboardInterrupt:
@@ -193,44 +209,53 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def parse_limits(pairs: tuple[str, ...]) -> Any:
-    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None)."""
+    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None). Values
+    follow the same rule as ``[limits]`` in the config (:func:`dsh.config.check_limit`)."""
     if not pairs:
         return None
-    import difflib
-
-    from dsh.runcontext import LIMIT_NAMES
+    from dsh.config import check_limit
+    from dsh.config_edit import parse_value
+    from dsh.errors import UsageError
     from dsh.runcontext import Limits
 
     values: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = (part.strip() for part in pair.partition("="))
-        if key not in LIMIT_NAMES:
-            near = difflib.get_close_matches(key, LIMIT_NAMES, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f" (one of {', '.join(LIMIT_NAMES)})"
-            raise click.BadParameter(f"unknown limit {key!r}{hint}", param_hint="'--limit'")
+        if not sep:
+            raise UsageError(f"--limit: expected KEY=VALUE, got {pair!r}")
+        value = parse_value(raw)
+        if isinstance(value, str):  # not TOML (".5"), or a word
+            try:
+                value = float(raw)
+            except ValueError:
+                pass
         try:
-            number = float(raw) if key in ("cost", "seconds") else int(raw)
-        except ValueError:
-            raise click.BadParameter(f"{key}: expected a number, got {raw!r}",
-                                     param_hint="'--limit'") from None
-        if not sep or number <= 0:
-            raise click.BadParameter(f"{key}: expected a positive number",
-                                     param_hint="'--limit'")
-        values[key] = number
+            values[key] = check_limit(key, value)
+        except ValueError as exc:
+            raise UsageError(f"--limit {key}: {exc}" if str(exc).startswith("expected") else
+                             f"--limit: {exc}") from None
     return Limits(**values)
 
 
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-o temperature=0.2`` → ``{"temperature": 0.2}``: each value parsed as TOML when it is
+    one. A value JSON cannot carry (a TOML date) is refused here, before any session exists."""
     if not pairs:
         return {}
+    from dsh.config import options_error
     from dsh.config_edit import parse_value
+    from dsh.errors import UsageError
 
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="'-o'")
-        out[key.strip()] = parse_value(raw)
+            raise UsageError(f"-o: expected KEY=VALUE, got {pair!r}")
+        value = parse_value(raw)
+        problem = options_error(value, key.strip())
+        if problem:
+            raise UsageError(f"-o {problem} (quote it to pass text: -o '{key.strip()}=\"…\"')")
+        out[key.strip()] = value
     return out
 
 
@@ -296,12 +321,12 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         app = state.app
         if allow:
             known = app.agent(agent, **overrides).tools
-            unknown = [t for t in allow if t not in known]
-            if unknown:
-                from dsh.errors import UsageError
+            for name in allow:
+                if name not in known:
+                    from dsh.config import unknown_name
+                    from dsh.errors import UsageError
 
-                raise UsageError(f"unknown tool(s) {', '.join(unknown)} (available: "
-                                 f"{', '.join(known) or 'none'})")
+                    raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
             overrides["tools"] = allow
         assembled = app.agent(agent, **overrides)
         resume = None
@@ -613,7 +638,7 @@ def config_init(state: State, force: bool) -> None:
     warn(f"wrote {init_config(state.config_file(), force=force)}")
 
 
-@config.command("set")
+@config.command("set", context_settings={"ignore_unknown_options": True})
 @click.argument("key")
 @click.argument("value")
 @pass_state
@@ -621,6 +646,7 @@ def config_set(state: State, key: str, value: str) -> None:
     """Set KEY (dotted: agents.coder.model) to VALUE (a TOML value, else a string).
 
     The whole file is validated before it is written; other keys are kept, comments are not.
+    A symbolic link is written through; VALUE may start with "-" (-1).
     """
     from dsh.config_edit import set_value
 

@@ -90,3 +90,13 @@ class Cancelled(DshError):
 
 class ToolError(DshError):
     """Raised by a tool to return a clean error message to the model (no traceback)."""
+
+
+class DshWarning(UserWarning):
+    """Base of the warnings dsh issues (``warnings.warn``); the CLI shows each as one
+    ``dsh: warning:`` line on stderr."""
+
+
+class PluginWarning(DshWarning):
+    """A plugin will not do what its author meant, though it loaded: e.g. a hook
+    implementation whose name matches no hook (a typo), which would never be called."""
