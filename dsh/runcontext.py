@@ -130,7 +130,8 @@ class Budget:
     (docs/execution.md, "Budgets").
     """
 
-    limits: Limits = attrs.Factory(Limits)
+    #: Fixed for the budget's life (the checks are prepared from it).
+    limits: Limits = attrs.field(factory=Limits, on_setattr=attrs.setters.frozen)
     parent: Budget | None = None
     steps: int = 0
     requests: int = 0
@@ -143,9 +144,18 @@ class Budget:
     started: float = attrs.Factory(lambda self: self.clock(), takes_self=True)
     #: One lock for the whole chain (the root's), so a reservation is atomic across levels.
     _lock: threading.Lock = attrs.field(init=False, repr=False, eq=False)
+    #: The counted limits this level sets, ``(key, name, limit)``, and whether it sets any
+    #: other (tokens, cost, time): computed once, so a check costs nothing for unset limits.
+    _counted: tuple[tuple[str, str, int], ...] = attrs.field(init=False, repr=False, eq=False)
+    _spent: bool = attrs.field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         self._lock = self.parent._lock if self.parent is not None else threading.Lock()
+        lim = self.limits
+        self._counted = tuple((key, name, getattr(lim, key)) for key, name in _COUNTED
+                              if getattr(lim, key) is not None)
+        self._spent = any(v is not None for v in (lim.input_tokens, lim.output_tokens,
+                                                  lim.total_tokens, lim.cost, lim.seconds))
 
     def add(self, **counts: float) -> None:
         """Add ``counts`` to this budget and every ancestor (no check: usage already spent)."""
@@ -196,23 +206,21 @@ class Budget:
 
     def _refusal(self, counts: dict[str, int], depth: int) -> str | None:
         """Why this level refuses ``counts`` more units (``{}``: has it reached a limit?)."""
-        lim = self.limits
         where = " in a parent run" if depth else ""
-        for key, name in _COUNTED:
-            limit = getattr(lim, key)
-            if limit is None:
-                continue
+        for key, name, limit in self._counted:
             used = getattr(self, key)
-            n = counts.get(key, 0)
-            if used + n > limit or used >= limit:
+            if used + counts.get(key, 0) > limit or used >= limit:
                 return f"{name} limit reached{where} ({used}/{limit})"
+        if not self._spent:
+            return None
+        lim = self.limits
         used_tokens = (("input tokens", self.input_tokens, lim.input_tokens),
                        ("output tokens", self.output_tokens, lim.output_tokens),
                        ("total tokens", self.input_tokens + self.output_tokens,
                         lim.total_tokens))
-        for name, tokens, limit in used_tokens:
-            if limit is not None and tokens >= limit:
-                return f"{name} limit reached{where} ({tokens}/{limit})"
+        for name, tokens, most in used_tokens:
+            if most is not None and tokens >= most:
+                return f"{name} limit reached{where} ({tokens}/{most})"
         if lim.cost is not None and self.cost >= lim.cost:
             return f"cost limit reached{where} ({self.cost:.4f}/{lim.cost:g})"
         if lim.seconds is not None:
