@@ -124,6 +124,7 @@ class Agent:
         allow = tools if tools is not None else acfg.tools
         self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info)
         for child in acfg.subagents:
+            check_subagent(app, name, child)
             sub_tool = subagent_tool(app, child)
             self.tools[sub_tool.name] = sub_tool
         if allow is not None:
@@ -359,6 +360,17 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_subagent(app: App, agent: str, child: str) -> None:
+    """``child`` of ``[agents.AGENT] subagents`` is a configured agent."""
+    names = app.config.agent_names()
+    if child not in names:
+        from dsh.config import unknown_name
+        from dsh.errors import ConfigError
+
+        raise ConfigError(f"{app.config.source or 'config'}: key 'agents.{agent}.subagents': "
+                          + unknown_name("agent", child, names, "configured"))
 
 
 def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[str, Any],

@@ -302,7 +302,8 @@ def make_plugin_manager(
     pm.add_hookspecs(hookspecs)
     for name in disable:
         if name in ESSENTIAL_PLUGINS:
-            raise ConfigError(f"plugin {name} is essential and cannot be disabled")
+            raise ConfigError(f"{where}: key 'disable': plugin {name} is essential and cannot "
+                              "be disabled")
         pm.set_blocked(name)
     for name in BUILTIN_PLUGINS:
         if not pm.is_blocked(name):

@@ -509,6 +509,19 @@ def test_a_typo_in_an_agents_tool_list_is_an_error(make_app, plugin_module):
         app.agent("a", tools=["sub"])
 
 
+def test_a_typo_in_subagents_is_an_error_naming_the_key(make_app):
+    app = make_app(agents={"lead": {"subagents": ["reserch"]}, "research": {}})
+    with pytest.raises(ConfigError, match="^config: key 'agents.lead.subagents': unknown agent "
+                                          "'reserch'; did you mean 'research'"):
+        app.agent("lead")
+
+
+def test_the_essential_budget_plugin_cannot_be_disabled_and_the_key_is_named(make_app):
+    with pytest.raises(ConfigError, match="^config: key 'disable': plugin dsh.budget is "
+                                          "essential"):
+        make_app(disable=["dsh.budget"]).agent()
+
+
 def test_tool_names_are_not_checked_while_a_plugin_of_the_agent_failed_to_load(make_app):
     app = make_app(load=["dsh_no_such_module_xyz"], agents={"a": {"tools": ["from_it"]}})
     assert app.agent("a").tools == {}  # its failure is reported on its own
@@ -768,7 +781,7 @@ def test_config_set_nested_keys_and_values_that_are_not_one_toml_value(tmp_path)
     cfg = load_config(path)
     assert cfg.models["openai:gpt-4o"]["options"] == {"temperature": 0.2}
     assert cfg.agents["coder"].limits == Limits(cost=0.25)
-    assert cfg.agents["coder"].system == "1\nmodel = 'x'" and cfg.model == "echo"
+    assert cfg.agents["coder"].system == "1\nmodel = 'x'" and cfg.model != "x"
 
 
 def test_config_set_refuses_a_read_only_file_and_unwritable_places(tmp_path):
