@@ -156,6 +156,25 @@ class DshGroup(click.Group):
 
             silence_stdout()
             ctx.exit(0)
+        except OSError as exc:  # stdout on a full disk (/dev/full), an unwritable file…
+            raise Failure(io_error_message(exc), errors.EXIT_ERROR) from None
+
+
+def os_reason(exc: OSError) -> str:
+    """An OS error as a short phrase: ``no space left on device``."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return reason[:1].lower() + reason[1:]
+
+
+def io_error_message(exc: OSError) -> str:
+    """``cannot write to standard output: no space left on device`` and the like."""
+    reason = os_reason(exc)
+    if exc.filename is None:
+        from dsh.terminal import silence_stdout
+
+        silence_stdout()  # the interpreter's last flush must not fail the same way again
+        return f"cannot write to standard output: {reason}"
+    return f"{reason}: {exc.filename}"
 
 
 def warn(message: str) -> None:
@@ -237,6 +256,20 @@ def parse_limits(pairs: tuple[str, ...]) -> Any:
     return Limits(**values)
 
 
+def _utf8(value: Any, option: str) -> Any:
+    """``value`` with bytes that were not UTF-8 (Python hands them over as lone surrogates)
+    replaced by U+FFFD, said on stderr. Cleaned here, where it is parsed, because the
+    turn/start record and the request the transport checks against it must agree."""
+    if value is None:
+        return None
+    from dsh.sanitize import clean_value
+
+    cleaned, replaced = clean_value(value)
+    if replaced:
+        warn(f"warning: {option}: replaced {replaced} byte(s) that are not UTF-8 with U+FFFD")
+    return cleaned
+
+
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``-o temperature=0.2`` → ``{"temperature": 0.2}``: each value parsed as TOML when it is
     one. A value JSON cannot carry (a TOML date) is refused here, before any session exists."""
@@ -307,9 +340,10 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     if no_save and (continue_ or session_id):
         raise click.UsageError("--no-save cannot resume a session")
     budget = parse_limits(limits)
-    text = read_prompt(prompt)
+    text = read_prompt(prompt)  # as given: its user/message records what was sanitised
+    system = _utf8(system, "-s")
     overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
-                                 "options": parse_options(options) or None}
+                                 "options": _utf8(parse_options(options) or None, "-o")}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
     from dsh.errors import DshError
@@ -361,7 +395,15 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     for note in session.ledger.notes:
         warn(f"note: {note}")
     result = output.run(session, text, timeout=timeout, approve=approve, limits=limits)
+    lost = getattr(session.ledger, "lost", None)
+    if lost and result.outcome != "error":  # the ledger was deleted during the run
+        import attrs
+
+        result = attrs.evolve(result, outcome="error", reason=lost)
     output.finish(result, session.agent.name, session.agent.model_id)
+    if output.out.error:  # stdout failed (a full disk): the turn is in the ledger
+        warn(f"error: {output.out.error}; the answer is in session {session.id}")
+        return errors.EXIT_ERROR
     if output.out.closed:
         return 0  # the reader has what it wanted: end quietly
     code = EXIT_CODES.get(result.outcome, 1)
@@ -385,13 +427,25 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
     return code
 
 
-def newest(app: App, agent: str | None = None) -> list[Any]:
-    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond)."""
-    return [s for s in app.store.sessions() if agent is None or s.agent == agent]
+def newest(app: App, agent: str | None = None, *, report: bool = False) -> list[Any]:
+    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond). With
+    ``report``, each ledger that cannot be listed gets a ``dsh: warning: skipped`` line."""
+    return [s for s in _sessions(app, report) if agent is None or s.agent == agent]
+
+
+def _sessions(app: App, report: bool = False) -> Any:
+    store = app.store
+    if not report:
+        return store.sessions()
+    try:
+        return store.sessions(on_skip=lambda path, reason: warn(f"warning: skipped: {reason}"))
+    except TypeError:  # a plugin's store without on_skip
+        return store.sessions()
 
 
 def latest_session(app: App, agent: str | None = None) -> str | None:
-    """The newest session (of ``agent``) that is not a sub-agent's."""
+    """The newest session (of ``agent``) that is not a sub-agent's; sessions that cannot be
+    read (or are empty) are passed over."""
     for info in app.store.sessions():
         if (agent is None or info.agent == agent) and not info.parent:
             return str(info.id)
@@ -444,8 +498,12 @@ def _dump(data: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
 def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
-    """List sessions, newest first: id, agent, model, start, turns, first prompt."""
-    found = newest(state.app, agent)[:limit]
+    """List sessions, newest first: id, agent, model, start, turns, first prompt.
+
+    A ledger that cannot be read (permissions, not a regular file, empty) is skipped with a
+    `dsh: warning: skipped: REASON` line on stderr; the others are listed.
+    """
+    found = newest(state.app, agent, report=True)[:limit]
     if as_json:
         _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
                 "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),
@@ -506,7 +564,10 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
             text = escape_json_controls(text) if fmt == "jsonl" else escape_controls(text)
         click.echo(text, nl=False)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise errors.DshError(f"cannot write {output}: {os_reason(exc)}") from None
         warn(f"wrote {output}")
 
 
@@ -515,7 +576,11 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
 @pass_state
 def sessions_path(state: State, session_id: str) -> None:
     """Print the path of a session's ledger file."""
-    click.echo(str(state.app.store.path(resolve_session(state.app, session_id))))
+    path = state.app.store.path(resolve_session(state.app, session_id))
+    if path.exists() and not path.is_file():
+        raise errors.LedgerError(f"{path} is {'a directory' if path.is_dir() else 'a FIFO'}"
+                                 ", not a session ledger file")
+    click.echo(str(path))
 
 
 @sessions.command("rm")
@@ -688,3 +753,6 @@ def main() -> None:
 
         silence_stdout()
         sys.exit(0)
+    except OSError as exc:  # the last flush of stdout failed (a full disk)
+        click.echo(f"dsh: error: {io_error_message(exc)}", err=True)
+        sys.exit(errors.EXIT_ERROR)

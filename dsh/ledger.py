@@ -489,6 +489,8 @@ class JsonlStore:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UsageError(f"no session {session_id!r} (looked for {path})") from None
+        except IsADirectoryError:
+            raise LedgerError(f"{path} is a directory, not a session ledger file") from None
         except OSError as exc:
             raise LedgerError(f"cannot open session ledger {path} for writing: "
                               f"{_reason(exc)}{_owner_hint(path, exc)}") from None

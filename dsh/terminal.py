@@ -220,16 +220,26 @@ def silence_stdout() -> None:
 
 class Stdout:
     """stdout that survives a closed pipe: the first ``BrokenPipeError`` silences it, calls
-    ``on_closed`` (``dsh run`` stops the run there) and turns later writes into no-ops."""
+    ``on_closed`` (``dsh run`` stops the run after the step that records the prompt) and
+    turns later writes into no-ops. Any other write error (a full disk: stdout on
+    ``/dev/full``) does the same and is kept in :attr:`error` for the caller to report. Text
+    that cannot be written as UTF-8 (lone surrogates) is written with U+FFFD in their place."""
 
     def __init__(self, on_closed: Callable[[], None] | None = None) -> None:
         self.closed = False
+        #: ``cannot write to standard output: REASON`` when a write failed (not a closed pipe).
+        self.error: str | None = None
         self.on_closed = on_closed
         self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
         import sys
 
+        from dsh.sanitize import clean_text
+        from dsh.sanitize import has_surrogates
+
+        if has_surrogates(text):
+            text = clean_text(text)[0]
         with self._lock:
             if self.closed:
                 return
@@ -240,7 +250,9 @@ class Stdout:
                 # A closed pipe, or a terminal that hung up (EIO after SIGHUP): the reader
                 # is gone either way.
                 if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
-                    raise
+                    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                    self.error = ("cannot write to standard output: "
+                                  f"{reason[:1].lower()}{reason[1:]}")
                 self.closed = True
                 silence_stdout()
         if self.closed and self.on_closed is not None:
@@ -387,7 +399,27 @@ class RunOutput:
         from dsh.runcontext import Limits
 
         interrupt = Interrupt(self.note)
-        self.out.on_closed = lambda: interrupt.ctx.stop() if interrupt.ctx else None
+        # The reader went away (``--events | head -1``): stop after the current step, but
+        # never before this turn's prompt is in the ledger — the user's message is recorded
+        # whatever the reader does, and the turn is closed (outcome ``stopped``).
+        recorded = threading.Event()
+
+        def reader_gone() -> None:
+            if interrupt.ctx is not None and recorded.is_set():
+                interrupt.ctx.stop()
+
+        self.out.on_closed = reader_gone
+        handlers = self.on_event
+
+        def watch(event: Any) -> None:
+            assert handlers is not None
+            handlers(event)
+            if getattr(event, "type", "") == "user/message" and not recorded.is_set():
+                recorded.set()
+                if self.out.closed:
+                    reader_gone()
+
+        on_event = watch if handlers is not None else None  # unobserved stays unobserved
 
         def expire() -> None:
             self.timed_out = True
@@ -396,8 +428,6 @@ class RunOutput:
 
         def attach(ctx: RunContext) -> None:
             interrupt.attach(ctx)
-            if self.out.closed:  # the reader left before the run began
-                ctx.stop()
 
         timer = threading.Timer(timeout, expire) if timeout else None
         proj = session.ledger.projection
@@ -409,7 +439,7 @@ class RunOutput:
                 timer.start()
             with interrupt:
                 return session.send(
-                    text, on_event=self.on_event, on_text=self.on_text,
+                    text, on_event=on_event, on_text=self.on_text,
                     limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
                                                        else None),
                     context_hook=attach, approve=approve)

@@ -29,6 +29,7 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
+from dsh.sanitize import StreamText
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
@@ -159,6 +160,7 @@ class AnthropicModel(HTTPModel):
         stop_reason: str | None = None
         model: str | None = None
         done = False
+        safe = StreamText()  # a surrogate pair split across two deltas is printed whole
         for event in events:
             payload = self.event_json(event)
             if not isinstance(payload, dict):
@@ -181,7 +183,7 @@ class AnthropicModel(HTTPModel):
                 if delta.get("type") == "text_delta":
                     piece = str(delta.get("text") or "")
                     block["text"] = str(block.get("text") or "") + piece
-                    emit(piece)
+                    emit(safe.feed(piece))
                 elif delta.get("type") == "input_json_delta":
                     block["parts"].append(str(delta.get("partial_json") or ""))
                 # thinking, signature and citation deltas are not part of the answer text
@@ -200,6 +202,7 @@ class AnthropicModel(HTTPModel):
             # ping, content_block_stop and event types added later need no action
         if not done:
             raise self.truncated("message_stop")
+        emit(safe.flush())
         text: list[str] = []
         calls: list[ToolCall] = []
         for _, block in sorted(blocks.items()):

@@ -105,19 +105,36 @@ class ModelEntry:
 INVALID_JSON_KEY = "__invalid_json__"
 
 
+#: Tool-call arguments nested deeper than this are not read (:func:`parse_tool_arguments`):
+#: no tool schema goes near it, and the ledger must be able to read back what it records.
+MAX_ARGUMENT_DEPTH = 64
+
+
 def parse_tool_arguments(raw: Any) -> dict[str, Any]:
-    """Decode a tool call's arguments. Never raises: text that is not a JSON object becomes
+    """Decode a tool call's arguments. Never raises: text that is not a JSON object — or
+    one nested more than :data:`MAX_ARGUMENT_DEPTH` levels deep — becomes
     ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
     the model receives an error result it can read and correct."""
+    from dsh.sanitize import nesting_depth
+
     if raw is None or raw == "":
         return {}
     if isinstance(raw, dict):
+        if nesting_depth(raw, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            return {INVALID_JSON_KEY: f"(arguments nested more than {MAX_ARGUMENT_DEPTH} "
+                                      "levels deep, not read)"}
         return raw
     if isinstance(raw, str):
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {INVALID_JSON_KEY: raw}
         if isinstance(value, dict):
+            if nesting_depth(value, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+                return {INVALID_JSON_KEY: raw}
             return value
-    return {INVALID_JSON_KEY: raw if isinstance(raw, str) else json.dumps(raw)}
+    try:
+        shown = raw if isinstance(raw, str) else json.dumps(raw)
+    except (TypeError, ValueError, RecursionError):
+        shown = repr(raw)[:200]
+    return {INVALID_JSON_KEY: shown}

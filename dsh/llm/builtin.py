@@ -24,6 +24,7 @@ from dsh.errors import ConfigError
 from dsh.errors import InvariantViolation
 from dsh.errors import ProviderError
 from dsh.hookspecs import hookimpl
+from dsh.llm.base import MAX_ARGUMENT_DEPTH
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.messages import MessageView
@@ -31,6 +32,7 @@ from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import Usage
+from dsh.sanitize import nesting_depth
 
 
 @attrs.define(eq=False)
@@ -211,6 +213,8 @@ class ScriptedModel(Model):
                 data = json.loads(path.read_text())
             except FileNotFoundError:
                 raise ConfigError(f"scripted model: no file {path}") from None
+            except RecursionError:
+                raise ConfigError(f"scripted model: {path} is nested too deeply to read") from None
             except ValueError as exc:
                 raise ConfigError(f"scripted model: {path} is not valid JSON: {exc}") from None
             if not isinstance(data, dict) or not isinstance(data.get("responses"), list):
@@ -293,6 +297,11 @@ def _check_response(r: Any, i: int, where: str) -> dict[str, Any]:
             raise ConfigError(
                 f"scripted model: {where}: responses[{i}].tool_calls[{j}].arguments "
                 "must be an object"
+            )
+        if nesting_depth(c.get("arguments", {}), MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            raise ConfigError(
+                f"scripted model: {where}: responses[{i}].tool_calls[{j}].arguments "
+                f"are nested more than {MAX_ARGUMENT_DEPTH} levels deep"
             )
     return r
 

@@ -293,9 +293,15 @@ def truncate(text: str, limit: int = _MAX_DETAIL) -> str:
 def make_response(
     text: str, calls: list[ToolCall], usage: Usage, stop_reason: str | None, model: str
 ) -> ModelResponse:
-    """The adapters' result; ``tool_call_source`` is ``"native"`` exactly when there are calls."""
+    """The adapters' result; ``tool_call_source`` is ``"native"`` exactly when there are calls.
+
+    A surrogate pair that streaming split across two deltas (each decoded on its own) is
+    joined back into its character here; a surrogate still alone is replaced, and counted,
+    when the ledger records the answer (:func:`dsh.ledger.sanitized`)."""
+    from dsh.sanitize import join_pairs
+
     return ModelResponse(
-        text=text,
+        text=join_pairs(text),
         tool_calls=calls,
         usage=usage,
         stop_reason=stop_reason,
@@ -548,6 +554,9 @@ class HTTPModel(Model):
     def decode_json(self, raw: bytes) -> Any:
         try:
             return json.loads(raw)
+        except RecursionError:
+            raise ProviderError(f"{self.provider}: malformed response from {self.url}: "
+                                "nested too deeply to read") from None
         except ValueError:
             raise ProviderError(
                 f"{self.provider}: malformed response from {self.url}: not JSON: "
@@ -558,6 +567,9 @@ class HTTPModel(Model):
         """Decode one stream event's data; garbage is a malformed stream, never retried."""
         try:
             return json.loads(event.data)
+        except RecursionError:
+            raise ProviderError(f"{self.provider}: malformed stream from {self.url}: event "
+                                "data nested too deeply to read") from None
         except ValueError:
             raise ProviderError(
                 f"{self.provider}: malformed stream from {self.url}: event data is not JSON: "

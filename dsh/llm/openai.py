@@ -27,6 +27,7 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
+from dsh.sanitize import StreamText
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -150,6 +151,7 @@ class OpenAIModel(HTTPModel):
         finish: str | None = None
         model: str | None = None
         done = False
+        safe = StreamText()  # a surrogate pair split across two deltas is printed whole
         for event in events:
             if event.data.strip() == "[DONE]":
                 done = True
@@ -169,13 +171,14 @@ class OpenAIModel(HTTPModel):
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     text.append(content)
-                    emit(content)
+                    emit(safe.feed(content))
                 for tc in delta.get("tool_calls") or ():
                     self._merge_call(slots, tc)
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
         if not done and finish is None:
             raise self.truncated("[DONE]")
+        emit(safe.flush())
         calls = [
             ToolCall(
                 id=s["id"] or _call_id(),
