@@ -328,7 +328,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
     <stdin> block). Exit codes: 0 completed, 1 error, 2 usage or config error, 3 limit
-    reached, 4 rejected by a plugin, 130 interrupted.
+    reached, 4 rejected by a plugin, 130 interrupted, 143/129 ended by SIGTERM/SIGHUP.
     """
     machine = as_json or events
     if as_json and events:

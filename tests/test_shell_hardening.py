@@ -250,7 +250,7 @@ def test_the_environment_of_a_command_is_an_allowlist(extra: dict[str, str]) -> 
             assert env[name] == extra[name]
 
 
-def test_hardening_makes_the_process_non_dumpable_in_under_a_millisecond() -> None:
+def test_hardening_makes_the_process_non_dumpable_once_and_cheaply() -> None:
     """In a fresh interpreter: measured, and /proc/self/environ becomes root's."""
     code = textwrap.dedent("""
         import json, os, time
@@ -267,7 +267,7 @@ def test_hardening_makes_the_process_non_dumpable_in_under_a_millisecond() -> No
     before, after, why, again, took = json.loads(out)
     assert (why, again) == ("", "")
     assert after == 0  # owned by root once non-dumpable, whoever runs it
-    assert took < 0.05  # ctypes import ~2 ms + prctl ~0.1 ms; generous for a loaded CI box
+    assert took < 0.25  # ctypes import 2-20 ms + prctl ~5 us; generous for a loaded CI box
 
 
 # --------------------------------------------------------------------------------------------

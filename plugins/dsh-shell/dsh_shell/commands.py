@@ -3,6 +3,11 @@
 Approval is asked on the terminal (``/dev/tty``), never on stdin: stdin may carry the prompt
 or data piped into ``dsh run``, and an answer must come from a person. With no terminal the
 command is refused unless the run was started with ``--yes`` (``RunContext.approve_all``).
+While the question waits, ``dsh run``'s status line is paused (it would redraw over it); the
+wait ends, as no answer, when the run is aborted or its time limit passes.
+
+How a command runs — its environment, dsh made non-dumpable, output read from pipes and
+capped — is in :mod:`dsh_shell.process`.
 """
 
 from __future__ import annotations

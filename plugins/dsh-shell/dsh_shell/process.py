@@ -41,9 +41,10 @@ def harden_process() -> str:
     Non-dumpable (``PR_SET_DUMPABLE`` = 0): the kernel makes ``/proc/PID/{environ,mem,fd,maps,
     …}`` owned by root and refuses ``ptrace`` attach from processes without
     ``CAP_SYS_PTRACE``, so a command running as dsh's (non-root) user cannot read dsh's
-    environment or memory. It costs about 0.1 ms (plus 2 ms to import ctypes), so it is done
-    when the first command is about to run, not at start-up. It also turns off core dumps of
-    dsh. Commands are not affected: ``execve`` makes each program dumpable again.
+    environment or memory. The prctl takes microseconds but importing ctypes takes 2-20 ms,
+    more than start-up can spend, so it is done when the first command is about to run. It
+    also turns off core dumps of dsh. Commands are not affected: ``execve`` makes each
+    program dumpable again.
     """
     global _hardened
     if _hardened is not None:
