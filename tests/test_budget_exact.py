@@ -226,6 +226,21 @@ def test_depth_three_parallel_fan_out_holds_the_root_request_limit(make_app, tmp
             assert end.reason == "model requests limit reached in a parent run (7/7)"
 
 
+def test_a_subagent_stopped_after_answering_returns_its_output_and_says_why(lead_and_helpers):
+    app, worker = lead_and_helpers(
+        lead=[{"tool_calls": _ask("helper", 1)}, {"text": "lead done"}],
+        helper=[{"text": "partial answer", "tool_calls": _work(1)}, {"text": "never"}],
+        helper_limits={"requests": 1},
+    )
+    result = app.run("start")
+    assert (result.outcome, result.output) == ("completed", "lead done")
+    tool_result = next(e for e in app.store.read(result.session_id) if e.type == "tool/result")
+    assert (tool_result.status, tool_result.output) == (
+        "ok", "partial answer\n[sub-agent helper stopped by a budget limit: model requests "
+        "limit reached (1/1)]")
+    assert worker.ran == []  # the request that used the budget up does not get its tools run
+
+
 def test_app_parallel_inside_a_run_is_held_by_the_runs_budget(make_app, plugin_module,
                                                               tmp_path):
     """A tool that fans out with ``app.parallel`` does not escape its run's budget: the
