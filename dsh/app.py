@@ -11,6 +11,7 @@ events are appended to the session ledger, and ``run_turn`` drives the loop.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -25,7 +26,9 @@ from dsh.config import config_from_dict
 from dsh.config import load_config
 from dsh.config import options_error
 from dsh.errors import Cancelled
+from dsh.errors import ConfigError
 from dsh.errors import DshError
+from dsh.errors import InvariantViolation
 from dsh.errors import PluginError
 from dsh.errors import SessionInUse
 from dsh.errors import UsageError
@@ -36,6 +39,7 @@ from dsh.events import TurnStarted
 from dsh.ledger import INTERRUPTED
 from dsh.ledger import Ledger
 from dsh.ledger import new_session_id
+from dsh.llm import transport
 from dsh.llm.base import Model
 from dsh.llm.base import ModelEntry
 from dsh.loop import Inbox
@@ -45,6 +49,7 @@ from dsh.manager import call_impl
 from dsh.manager import discover
 from dsh.manager import make_plugin_manager
 from dsh.manager import plugin_of
+from dsh.manager import wrapper_failure
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.prompt import collect_prompt
@@ -97,7 +102,21 @@ class Agent:
             problem = options_error(options, "options")
             if problem is not None:
                 raise UsageError(f"agent {name!r}: {problem}")
-        self.options: dict[str, Any] = {**acfg.options, **(options or {})}
+        # Options, lowest first: the adapter's defaults, [models.ID] options, [agents.X]
+        # options, -o / options=. All of them are recorded on turn/start (C3); none may set a
+        # protocol key. Merged once the adapter is known (see `options`).
+        where = cfg.source or "config"
+        model_options = cfg.models.get(self.model_id, {}).get("options") or {}
+        if not isinstance(model_options, Mapping):
+            raise ConfigError(f"{where}: [models.{self.model_id!r}] options must be a table")
+        self._option_layers: list[tuple[str, Mapping[str, Any]]] = [
+            (f"{where}: [models.{json.dumps(self.model_id)}] options", model_options),
+            (f"{where}: [agents.{name}] options", acfg.options),
+            ("-o / options= override", options or {}),
+        ]
+        for source, layer in self._option_layers:
+            transport.check_option_keys(layer, source)
+        self._options: Mapping[str, Any] | None = None
         self.info = AgentInfo(
             name=name, model=self.model_id, settings=attrs.asdict(acfg),
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
@@ -142,6 +161,26 @@ class Agent:
         if self._model is None:
             self._model = self.app.build_model(self.model_id)
         return self._model
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The effective model options (read-only): adapter defaults, then ``[models.ID]``,
+        ``[agents.NAME]`` and override options. Exactly these are recorded and sent."""
+        if self._options is None:
+            self._options = transport.merge_options(self.model, self._option_layers)
+        return self._options
+
+    @options.setter
+    def options(self, value: Mapping[str, Any]) -> None:
+        # A plugin may replace them: they are checked, frozen and recorded on the next turn.
+        self._option_layers = [("agent.options (set by a plugin)", dict(value))]
+        self._options = transport.merge_options(self.model, self._option_layers)
+
+    @property
+    def effective_model(self) -> str:
+        """The model id recorded on ``turn/start``: the adapter's effective id, if it has
+        one (an alias resolved), else the configured id."""
+        return self.model.effective_id or self.model_id
 
     @property
     def price(self) -> tuple[float, float] | None:
@@ -298,24 +337,25 @@ class Session:
                     on_text=stream_text if watched else None)
         outcome = "error"
         error: BaseException | None = None
+        bound = None
         with activate(ctx):
             try:
-                ledger.append(
-                    TurnStarted, turn=number, agent=agent.name,
-                    model=_changed(agent.model_id, proj.model),
-                    system=_changed(agent.system, proj.system),
-                    tools=_changed(agent.tool_specs, proj.tools),
-                    options=_changed(agent.options, proj.options),
-                    **_parent_link(parent, number),
-                )
+                # What this turn's requests carry besides the history, each written when it
+                # changed; the transport sends exactly these, for this run's adapter (C3).
+                changed = transport.record_turn(
+                    ledger, model=agent.effective_model, system=agent.system,
+                    tools=agent.tool_specs, options=agent.options)
+                ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
+                              **_parent_link(parent, number))
+                bound = transport.bind(ctx, agent.model, ledger, pm)
                 outcome = pm.hook.run_turn(turn=turn) or "completed"
             except Cancelled as exc:
                 outcome, turn.reason, error = "aborted", str(exc), exc
             except KeyboardInterrupt as exc:
                 outcome, turn.reason, error = "aborted", "interrupted", exc
             except Exception as exc:
-                outcome, error = "error", exc
-                turn.reason = describe_error(pm, exc)
+                outcome, error = "error", wrapper_failure(pm, exc) or exc
+                turn.reason = describe_error(pm, error)
             finally:
                 self.inbox.close()  # however the turn ended: later messages wait for the next
                 try:
@@ -326,6 +366,8 @@ class Session:
                     self._close_turn(turn, outcome)
                 ledger.observer = None
                 cleanup_errors = ctx.run_cleanups()
+                if bound is not None:
+                    transport.unbind(bound)
         if error is None and cleanup_errors:
             error = cleanup_errors[0]
         if isinstance(error, KeyboardInterrupt):
@@ -407,10 +449,6 @@ def configure(pm: Any, app: App) -> None:
                           plugin=found[0] if found else "", hook="configure") from exc
 
 
-def _changed(value: Any, current: Any) -> Any:
-    return None if value == current else value
-
-
 MAX_DEPTH = 8
 
 
@@ -466,6 +504,8 @@ def subagent_tool(app: App, child: str) -> ToolDef:
 
 def describe_error(pm: Any, exc: BaseException) -> str:
     """A one-line reason naming the plugin and hook that raised, when it was a plugin."""
+    if isinstance(exc, InvariantViolation) and exc.plugin:
+        return str(exc)  # the transport named the plugin that changed the request
     if isinstance(exc, DshError) and not isinstance(exc, PluginError):
         found = plugin_of(pm, exc)
         return f"{exc} (plugin {found[0]}, hook {found[1]})" if found else str(exc)
@@ -579,6 +619,7 @@ class App:
         # Resolve the adapter (and check its key) before any I/O, and convert the tool table
         # to the provider's format now, once, rather than on every request (D1).
         agent.model.provider_tools(agent.tool_specs)
+        _ = agent.options  # merged and checked now: a protocol key is a ConfigError, no I/O
         if not save:
             if session_id is not None:
                 raise UsageError("--no-save cannot resume a saved session")

@@ -57,7 +57,12 @@ class LedgerError(DshError):
 
 class InvariantViolation(DshError):
     """A model request differs from what the ledger records (MISSION C3). Always a bug: some
-    layer changed what the model would see without writing it to the log."""
+    layer changed what the model would see without writing it to the log. ``plugin`` names
+    the plugin that did, when the transport could tell (then the message names it too)."""
+
+    def __init__(self, message: str, *, plugin: str = "") -> None:
+        super().__init__(message)
+        self.plugin = plugin
 
 
 class ProviderError(DshError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from dsh.events import AssistantMessage
@@ -21,10 +22,12 @@ from dsh.events import ToolReturned
 from dsh.events import TurnEnded
 from dsh.events import TurnStarted
 from dsh.events import UserMessage
+from dsh.messages import FrozenDict
 from dsh.messages import Message
 from dsh.messages import MessageView
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
+from dsh.messages import freeze
 from dsh.serialize import checked
 from dsh.serialize import raw_tool_calls
 from dsh.serialize import raw_tools
@@ -62,7 +65,7 @@ class Projection:
         self.system = ""
         self.tools: tuple[ToolSpec, ...] = ()
         self.model = ""
-        self.options: dict[str, Any] = {}
+        self.options: Mapping[str, Any] = FrozenDict()
         self.pending: dict[str, ToolCall] = {}
         self.turn = 0
         self.step = 0
@@ -120,7 +123,7 @@ class Projection:
             if s.model is not None:
                 self.model = s.model
             if s.options is not None:
-                self.options = s.options
+                self.options = freeze(s.options)  # read-only (C3); O(1) when it already is
         elif t is TurnEnded:
             self.turn_open = False
             self.step_open = False
@@ -179,7 +182,7 @@ class Projection:
                 self.model = checked(model, str)
             options = d.get("options")
             if options is not None:
-                self.options = checked(options, dict)
+                self.options = freeze(checked(options, dict))
         elif tag == "turn/end":
             self.turn_open = False
             self.step_open = False

@@ -198,18 +198,24 @@ def pre_step(step: StepDraft) -> None:
 def request(call: ModelCall) -> ModelResponse | None:
     """The chat chain: send ``call.request`` to the model (``agent/request``).
 
-    :param call: ``call.request`` (a frozen :class:`dsh.messages.ModelRequest`), ``call.model``
-        (the adapter), ``call.agent``, ``call.on_text``.
+    :param call: ``call.request`` (a deeply frozen :class:`dsh.messages.ModelRequest`),
+        ``call.model`` (the agent's adapter), ``call.agent``, ``call.on_text``.
     :return: firstresult: the :class:`dsh.messages.ModelResponse`.
 
-    The built-in implementation (``dsh.llm.builtin``, ``trylast``) checks invariant C3, calls
-    the adapter and rescues tool calls written as text (D5). Budget counting (``dsh.budget``)
-    and live-event recording (``dsh.recorder``) are built-in wrappers.
+    The built-in implementation (``dsh.llm.builtin``, ``trylast``) hands the request to
+    ``dsh.llm.transport.send`` — which checks invariant C3 against the session's record, reserves
+    the request in the budget and calls the recorded adapter — and rescues tool calls written
+    as text (D5). Around it, outermost first: plugin wrappers, then the built-in wrappers
+    ``dsh.budget`` (tokens and cost) and ``dsh.recorder`` (the live ``agent/request`` event).
 
-    **Use in plugins:** wrappers are welcome (``@hookimpl(wrapper=True)``): code before
-    ``yield`` sees the request, ``response = yield`` runs the inner layers, return the
-    response. To change the request, swap it: ``call.request = attrs.evolve(call.request, …)``
-    — but anything that changes the messages must be written to the ledger first, or C3 fails.
+    **Use in plugins:** wrappers are welcome (``@hookimpl(wrapper=True)``), with exactly one
+    ``yield``: code before it sees the request, ``response = yield`` runs the inner layers,
+    return the response. To change the request, swap it:
+    ``call.request = attrs.evolve(call.request, …)`` — but what the model sees must be written
+    to the ledger first, or the transport refuses to send it (the turn ends with outcome
+    ``error``, naming your plugin). Replacing the built-in implementation does not skip the
+    check: adapters refuse requests that did not come through the transport, and so does
+    a different adapter put on ``call.model``.
 
     .. versionadded:: 0.1
     """

@@ -39,6 +39,7 @@ from dsh.manager import call_impl
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
+from dsh.messages import thaw
 from dsh.recorder import emit
 from dsh.runcontext import RunContext
 from dsh.tools import ToolInvocation
@@ -405,7 +406,7 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
         child = new_session_id() if tool is not None and tool.subagent else None
         ledger.append(ToolCalled, call_id=call.id, name=call.name, arguments=call.arguments,
                       child_session=child)
-        invocations.append(ToolInvocation(call, tool, dict(call.arguments), agent.name,
+        invocations.append(ToolInvocation(call, tool, thaw(call.arguments), agent.name,
                                           child_session=child))
     refusals = [budget.reserve(tool_calls=1) for _ in invocations]
     first_refusal = next((r for r in refusals if r), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import types
 from collections.abc import Iterable
@@ -26,16 +27,22 @@ from dsh.errors import PluginError
 
 #: Built-in subsystems, registered under these names in every manager. ``module:attr`` names
 #: an object (a class instantiated with the manager) instead of a module.
+#:
+#: The order of the last three is the order of the framework's layers in the chat and tool
+#: chains (D3): they are ``trylast`` wrappers, and pluggy runs a later-registered ``trylast``
+#: wrapper *inside* an earlier one. Registered budget → hook dispatch → recorder, the chains
+#: read plugin wrappers → dsh.budget → [dsh.tools:HookDispatch] → dsh.recorder → core
+#: (tests/test_c3_transport.py observes it).
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "dsh.loop",
     "dsh.llm.builtin",
     "dsh.tools",
-    "dsh.tools:HookDispatch",
     "dsh.prompt",
     "dsh.ledger",
     "dsh.scope",
-    "dsh.recorder",
     "dsh.budget",
+    "dsh.tools:HookDispatch",
+    "dsh.recorder",
 )
 #: Cannot be blocked: budgets must hold whatever the configuration says.
 ESSENTIAL_PLUGINS: tuple[str, ...] = ("dsh.budget",)
@@ -400,6 +407,36 @@ def call_impl(impl: Any, hook: str, **kwargs: Any) -> Any:
             f"plugin {impl.plugin_name} raised in hook {hook}: {type(exc).__name__}: {exc}",
             plugin=impl.plugin_name, hook=hook,
         ) from exc
+
+
+_WRAPFAIL = re.compile(r"wrap_controller at '([^']*)' (.*):(\d+) (has second yield|did not yield)")
+
+
+def wrapper_failure(pm: pluggy.PluginManager, exc: BaseException) -> PluginError | None:
+    """pluggy's "wrap_controller at 'f' FILE:LINE has second yield" (or "did not yield") as a
+    :class:`PluginError` naming the plugin and hook of that wrapper; ``None`` for any other
+    error. A wrapper yields exactly once (D3: the inner layers run once, no double charge)."""
+    if not isinstance(exc, RuntimeError):
+        return None
+    m = _WRAPFAIL.search(str(exc))
+    if m is None:
+        return None
+    name, filename, line, what = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+    for hook_name in dir(pm.hook):
+        caller = getattr(pm.hook, hook_name, None)
+        if caller is None or not hasattr(caller, "get_hookimpls"):
+            continue
+        for impl in caller.get_hookimpls():
+            code = getattr(impl.function, "__code__", None)
+            if (code is not None and code.co_name == name and code.co_filename == filename
+                    and code.co_firstlineno == line):
+                verb = "yielded a second time" if what == "has second yield" else (
+                    "did not yield")
+                return PluginError(
+                    f"plugin {impl.plugin_name}: its {hook_name} wrapper {name}() {verb}; a "
+                    "wrapper must yield exactly once (the inner layers run once)",
+                    plugin=impl.plugin_name, hook=hook_name)
+    return None
 
 
 def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] | None:

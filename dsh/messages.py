@@ -16,12 +16,132 @@ from typing import overload
 import attrs
 
 
-def _freeze_args(value: Mapping[str, Any] | None) -> dict[str, Any]:
-    return dict(value or {})
+class FrozenDict(dict[Any, Any]):
+    """A ``dict`` that cannot be changed in place: what a request carries (MISSION C3).
+
+    A ``dict`` subclass, so it serialises with ``json`` exactly as a dict does, compares equal
+    to one and passes ``isinstance(x, dict)``; every mutating method raises ``TypeError``.
+    Build it with :func:`freeze`, which freezes nested values too. (Python's own
+    ``dict.__setitem__(d, …)`` still writes into it: like ``object.__setattr__`` on a frozen
+    attrs instance, that is deliberate tampering, not a mistake — see docs/architecture.md.)
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dict.__init__(self, *args, **kwargs)
+        for k, v in dict.items(self):  # then freeze the values that are not frozen yet
+            if type(v) not in _FINAL:
+                frozen = freeze(v)
+                if frozen is not v:
+                    dict.__setitem__(self, k, frozen)
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a request's mappings are read-only (MISSION C3); build a new request "
+                        "with attrs.evolve and write what you add to the ledger")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
+    __ior__ = _readonly
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> Any:
+        return (FrozenDict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A ``list`` that cannot be changed in place (see :class:`FrozenDict`)."""
+
+    __slots__ = ()
+
+    def __init__(self, items: Iterable[Any] = ()) -> None:
+        list.__init__(self, items)
+        for i, v in enumerate(list.__iter__(self)):
+            if type(v) not in _FINAL:
+                frozen = freeze(v)
+                if frozen is not v:
+                    list.__setitem__(self, i, frozen)
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a request's lists are read-only (MISSION C3); build a new request "
+                        "with attrs.evolve and write what you add to the ledger")
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = _readonly
+    sort = reverse = __iadd__ = __imul__ = _readonly
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+
+#: Types needing no freezing: immutable scalars, and what is frozen already (its contents were
+#: frozen when it was built).
+_FINAL = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
+
+
+def freeze(value: Any) -> Any:
+    """``value`` with every nested mapping and list made read-only (O(1) when already frozen).
+
+    JSON's shapes — mappings, lists and tuples — become :class:`FrozenDict` and
+    :class:`FrozenList`; scalars and other objects are kept as they are.
+    """
+    if type(value) in _FINAL:
+        return value
+    if isinstance(value, Mapping):
+        return FrozenDict(value)
+    if isinstance(value, list | tuple):
+        return FrozenList(value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A plain, mutable deep copy of a frozen value (for code that wants to change its copy,
+    such as a tool receiving its arguments)."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if isinstance(value, Mapping):
+        plain = dict(value)
+        for k, v in plain.items():
+            if type(v) not in _SCALARS:
+                plain[k] = thaw(v)
+        return plain
+    if isinstance(value, list | tuple):
+        return [v if type(v) in _SCALARS else thaw(v) for v in value]
+    return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+_EMPTY = FrozenDict()
+
+
+def _freeze_args(value: Mapping[str, Any] | None) -> FrozenDict:
+    if type(value) is FrozenDict:
+        return value
+    return FrozenDict(value) if value else _EMPTY
 
 
 def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:
     return tuple(value)
+
+
+def _messages(value: Iterable[Message]) -> Sequence[Message]:
+    # a view of the ledger's projection is immutable already (the normal path: O(1))
+    return value if type(value) is MessageView or type(value) is tuple else tuple(value)
 
 
 def _specs(value: Iterable[ToolSpec]) -> tuple[ToolSpec, ...]:
@@ -34,7 +154,8 @@ class ToolCall:
 
     id: str
     name: str
-    arguments: dict[str, Any] = attrs.field(factory=dict, converter=_freeze_args, hash=False)
+    arguments: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
+                                               hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -78,7 +199,8 @@ class ToolSpec:
 
     name: str
     description: str = ""
-    parameters: dict[str, Any] = attrs.field(factory=dict, hash=False)
+    parameters: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
+                                                hash=False)
 
 
 class MessageView(Sequence[Message]):
@@ -140,14 +262,18 @@ class MessageView(Sequence[Message]):
 
 @attrs.frozen(kw_only=True)
 class ModelRequest:
-    """Everything one provider call sends. Frozen: a ``request`` wrapper that wants to change it
-    swaps it on the :class:`dsh.llm.ModelCall` with ``attrs.evolve``."""
+    """Everything one provider call sends. Deeply immutable: the fields are frozen and so is
+    everything inside them (options, tool schemas, tool-call arguments are
+    :class:`FrozenDict`). A ``request`` wrapper that wants to change it swaps it on the
+    :class:`dsh.llm.ModelCall` with ``attrs.evolve`` — and then the transport refuses to send
+    it unless the change is in the ledger (MISSION C3, ``dsh.llm.transport``)."""
 
     model: str
     system: str = ""
-    messages: Sequence[Message] = ()
+    messages: Sequence[Message] = attrs.field(default=(), converter=_messages)
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_specs)
-    options: dict[str, Any] = attrs.field(factory=dict, hash=False)
+    options: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
+                                             hash=False)
     stream: bool = False
 
 

@@ -3,6 +3,11 @@
 Live events exist only while running and never land in the ledger. They are built only when
 the run is observed (``RunContext.emit`` is set); otherwise every call here is one attribute
 test and the chains run unrecorded.
+
+Both wrappers are ``trylast`` and registered last of the framework's layers
+(``dsh.manager.BUILTIN_PLUGINS``), so they are the innermost: plugin wrappers → dsh.budget →
+[dsh.tools:HookDispatch] → dsh.recorder → core. ``agent/request`` and ``tools/pre-execute``
+therefore describe the request and the call as every other layer left them.
 """
 
 from __future__ import annotations

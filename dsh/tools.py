@@ -28,6 +28,8 @@ from dsh.hookspecs import hookimpl
 from dsh.manager import call_impl
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
+from dsh.messages import freeze
+from dsh.messages import thaw
 
 _TOOL_OPTIONS = "__dsh_tool__"
 _current_call: contextvars.ContextVar[ToolInvocation] = contextvars.ContextVar("dsh_tool_call")
@@ -376,7 +378,7 @@ class HookDispatch:
     def __init__(self, pm: Any) -> None:
         self.pm = pm
 
-    @hookimpl(wrapper=True)
+    @hookimpl(wrapper=True, trylast=True)  # between dsh.budget and dsh.recorder (manager.py)
     def execute(self, call: ToolInvocation) -> Any:
         # A blocked call still travels inward (a pluggy wrapper must yield exactly once);
         # the core implementation turns it into an error outcome without running the tool.
@@ -396,7 +398,11 @@ _BUILT: weakref.WeakKeyDictionary[Any, dict[Any, ToolDef]] = weakref.WeakKeyDict
 
 def _memo_build(fn: Callable[..., Any], plugin: str, options: dict[str, Any]) -> ToolDef:
     """:func:`build_tool`, memoised per function: assembling a second app or agent with the
-    same tools reuses their schemas instead of re-reading signatures and docstrings (D1)."""
+    same tools reuses their schemas instead of re-reading signatures and docstrings (D1).
+
+    The memo keeps a read-only template; every caller gets its own copy of the schema, so
+    one app's plugin changing a schema can never show in another app's agent (C3).
+    """
     key = (plugin, tuple(sorted(options.items())))
     try:
         per_fn = _BUILT.setdefault(fn, {})
@@ -404,8 +410,9 @@ def _memo_build(fn: Callable[..., Any], plugin: str, options: dict[str, Any]) ->
         return build_tool(fn, plugin=plugin, **options)
     tool_ = per_fn.get(key)
     if tool_ is None:
-        tool_ = per_fn[key] = build_tool(fn, plugin=plugin, **options)
-    return tool_
+        built = build_tool(fn, plugin=plugin, **options)
+        tool_ = per_fn[key] = attrs.evolve(built, parameters=freeze(built.parameters))
+    return attrs.evolve(tool_, parameters=thaw(tool_.parameters))
 
 
 def collect_tools(pm: Any, agent: Any, allow: Sequence[str] | None = None) -> dict[str, ToolDef]:

@@ -12,6 +12,7 @@ import pytest
 from dsh.errors import Cancelled
 from dsh.errors import ProviderError
 from dsh.llm.anthropic import AnthropicModel
+from dsh.llm.transport import send
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -51,19 +52,20 @@ def make(server: ScriptedServer, **settings: Any) -> AnthropicModel:
 
 def request(stream: bool = False, **kw: Any) -> ModelRequest:
     return ModelRequest(
-        model="anthropic:claude", messages=[Message(role="user", content="hi")], stream=stream, **kw
+        model="anthropic:claude-sonnet-4-20250514", messages=[Message(role="user", content="hi")],
+        stream=stream, **kw
     )
 
 
 def streamed(model: AnthropicModel, req: ModelRequest) -> tuple[ModelResponse, list[str]]:
     deltas: list[str] = []
-    return model.complete(req, on_text=deltas.append), deltas
+    return send(req, on_text=deltas.append, model=model), deltas
 
 
 def test_request_body_mapping(server: ScriptedServer) -> None:
     server.script(Reply(body=anthropic_message("ok")))
     req = ModelRequest(
-        model="anthropic:claude",
+        model="anthropic:claude-sonnet-4-20250514",
         system="Be terse.",
         messages=[
             Message(role="user", content="read a and b"),
@@ -93,9 +95,9 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
             ToolSpec(name="read", description="Read a file.", parameters=SCHEMA),
             ToolSpec(name="noop"),
         ],
-        options={"temperature": 0.2},
+        options={"temperature": 0.2, "top_k": 5},  # merged by the agent, recorded (C3)
     )
-    make(server, options={"temperature": 1.0, "top_k": 5}).complete(req)
+    send(req, model=make(server, options={"temperature": 1.0}))  # not merged by the adapter
     (got,) = server.received
     assert got.path == "/v1/messages"
     assert got.headers["x-api-key"] == KEY
@@ -151,15 +153,17 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
 
 def test_max_tokens_option_and_no_system(server: ScriptedServer) -> None:
     server.script(Reply(body=anthropic_message("ok")), Reply(body=anthropic_message("ok")))
-    make(server, options={"max_tokens": 512}).complete(request())
-    make(server).complete(request(options={"max_tokens": 64}))
-    assert [b["max_tokens"] for b in server.bodies] == [512, 64]
+    model = make(server, options={"max_tokens": 512})
+    assert model.default_options() == {"max_tokens": 4096}  # recorded with the others
+    send(request(), model=model)  # settings' options are the agent's business, not the body's
+    send(request(options={"max_tokens": 64}), model=make(server))
+    assert [b["max_tokens"] for b in server.bodies] == [4096, 64]
     assert "system" not in server.bodies[0] and "tools" not in server.bodies[0]
 
 
 def test_base_url_with_v1_suffix(server: ScriptedServer) -> None:
     server.script(Reply(body=anthropic_message("ok")))
-    AnthropicModel("c", {"base_url": server.url + "/v1/"}).complete(request())
+    send(request(), model=AnthropicModel("c", {"base_url": server.url + "/v1/"}))
     assert server.received[0].path == "/v1/messages"
 
 
@@ -180,7 +184,7 @@ def test_non_streaming(server: ScriptedServer) -> None:
     body = anthropic_message("Reading.", calls, usage=(40, 12))
     body["usage"]["cache_read_input_tokens"] = 100
     server.script(Reply(body=body))
-    resp = make(server).complete(request(stream=True))  # nobody observes: not streamed
+    resp = send(request(stream=True), model=make(server))  # nobody observes: not streamed
     assert resp == ModelResponse(
         text="Reading.",
         tool_calls=EXPECTED_CALLS[:2],
@@ -204,7 +208,7 @@ def test_streaming_equals_non_streaming(server: ScriptedServer, one_byte_chunks:
     model = make(server)
     resp, deltas = streamed(model, request(stream=True))
     assert deltas == text
-    assert resp == model.complete(request())
+    assert resp == send(request(), model=model)
     assert resp.tool_calls == EXPECTED_CALLS
     assert resp.usage == Usage(input_tokens=40, output_tokens=12)
     assert server.bodies[0]["stream"] is True
@@ -247,7 +251,7 @@ def test_529_with_integer_retry_after_then_success(server: ScriptedServer) -> No
     err = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     server.script(Reply(529, err, {"retry-after": "1"}), Reply(body=anthropic_message("ok")))
     t0 = time.monotonic()
-    assert make(server).complete(request()).text == "ok"
+    assert send(request(), model=make(server)).text == "ok"
     assert time.monotonic() - t0 >= 1.0 and len(server.received) == 2
 
 
@@ -255,7 +259,7 @@ def test_529_forever(server: ScriptedServer) -> None:
     err = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     server.script(*[Reply(529, err) for _ in range(3)])
     with pytest.raises(ProviderError, match=r"overloaded \(HTTP 529\): Overloaded.*2 retries"):
-        make(server, retries=2).complete(request())
+        send(request(), model=make(server, retries=2))
     assert len(server.received) == 3
 
 
@@ -266,7 +270,7 @@ def test_401_names_the_variable(server: ScriptedServer) -> None:
     }
     server.script(Reply(401, err))
     with pytest.raises(ProviderError, match="authentication failed.*ANTHROPIC_API_KEY") as info:
-        make(server).complete(request())
+        send(request(), model=make(server))
     assert KEY not in str(info.value) and "invalid x-api-key" in str(info.value)
 
 
@@ -278,7 +282,7 @@ def test_missing_key_is_found_before_any_request(
     with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY"):
         model.check()
     with pytest.raises(ProviderError, match="ANTHROPIC_API_KEY"):
-        model.complete(request())
+        send(request(), model=model)
     assert server.received == []
 
 
@@ -292,7 +296,7 @@ def test_prompt_too_long(server: ScriptedServer) -> None:
     }
     server.script(Reply(400, err))
     with pytest.raises(ProviderError, match="context too long.*208310 tokens") as info:
-        make(server).complete(request())
+        send(request(), model=make(server))
     assert info.value.status == 400 and len(server.received) == 1
 
 
@@ -300,7 +304,7 @@ def test_unknown_model(server: ScriptedServer) -> None:
     err = {"type": "error", "error": {"type": "not_found_error", "message": "model: claude-nope"}}
     server.script(Reply(404, err))
     with pytest.raises(ProviderError, match=f"unknown model 'claude-nope' at {server.url}"):
-        make(server, model="claude-nope").complete(request())
+        send(request(), model=make(server, model="claude-nope"))
 
 
 def test_abort_mid_stream(server: ScriptedServer) -> None:
@@ -313,7 +317,7 @@ def test_abort_mid_stream(server: ScriptedServer) -> None:
         timer.start()
         t0 = time.monotonic()
         with pytest.raises(Cancelled):
-            make(server).complete(request(stream=True), on_text=deltas.append)
+            send(request(stream=True), on_text=deltas.append, model=make(server))
         elapsed = time.monotonic() - t0
         timer.join()
     assert elapsed < 1.0 and deltas == ["Hello"]

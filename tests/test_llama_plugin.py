@@ -37,6 +37,7 @@ from dsh.errors import Cancelled
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
 from dsh.ledger import Ledger
+from dsh.llm.transport import send
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
@@ -371,13 +372,16 @@ def test_complete_maps_request_options_and_usage(dsh_llama: Any) -> None:
     tools = (ToolSpec(name="now", description="the time", parameters={}),)
     req = ModelRequest(model="local", system="sys", messages=HISTORY[:1], tools=tools,
                        options={"seed": 9})
-    resp = model.complete(req)
+    resp = send(req, model=model)
     assert resp.text == "Hello there, friend"
     assert resp.usage.input_tokens == 7 and resp.usage.output_tokens == 3
     assert resp.stop_reason == "stop" and resp.model == "fake.gguf"
     assert resp.tool_calls == () and resp.tool_call_source is None
     call = fake.calls[0]
-    assert call["max_tokens"] == 256 and call["temperature"] == 0.5 and call["seed"] == 9
+    # only the request's (recorded) options: the settings' options reach a request through
+    # the agent, which records them on turn/start (C3), never added by the adapter itself
+    assert call["max_tokens"] == 256 and "temperature" not in call and call["seed"] == 9
+    assert model.default_options() == {"max_tokens": 256}
     assert call["stream"] is True  # always driven as a stream, so an abort is honoured
     assert "tools" not in call  # SmolLM2-like template: no tools, and nothing added to prompts
     assert call["messages"] == [{"role": "system", "content": "sys"},
@@ -387,14 +391,14 @@ def test_complete_maps_request_options_and_usage(dsh_llama: Any) -> None:
 def test_tools_are_passed_when_the_template_takes_them(dsh_llama: Any) -> None:
     fake = FakeLlama(template="{% if tools %}{{ tools | tojson }}{% endif %}")
     model = _fake_model(dsh_llama, fake)
-    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
+    resp = send(ModelRequest(model="local", messages=HISTORY, tools=NOW), model=model)
     assert fake.calls[0]["tools"] == [{"type": "function", "function": {
         "name": "now", "description": "the time", "parameters": NOW[0].parameters}}]
     assert fake.calls[0]["messages"][2]["role"] == "tool"
     assert resp.text == "Hello there, friend"  # text tool calls are the core's to rescue
     # `tools = false` forces them off
     off = _fake_model(dsh_llama, FakeLlama(template="{{ tools }}"), {"tools": False})
-    off.complete(ModelRequest(model="local", messages=HISTORY[:1], tools=NOW))
+    send(ModelRequest(model="local", messages=HISTORY[:1], tools=NOW), model=off)
     assert "tools" not in off.loaded.llm.calls[0]
 
 
@@ -403,14 +407,14 @@ def test_native_tool_calls_of_a_function_calling_format(dsh_llama: Any) -> None:
                 "function": {"name": "now", "arguments": '{"tz": "UTC"}'}}
     fake = FakeLlama("", tool_calls=[raw_call], chat_format="chatml-function-calling")
     model = _fake_model(dsh_llama, fake)
-    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
+    resp = send(ModelRequest(model="local", messages=HISTORY, tools=NOW), model=model)
     assert fake.calls[0]["stream"] is False  # read whole: the handler builds the calls
     assert fake.calls[0]["tools"][0]["function"]["name"] == "now"
     assert resp.tool_calls == (ToolCall(id="x1", name="now", arguments={"tz": "UTC"}),)
     assert resp.tool_call_source == "native"
     bad = {"id": "x2", "function": {"name": "now", "arguments": "{oops"}}
     fake.tool_calls = [bad]
-    resp = model.complete(ModelRequest(model="local", messages=HISTORY, tools=NOW))
+    resp = send(ModelRequest(model="local", messages=HISTORY, tools=NOW), model=model)
     assert resp.tool_calls[0].arguments == {"__invalid_json__": "{oops"}
 
 
@@ -418,8 +422,8 @@ def test_streaming_deltas_join_to_the_final_text(dsh_llama: Any, run_ctx: RunCon
     fake = FakeLlama("one two three four")
     model = _fake_model(dsh_llama, fake)
     deltas: list[str] = []
-    resp = model.complete(ModelRequest(model="local", messages=HISTORY[:1], stream=True),
-                          deltas.append)
+    resp = send(ModelRequest(model="local", messages=HISTORY[:1], stream=True),
+                          deltas.append, model=model)
     assert deltas == ["one", " two", " three", " four"]
     assert "".join(deltas) == resp.text == "one two three four"
     assert resp.usage.output_tokens == 4 and resp.usage.input_tokens == 7
@@ -437,7 +441,7 @@ def test_cancel_stops_the_stream(dsh_llama: Any, run_ctx: RunContext) -> None:
             run_ctx.abort("test abort")
 
     with pytest.raises(Cancelled, match="test abort"):
-        model.complete(ModelRequest(model="local", messages=HISTORY[:1], stream=True), on_text)
+        send(ModelRequest(model="local", messages=HISTORY[:1], stream=True), on_text, model=model)
     assert deltas == ["w0", " w1"]
     assert fake.closed and fake.served <= 3  # the generator was closed, not drained
 
@@ -454,7 +458,7 @@ def test_cancel_stops_an_unstreamed_completion_too(dsh_llama: Any,
     fake = Aborting(" ".join(f"w{i}" for i in range(50)))
     model = _fake_model(dsh_llama, fake)
     with pytest.raises(Cancelled, match="timer"):
-        model.complete(ModelRequest(model="local", messages=HISTORY[:1]))  # nobody watches
+        send(ModelRequest(model="local", messages=HISTORY[:1]), model=model)  # nobody watches
     assert fake.closed and fake.served <= 4
 
 
@@ -465,14 +469,14 @@ def test_errors_from_llama_cpp_become_provider_errors(dsh_llama: Any) -> None:
 
     model = _fake_model(dsh_llama, TooLong())
     with pytest.raises(ProviderError, match="context too long .* raise n_ctx"):
-        model.complete(ModelRequest(model="local", messages=HISTORY[:1]))
+        send(ModelRequest(model="local", messages=HISTORY[:1]), model=model)
 
     def broken(delta: str) -> None:
         raise KeyError("from the caller")
 
     model = _fake_model(dsh_llama, FakeLlama())
     with pytest.raises(KeyError, match="from the caller"):  # not disguised as llama's
-        model.complete(ModelRequest(model="local", messages=HISTORY[:1], stream=True), broken)
+        send(ModelRequest(model="local", messages=HISTORY[:1], stream=True), broken, model=model)
 
 
 def test_the_app_runs_the_adapter_and_records_usage(dsh_llama: Any, tmp_path: Path,
@@ -584,5 +588,5 @@ def test_real_model_is_loaded_once_per_process(llama: Any) -> None:
     assert first.closed
     req = ModelRequest(model="local", messages=[Message(role="user", content="Say hi")],
                        options={"max_tokens": 4})
-    assert a.complete(req).usage.output_tokens > 0
+    assert send(req, model=a).usage.output_tokens > 0
     assert a.loaded is not first and a.loaded is b.loaded

@@ -13,6 +13,7 @@ from dsh.hookspecs import hookimpl
 from dsh.llm.builtin import EchoModel
 from dsh.llm.builtin import ScriptedModel
 from dsh.llm.builtin import check_invariant
+from dsh.llm.transport import send
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.runcontext import context
@@ -145,19 +146,19 @@ def test_echo_answers_last_message_and_streams():
     parts: list[str] = []
     req = ModelRequest(model="echo", messages=(Message(role="user", content="a b c"),),
                        stream=True)
-    r = EchoModel("").complete(req, parts.append)
+    r = send(req, parts.append, model=EchoModel(""))
     assert r.text == "a b c" and "".join(parts) == "a b c" and len(parts) == 3
 
 
 def test_scripted_from_list_and_exhaustion():
     m = ScriptedModel("", {"responses": [{"text": "one"}]})
-    first = m.complete(ModelRequest(model="s", messages=(Message(role="user", content="x"),)))
+    first = send(ModelRequest(model="s", messages=(Message(role="user", content="x"),)), model=m)
     assert first.text == "one"
     from dsh.errors import ProviderError
 
     msgs = (Message(role="user", content="x"), Message(role="assistant", content="one"))
     with pytest.raises(ProviderError, match="no response left"):
-        m.complete(ModelRequest(model="s", messages=msgs))
+        send(ModelRequest(model="s", messages=msgs), model=m)
 
 
 def test_scripted_bad_file_is_config_error(make_app, tmp_path):

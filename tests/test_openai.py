@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 
 from dsh.errors import Cancelled
@@ -19,6 +20,7 @@ from dsh.errors import ProviderError
 from dsh.llm.http import INVALID_JSON_KEY
 from dsh.llm.http import parse_retry_after
 from dsh.llm.openai import OpenAIModel
+from dsh.llm.transport import send
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -73,7 +75,7 @@ def run_ctx() -> RunContext:
 
 def streamed(model: OpenAIModel, req: ModelRequest) -> tuple[ModelResponse, list[str]]:
     deltas: list[str] = []
-    return model.complete(req, on_text=deltas.append), deltas
+    return send(req, on_text=deltas.append, model=model), deltas
 
 
 # -- request mapping -------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
         ],
         options={"temperature": 0.5},
     )
-    model.complete(req)
+    send(req, model=model)
     (got,) = server.received
     assert got.method == "POST" and got.path == "/v1/chat/completions"
     assert got.headers["authorization"] == f"Bearer {KEY}"
@@ -155,15 +157,18 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
                 },
             },
         ],
-        "temperature": 0.5,  # request options override the settings' options
-        "max_tokens": 10,
+        # only the request's options: the settings' options are merged by the agent and
+        # recorded on turn/start (C3), never added by the adapter on its own
+        "temperature": 0.5,
         "stream": False,
     }
 
 
 def test_settings_model_headers_and_no_system(server: ScriptedServer) -> None:
     server.script(Reply(body=openai_completion("ok")))
-    make(server, model="gpt-4.1", headers={"X-Trace": "abc"}).complete(request())
+    model = make(server, model="gpt-4.1", headers={"X-Trace": "abc"})
+    assert model.effective_id == "openai:gpt-4.1"  # what an agent records on turn/start
+    send(attrs.evolve(request(), model=model.effective_id), model=model)
     (got,) = server.received
     assert got.body["model"] == "gpt-4.1"
     assert got.body["messages"] == [{"role": "user", "content": "hi"}]
@@ -174,7 +179,7 @@ def test_settings_model_headers_and_no_system(server: ScriptedServer) -> None:
 def test_base_url_from_environment(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/custom/v1/")
     server.script(Reply(body=openai_completion("ok")))
-    assert OpenAIModel("m", {}).complete(request()).text == "ok"
+    assert send(request(), model=OpenAIModel("m", {})).text == "ok"
     assert server.received[0].path == "/custom/v1/chat/completions"
 
 
@@ -207,7 +212,7 @@ def test_non_streaming_text_tool_calls_and_usage(server: ScriptedServer) -> None
     joined = [(c, n, "".join(f)) for c, n, f in CALLS]
     server.script(Reply(body=openai_completion("Let me check.", joined, usage=(120, 33))))
     # stream=True but nobody observes: no streaming (MISSION D7)
-    resp = make(server).complete(request(stream=True))
+    resp = send(request(stream=True), model=make(server))
     assert resp == ModelResponse(
         text="Let me check.",
         tool_calls=EXPECTED_CALLS,
@@ -232,7 +237,7 @@ def test_streaming_equals_non_streaming(server: ScriptedServer, one_byte_chunks:
     model = make(server)
     resp, deltas = streamed(model, request(stream=True))
     assert deltas == text
-    assert resp == model.complete(request())
+    assert resp == send(request(), model=model)
     assert resp.tool_calls == EXPECTED_CALLS and resp.usage == Usage(
         input_tokens=120, output_tokens=33
     )
@@ -250,7 +255,7 @@ def test_invalid_tool_arguments_are_kept_raw(server: ScriptedServer) -> None:
     model = make(server)
     resp, _ = streamed(model, request(stream=True))
     assert resp.tool_calls[0].arguments == {INVALID_JSON_KEY: bad}
-    assert model.complete(request()).tool_calls[0].arguments == {INVALID_JSON_KEY: "[1, 2]"}
+    assert send(request(), model=model).tool_calls[0].arguments == {INVALID_JSON_KEY: "[1, 2]"}
 
 
 def test_server_answering_json_to_a_stream_request(server: ScriptedServer) -> None:
@@ -269,7 +274,7 @@ def test_error_inside_stream(server: ScriptedServer) -> None:
 def test_unexpected_json_shape_is_a_provider_error(server: ScriptedServer) -> None:
     server.script(Reply(body={"choices": [{"message": "not an object"}]}))
     with pytest.raises(ProviderError, match="malformed response.*unexpected data"):
-        make(server).complete(request())
+        send(request(), model=make(server))
 
 
 def test_observer_errors_pass_through_untouched(server: ScriptedServer) -> None:
@@ -279,7 +284,7 @@ def test_observer_errors_pass_through_untouched(server: ScriptedServer) -> None:
         raise KeyError("observer broke")
 
     with pytest.raises(KeyError, match="observer broke"):
-        make(server).complete(request(stream=True), on_text=broken)
+        send(request(stream=True), on_text=broken, model=make(server))
     assert len(server.received) == 1
 
 
@@ -296,7 +301,7 @@ def test_429_honours_retry_after(server: ScriptedServer) -> None:
         Reply(body=openai_completion("done")),
     )
     t0 = time.monotonic()
-    assert make(server, retry_base=10).complete(request()).text == "done"
+    assert send(request(), model=make(server, retry_base=10)).text == "done"
     assert time.monotonic() - t0 >= 0.3
     assert len(server.received) == 2
 
@@ -304,7 +309,7 @@ def test_429_honours_retry_after(server: ScriptedServer) -> None:
 def test_retry_after_is_capped(server: ScriptedServer) -> None:
     server.script(Reply(429, headers={"Retry-After": "3600"}), Reply(body=openai_completion("x")))
     t0 = time.monotonic()
-    assert make(server, max_retry_wait=0.05).complete(request()).text == "x"
+    assert send(request(), model=make(server, max_retry_wait=0.05)).text == "x"
     assert time.monotonic() - t0 < 2
 
 
@@ -321,14 +326,14 @@ def test_500_then_success(server: ScriptedServer) -> None:
     server.script(
         Reply(500, "oops"), Reply(502, "bad gateway"), Reply(body=openai_completion("ok"))
     )
-    assert make(server).complete(request()).text == "ok"
+    assert send(request(), model=make(server)).text == "ok"
     assert len(server.received) == 3
 
 
 def test_500_forever_gives_up_after_bounded_retries(server: ScriptedServer) -> None:
     server.script(*[Reply(500, {"error": {"message": "internal"}}) for _ in range(10)])
     with pytest.raises(ProviderError) as info:
-        make(server, retries=3).complete(request())
+        send(request(), model=make(server, retries=3))
     assert len(server.received) == 4
     assert "server error (HTTP 500): internal" in str(info.value)
     assert "after 3 retries" in str(info.value) and info.value.status == 500
@@ -337,7 +342,7 @@ def test_500_forever_gives_up_after_bounded_retries(server: ScriptedServer) -> N
 def test_still_rate_limited_says_so(server: ScriptedServer) -> None:
     server.script(*[Reply(429, {"error": {"message": "Rate limit reached"}}) for _ in range(3)])
     with pytest.raises(ProviderError, match=r"rate limited \(HTTP 429\).*after 2 retries"):
-        make(server, retries=2).complete(request())
+        send(request(), model=make(server, retries=2))
     assert len(server.received) == 3
 
 
@@ -345,7 +350,7 @@ def test_quota_exhausted_is_not_retried(server: ScriptedServer) -> None:
     err = {"error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}}
     server.script(Reply(429, err), Reply(body=openai_completion("never")))
     with pytest.raises(ProviderError, match="quota exceeded.*billing"):
-        make(server).complete(request())
+        send(request(), model=make(server))
     assert len(server.received) == 1
 
 
@@ -388,7 +393,7 @@ def test_read_timeout_is_named(server: ScriptedServer) -> None:
     server.script(Reply(body=openai_completion("late"), delay=3))
     t0 = time.monotonic()
     with pytest.raises(ProviderError, match=r"0\.3s \(read timeout\)"):
-        make(server, timeout=0.3).complete(request())
+        send(request(), model=make(server, timeout=0.3))
     assert time.monotonic() - t0 < 2
     assert len(server.received) == 1
 
@@ -396,7 +401,8 @@ def test_read_timeout_is_named(server: ScriptedServer) -> None:
 def test_unreachable_server_names_the_url() -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     with pytest.raises(ProviderError, match="cannot connect to " + url) as info:
-        OpenAIModel("m", {"base_url": url, "retries": 1, "retry_base": 0.001}).complete(request())
+        model = OpenAIModel("m", {"base_url": url, "retries": 1, "retry_base": 0.001})
+        send(request(), model=model)
     assert "after 1 retries" in str(info.value)
 
 
@@ -407,7 +413,7 @@ def test_401_names_the_variable_never_the_key(server: ScriptedServer) -> None:
     err = {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}
     server.script(Reply(401, err))
     with pytest.raises(ProviderError) as info:
-        make(server).complete(request())
+        send(request(), model=make(server))
     msg = str(info.value)
     assert "authentication failed (HTTP 401)" in msg and "OPENAI_API_KEY" in msg
     assert KEY not in msg and "[redacted]" in msg and info.value.status == 401
@@ -421,9 +427,9 @@ def test_api_key_env_and_literal_key(
     monkeypatch.setenv("DSH_TEST_KEY", "sk-other")
     server.script(Reply(403, "forbidden"), Reply(body=openai_completion("ok")))
     with pytest.raises(ProviderError, match="permission denied.*DSH_TEST_KEY"):
-        make(server, api_key_env="DSH_TEST_KEY").complete(request())
+        send(request(), model=make(server, api_key_env="DSH_TEST_KEY"))
     model = make(server, api_key="sk-literal")
-    assert model.complete(request()).text == "ok"
+    assert send(request(), model=model).text == "ok"
     assert server.received[1].headers["authorization"] == "Bearer sk-literal"
     assert "sk-literal" not in repr(model)
 
@@ -438,7 +444,7 @@ def test_missing_key_is_found_before_any_request(
     with pytest.raises(ProviderError, match="DSH_TEST_KEY"):
         model.check()
     with pytest.raises(ProviderError, match="DSH_TEST_KEY"):
-        model.complete(request())
+        send(request(), model=model)
     assert server.received == []
 
 
@@ -449,7 +455,7 @@ def test_loopback_server_needs_no_key(
     server.script(Reply(body=openai_completion("local")))
     model = make(server)
     model.check()
-    assert model.complete(request()).text == "local"
+    assert send(request(), model=model).text == "local"
     assert "authorization" not in server.received[0].headers
 
 
@@ -457,9 +463,9 @@ def test_unknown_model(server: ScriptedServer) -> None:
     err = {"error": {"message": "The model `gpt-9` does not exist", "code": "model_not_found"}}
     server.script(Reply(404, err), Reply(404, "404 page not found", {"content-type": "text/plain"}))
     with pytest.raises(ProviderError, match=f"unknown model 'gpt-9' at {server.url}/v1"):
-        make(server, model="gpt-9").complete(request())
+        send(request(), model=make(server, model="gpt-9"))
     with pytest.raises(ProviderError, match=r"not found \(HTTP 404\) — check base_url"):
-        make(server).complete(request())
+        send(request(), model=make(server))
 
 
 @pytest.mark.parametrize(
@@ -479,7 +485,7 @@ def test_unknown_model(server: ScriptedServer) -> None:
 def test_context_too_long(server: ScriptedServer, error: dict[str, Any]) -> None:
     server.script(Reply(400, {"error": error}))
     with pytest.raises(ProviderError, match="context too long") as info:
-        make(server).complete(request())
+        send(request(), model=make(server))
     assert error["message"][:30] in str(info.value)
 
 
@@ -491,9 +497,9 @@ def test_one_client_per_run_reused_and_closed(server: ScriptedServer) -> None:
     ctx = run_ctx()
     model = make(server)
     with activate(ctx):
-        assert model.complete(request()).text == "a"
+        assert send(request(), model=model).text == "a"
         client = ctx.resources["httpx"]
-        assert make(server).complete(request()).text == "b"
+        assert send(request(), model=make(server)).text == "b"
         assert ctx.resources["httpx"] is client
     assert server.received[0].client_port == server.received[1].client_port  # kept alive
     assert ctx.run_cleanups() == [] and client.is_closed
@@ -522,11 +528,11 @@ def test_abort_ends_the_request_promptly(server: ScriptedServer, where: str) -> 
     deltas: list[str] = []
     with activate(ctx):
         if where == "reused":
-            model.complete(request())
+            send(request(), model=model)
         timer = _cancel_soon(ctx)
         t0 = time.monotonic()
         with pytest.raises(Cancelled):
-            model.complete(request(stream=True), on_text=deltas.append)
+            send(request(stream=True), on_text=deltas.append, model=model)
         elapsed = time.monotonic() - t0
         timer.join()
     assert 0.15 < elapsed < 1.0
@@ -540,7 +546,7 @@ def test_already_cancelled_run_sends_nothing(server: ScriptedServer) -> None:
     ctx = run_ctx()
     ctx.cancel.cancel("stop")
     with activate(ctx), pytest.raises(Cancelled):
-        make(server).complete(request())
+        send(request(), model=make(server))
     assert server.received == []
     ctx.run_cleanups()
 

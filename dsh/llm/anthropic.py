@@ -112,18 +112,21 @@ class AnthropicModel(HTTPModel):
 
     def build_body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model_name,
-            "max_tokens": DEFAULT_MAX_TOKENS,
+            "model": self.wire_model(request),
+            "max_tokens": DEFAULT_MAX_TOKENS,  # required; recorded as a default option
             "messages": map_messages(request.messages),
         }
         if request.system:
             body["system"] = request.system
         if request.tools:
             body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
-        body.update(self.options)
+        # The options are the recorded ones, protocol keys excluded at assembly (C3).
         body.update(request.options)
         body["stream"] = stream
         return body
+
+    def default_options(self) -> dict[str, Any]:
+        return {"max_tokens": DEFAULT_MAX_TOKENS}
 
     def parse_json(self, data: Any) -> ModelResponse:
         if not isinstance(data, dict) or not isinstance(data.get("content"), list):

@@ -17,9 +17,11 @@ from typing import Any
 
 import attrs
 
+from dsh.llm import transport
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
 from dsh.messages import ToolSpec
+from dsh.messages import freeze
 
 #: Called with each text delta while a response streams.
 TextCallback = Callable[[str], None]
@@ -36,6 +38,17 @@ class Model:
 
     #: False for adapters that cannot stream; the loop then never asks them to.
     can_stream: bool = True
+    #: Keys ``options`` may not set (beyond :data:`dsh.llm.transport.PROTOCOL_KEYS`): the
+    #: adapter's own protocol fields. Checked when the agent's options are merged.
+    reserved_options: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every adapter's complete() goes through dsh's transport, whoever wrote it (C3): it
+        # runs only for the sealed request the transport hands it.
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("complete")
+        if fn is not None:
+            cls.complete = transport.guard(fn)  # type: ignore[method-assign]
 
     def __init__(self, name: str, settings: Mapping[str, Any] | None = None) -> None:
         self.name = name
@@ -44,22 +57,39 @@ class Model:
         #: How many times a tool table was converted to the provider's format (D1: once).
         self.tool_conversions = 0
 
+    @property
+    def effective_id(self) -> str | None:
+        """The model id as the provider will be asked for it (``openai:gpt-4o-mini`` for an
+        alias whose settings say ``model = "gpt-4o-mini"``), recorded on ``turn/start``;
+        ``None`` when the configured id says it already."""
+        return None
+
+    def default_options(self) -> Mapping[str, Any]:
+        """Options the adapter sends unless the configuration sets them (recorded with the
+        others on ``turn/start``, MISSION C3)."""
+        return {}
+
     def format_tool(self, tool: ToolSpec) -> Any:
         """One tool schema in the provider's wire format (adapters override this)."""
         return {"name": tool.name, "description": tool.description,
                 "parameters": tool.parameters}
 
     def provider_tools(self, tools: Sequence[ToolSpec]) -> list[Any]:
-        """``tools`` in the provider's format, memoised (MISSION D1).
+        """``tools`` in the provider's format, memoised (MISSION D1), read-only (C3).
 
         The app converts the agent's tool table when a session opens; every request of the
         run then finds it here (an identity test, or equality for a table loaded from the
-        ledger on resume) and converts nothing.
+        ledger on resume) and converts nothing. The converted table is frozen: a plugin
+        cannot change a schema in it on its way to the wire.
         """
         memo = self._tools_memo
-        if memo is not None and (memo[0] is tools or memo[0] == tools):
-            return memo[1]
-        converted = [self.format_tool(t) for t in tools]
+        if memo is not None:
+            if memo[0] is tools:
+                return memo[1]
+            if memo[0] == tools:  # an equal table (the transport's own copy, a resumed one)
+                self._tools_memo = (tools, memo[1])  # identity from now on
+                return memo[1]
+        converted = freeze([self.format_tool(t) for t in tools])
         self._tools_memo = (tools, converted)
         self.tool_conversions += 1
         return converted
@@ -70,6 +100,11 @@ class Model:
 
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         """Send ``request`` and return the resolved response.
+
+        Only dsh's transport calls this (:func:`dsh.llm.transport.send`): every subclass's
+        ``complete`` is wrapped so that it refuses any other caller. Build the wire request
+        from ``request`` alone — its fields are what the ledger records — and never merge
+        settings of your own into it (options come recorded, in ``request.options``).
 
         When ``request.stream`` is true and ``on_text`` is given, call ``on_text(delta)`` with
         each text delta as it arrives. Inside a run, honour ``dsh.context().cancel`` (close

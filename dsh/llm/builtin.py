@@ -2,9 +2,13 @@
 
 The ``request`` implementation here is the innermost layer of the onion (``trylast``):
 
-1. it checks invariant C3 — the request must be exactly what the ledger projects;
-2. it calls the adapter (streaming only when someone observes, D7);
-3. it decides whether the answer is a tool call, rescuing calls written as text (D5).
+1. it hands the request to the transport (:mod:`dsh.llm.transport`), which checks invariant
+   C3 where bytes leave — the request must be exactly what the ledger records — and calls
+   the agent's adapter (streaming only when someone observes, D7);
+2. it decides whether the answer is a tool call, rescuing calls written as text (D5).
+
+Replacing this implementation does not skip the check: adapters refuse requests that did not
+come through the transport.
 
 There is deliberately no hook between 3 and the adapter's answer: switching models never
 changes how tool calls are decided.
@@ -21,9 +25,9 @@ from typing import Any
 import attrs
 
 from dsh.errors import ConfigError
-from dsh.errors import InvariantViolation
 from dsh.errors import ProviderError
 from dsh.hookspecs import hookimpl
+from dsh.llm import transport
 from dsh.llm.base import MAX_ARGUMENT_DEPTH
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
@@ -34,18 +38,51 @@ from dsh.messages import ToolCall
 from dsh.messages import Usage
 from dsh.sanitize import nesting_depth
 
+caller_code = transport.caller_code
 
-@attrs.define(eq=False)
+
 class ModelCall:
     """The mutable envelope of one model request travelling through the ``request`` chain.
-    Wrappers swap ``request`` (frozen) with ``attrs.evolve``; they cannot change hook kwargs."""
 
-    request: ModelRequest
-    model: Model
-    agent: str = ""
-    on_text: TextCallback | None = None
-    #: The projection the request must match (set by the loop; checked by the core impl).
-    expected: Any = None
+    Wrappers swap ``request`` (deeply frozen) with ``attrs.evolve``; they cannot change hook
+    kwargs. Setting ``request`` or ``model`` remembers the code that did it, so a request the
+    transport refuses names the plugin that changed it (MISSION C3).
+    """
+
+    __slots__ = ("_request", "_model", "agent", "on_text", "expected", "changed_by")
+
+    def __init__(self, request: ModelRequest, model: Model, agent: str = "",
+                 on_text: TextCallback | None = None, expected: Any = None) -> None:
+        self._request = request
+        self._model = model
+        self.agent = agent
+        self.on_text = on_text
+        #: The projection the request was built from (informative: the transport checks
+        #: against the session's own record, not against this).
+        self.expected = expected
+        #: ``(attribute, code object)`` of every change to ``request`` / ``model``.
+        self.changed_by: list[tuple[str, Any]] = []
+
+    @property
+    def request(self) -> ModelRequest:
+        return self._request
+
+    @request.setter
+    def request(self, value: ModelRequest) -> None:
+        self._request = value
+        self.changed_by.append(("request", caller_code()))
+
+    @property
+    def model(self) -> Model:
+        return self._model
+
+    @model.setter
+    def model(self, value: Model) -> None:
+        self._model = value
+        self.changed_by.append(("model", caller_code()))
+
+    def __repr__(self) -> str:
+        return f"ModelCall(agent={self.agent!r}, model={self._model!r})"
 
 
 @hookimpl
@@ -58,46 +95,22 @@ def register_models(register: Callable[..., None]) -> None:
              description="Anthropic Messages API")
 
 
-def _same(a: Any, b: Any) -> bool:
-    return a is b or a == b
-
-
 def check_invariant(request: ModelRequest, expected: Any) -> None:
-    """Fail loudly when the request differs from the ledger's projection (MISSION C3).
+    """Fail loudly when the request differs from ``expected`` (a sealed request or a
+    :class:`~dsh.history.Projection`), MISSION C3: :func:`dsh.llm.transport.check`.
 
     Cheap by construction: the loop hands the provider an O(1) view of the projection, so the
     normal path is an identity test; only a request some layer rebuilt is compared by value.
     """
-    if expected is None:
-        return
-    msgs = request.messages
-    view = expected.view()
-    ok_msgs = view.same_as(msgs) or (len(msgs) == len(view) and list(msgs) == list(view))
-    problems = []
-    if not ok_msgs:
-        problems.append(f"messages differ ({len(msgs)} sent, {len(view)} in the ledger)")
-    if not _same(request.system, expected.system):
-        problems.append("system prompt differs")
-    if not _same(request.tools, expected.tools):
-        problems.append("tool schemas differ")
-    if not _same(request.model, expected.model):
-        problems.append(f"model differs ({request.model!r} vs {expected.model!r})")
-    if not _same(request.options, expected.options):
-        problems.append("model options differ")
-    if problems:
-        raise InvariantViolation(
-            "invariant C3 violated: the model request is not what the session ledger records: "
-            + "; ".join(problems)
-            + ". Some plugin changed the request without writing it to the ledger."
-        )
+    transport.check(request, expected)
 
 
 @hookimpl(trylast=True)
 def request(call: ModelCall) -> ModelResponse:
     req = call.request
-    check_invariant(req, call.expected)
     tool_names = [t.name for t in req.tools]
-    on_text = call.on_text if req.stream else None
+    stream = req.stream is True
+    on_text = call.on_text if stream else None
     gate = None
     if on_text is not None and tool_names:
         from dsh.llm.rescue import StreamGate
@@ -110,7 +123,7 @@ def request(call: ModelCall) -> ModelResponse:
             if shown:
                 user_cb(shown)
 
-    response = call.model.complete(req, on_text)
+    response = transport.send(req, on_text, model=call.model, call=call)
     if gate is not None and call.on_text is not None:
         rest = gate.finish()
         if rest:

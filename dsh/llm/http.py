@@ -417,10 +417,24 @@ class HTTPModel(Model):
 
     # -- the request --------------------------------------------------------------------------
 
+    @property
+    def effective_id(self) -> str:
+        """``provider:MODEL`` with the model name the provider is asked for (recorded)."""
+        return f"{self.provider}:{self.model_name}"
+
+    def wire_model(self, request: ModelRequest) -> str:
+        """The provider's model name, from the request's (recorded) model id."""
+        prefix = self.provider + ":"
+        return request.model[len(prefix):] if request.model.startswith(prefix) else request.model
+
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+        # Reached only through dsh.llm.transport (Model wraps complete): ``request`` is the
+        # sealed one, and the body is built from it alone, by the class's own build_body (an
+        # instance attribute patched by a plugin is not consulted).
         key = self.api_key()
         stream = bool(request.stream and on_text is not None)
-        body = self.build_body(request, stream)
+        body = type(self).build_body(self, request, stream)
+
         try:
             content = json.dumps(body, ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:

@@ -95,6 +95,9 @@ class OpenAIModel(HTTPModel):
     path = "/chat/completions"
     key_optional_on_loopback = True
     not_found_hint = " (OpenAI-compatible servers usually end in /v1)"
+    #: Protocol fields of chat completions that options must not set: ``stream_options``
+    #: follows ``stream``; ``functions`` is the legacy name of ``tools``.
+    reserved_options = frozenset({"stream_options", "functions"})
 
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
@@ -107,14 +110,14 @@ class OpenAIModel(HTTPModel):
         if request.system:
             messages.append({"role": "system", "content": request.system})
         messages.extend(map_message(m) for m in request.messages)
-        body: dict[str, Any] = {"model": self.model_name, "messages": messages}
+        body: dict[str, Any] = {"model": self.wire_model(request), "messages": messages}
         if request.tools:
             body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
-        if stream:
-            # usage arrives in a last chunk with empty choices; options may override this
-            body["stream_options"] = {"include_usage": True}
-        body.update(self.options)
+        # The options are the recorded ones, protocol keys excluded at assembly (C3).
         body.update(request.options)
+        if stream:
+            # usage arrives in a last chunk with empty choices
+            body["stream_options"] = {"include_usage": True}
         body["stream"] = stream
         return body
 

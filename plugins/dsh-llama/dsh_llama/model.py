@@ -453,10 +453,16 @@ class LlamaModel(Model):
     def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
         return map_tool(tool)
 
+    def default_options(self) -> dict[str, Any]:
+        """Recorded on ``turn/start`` with the configured options (MISSION C3)."""
+        return {"max_tokens": DEFAULT_MAX_TOKENS}
+
     def call_kwargs(self, request: ModelRequest, native_tools: bool, stream: bool,
                     ) -> dict[str, Any]:
+        # Built from the request alone: its options are the recorded ones (the settings'
+        # ``options`` reach it through the agent, which records them), so every keyword
+        # llama.cpp receives is in the session ledger.
         kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
-        kwargs.update(self.config.options)
         kwargs.update(check_options(request.options, f"{self.where}: request options"))
         kwargs["messages"] = map_messages(request.system, request.messages, native_tools)
         if request.tools and native_tools:
@@ -467,9 +473,12 @@ class LlamaModel(Model):
         return kwargs
 
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
-        """One chat completion. llama.cpp is always driven as a stream (even when nobody
-        watches) so the run's cancel token is checked between tokens; the deltas reach
-        ``on_text`` only when the request streams. The one exception is a function-calling
+        """One chat completion, reached only through dsh's transport (``dsh.llm.base.Model``
+        wraps it: a plugin calling it directly is refused, MISSION C3).
+
+        llama.cpp is always driven as a stream (even when nobody watches) so the run's cancel
+        token is checked between tokens; the deltas reach ``on_text`` only when the request
+        streams. The one exception is a function-calling
         chat format asked for tool calls without streaming: its answer is read whole."""
         from dsh.runcontext import current_or_none
 
@@ -482,7 +491,7 @@ class LlamaModel(Model):
         emit = on_text if request.stream else None
         whole = (emit is None and native and bool(request.tools)
                  and loaded.llm.chat_format in TOOL_FORMATS)
-        kwargs = self.call_kwargs(request, native, stream=not whole)
+        kwargs = type(self).call_kwargs(self, request, native, stream=not whole)
         with loaded.lock:
             if loaded.closed:  # freed by clear_cache() since we took it (interpreter exit)
                 raise ProviderError(f"local model {loaded.path.name}: the model was unloaded")
