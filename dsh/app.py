@@ -54,6 +54,7 @@ from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.prompt import collect_prompt
 from dsh.recorder import emit as emit_live
+from dsh.redact import redact
 from dsh.runcontext import Budget
 from dsh.runcontext import CancelToken
 from dsh.runcontext import Limits
@@ -391,6 +392,7 @@ class Session:
         if p.step_open:
             ledger.append(StepEnded, turn=p.turn, step=p.step)
         if p.turn_open:
+            turn.reason = redact(turn.reason)  # also what the caller's result reports
             ledger.append(TurnEnded, turn=turn.number, outcome=outcome, reason=turn.reason)
         ledger.step_boundary()
 
@@ -503,7 +505,12 @@ def subagent_tool(app: App, child: str) -> ToolDef:
 
 
 def describe_error(pm: Any, exc: BaseException) -> str:
-    """A one-line reason naming the plugin and hook that raised, when it was a plugin."""
+    """A one-line reason naming the plugin and hook that raised, when it was a plugin; with
+    secrets redacted (:func:`dsh.redact.redact`): it is shown, and recorded on ``turn/end``."""
+    return redact(_describe(pm, exc))
+
+
+def _describe(pm: Any, exc: BaseException) -> str:
     if isinstance(exc, InvariantViolation) and exc.plugin:
         return str(exc)  # the transport named the plugin that changed the request
     if isinstance(exc, DshError) and not isinstance(exc, PluginError):

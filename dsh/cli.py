@@ -148,7 +148,9 @@ class DshGroup(click.Group):
                 warnings.showwarning = show_warning
                 return super().invoke(ctx)
         except DshError as exc:
-            raise Failure(str(exc), exc.exit_code) from None
+            from dsh.redact import redact
+
+            raise Failure(redact(str(exc)), exc.exit_code) from None
         except KeyboardInterrupt:
             raise Failure("interrupted", 130) from None
         except BrokenPipeError:
@@ -372,7 +374,9 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
             resume = resolve_session(app, session_id)
         session = app.open_session(assembled, resume, save=not no_save)
     except DshError as exc:
-        output.fail(str(exc))
+        from dsh.redact import redact
+
+        output.fail(redact(str(exc)))
         raise
     with session:
         code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget)
@@ -681,16 +685,21 @@ def config_path(state: State) -> None:
 @config.command("show")
 @pass_state
 def config_show(state: State) -> None:
-    """Print the effective configuration (defaults included) as TOML."""
+    """Print the effective configuration (defaults included) as TOML.
+
+    Secrets are shown as "[redacted]": api_key and other credential-like keys, secret header
+    values, and the credentials in URLs (docs/config.md).
+    """
     import tomli_w
 
     from dsh.config import load_config
     from dsh.config_edit import effective
+    from dsh.redact import redact_settings
 
     path = state.config_file()
     cfg = load_config(state.config_path)
     click.echo(f"# {path}{'' if path.exists() else ' (not found: defaults)'}")
-    click.echo(tomli_w.dumps(effective(cfg)), nl=False)
+    click.echo(tomli_w.dumps(redact_settings(effective(cfg))), nl=False)
 
 
 @config.command("init")

@@ -41,6 +41,7 @@ from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
 from dsh.messages import thaw
 from dsh.recorder import emit
+from dsh.redact import redact
 from dsh.runcontext import RunContext
 from dsh.tools import ToolInvocation
 from dsh.tools import ToolOutcome
@@ -241,8 +242,8 @@ def _run_turn(turn: Turn) -> str:
         call_pre_step(agent.pm, draft)
         if draft.rejected is not None:
             reason = draft.rejected
-            ledger.append(StepRejected, turn=turn.number, step=draft.index, reason=reason,
-                          plugin=draft.rejected_by, text=text)
+            ledger.append(StepRejected, turn=turn.number, step=draft.index,
+                          reason=redact(reason), plugin=draft.rejected_by, text=redact(text))
             turn.inbox.commit()
             turn.reason = reason
             return "rejected"

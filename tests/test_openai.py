@@ -554,10 +554,8 @@ def test_already_cancelled_run_sends_nothing(server: ScriptedServer) -> None:
 def test_non_ascii_key_is_a_clear_error_before_any_request(server: ScriptedServer,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
-    from dsh.errors import ProviderError
-
     monkeypatch.setenv("OPENAI_API_KEY", "sk-tést-key")
-    with pytest.raises(ProviderError, match="OPENAI_API_KEY contains non-ASCII") as info:
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY contains non-ASCII") as info:
         make(server).check()
     assert "tést" not in str(info.value)
     assert server.received == []

@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from dsh.errors import ProviderError
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
+from dsh.llm.http import join_path
 from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
@@ -97,9 +99,9 @@ class AnthropicModel(HTTPModel):
 
     def endpoint(self) -> str:
         # tolerate a base_url that already ends in /v1, a common slip
-        if self.base_url.endswith("/v1"):
-            return self.base_url + "/messages"
-        return self.base_url + self.path
+        if urlsplit(self.base_url).path.endswith("/v1"):
+            return join_path(self.base_url, "/messages")
+        return join_path(self.base_url, self.path)
 
     def auth_headers(self, key: str | None) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}

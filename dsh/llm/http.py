@@ -30,11 +30,14 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
 from typing import ClassVar
+from urllib.parse import unquote
 from urllib.parse import urlsplit
+from urllib.parse import urlunsplit
 
 import attrs
 import httpx
 
+from dsh import redact
 from dsh._version import __version__
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
@@ -52,6 +55,9 @@ from dsh.runcontext import RunContext
 from dsh.runcontext import current_or_none
 
 log = logging.getLogger(__name__)
+# httpx logs every request's URL (a query may hold a key); ours log provider errors.
+for _name in (__name__, "httpx"):
+    redact.install_log_filter(_name)
 
 #: Statuses worth retrying (529 is Anthropic's "overloaded").
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
@@ -164,12 +170,13 @@ def _remember_socket(client: httpx.Client, resp: httpx.Response) -> None:
 
 
 def _scrub(err: ProviderError, key: str | None) -> ProviderError:
-    """A provider echoing the API key in its error text must not leak it to the user or logs:
-    neither whole nor cut short, where a long detail was truncated (``…``) inside the key."""
-    if not key:
-        return err
+    """A provider echoing a secret in its error text (the key whole, escaped, encoded or cut
+    short at a truncation, URL credentials) must not leak it to the user, the ledger or logs:
+    the message goes through :func:`dsh.redact.redact`. A dummy key (``x``, ``none``…) is no
+    secret and leaves the message as it is."""
+    redact.register(key)
     text = str(err)
-    clean = _redact_cut_key(text.replace(key, "[redacted]"), key)
+    clean = redact.redact(text)
     if clean == text:
         return err
     after = err.retry_after if isinstance(err, ProviderHTTPError) else None
@@ -179,17 +186,6 @@ def _scrub(err: ProviderError, key: str | None) -> ProviderError:
         retryable=err.retryable,
         retry_after=after,
     )
-
-
-def _redact_cut_key(text: str, key: str) -> str:
-    """Redact a start of ``key`` (4 characters or more) that ends where text was cut (``…``)."""
-    parts = text.split("…")
-    for i, head in enumerate(parts[:-1]):
-        for n in range(min(len(key), len(head)), 3, -1):
-            if head.endswith(key[:n]):
-                parts[i] = head[:-n] + "[redacted]"
-                break
-    return "…".join(parts)
 
 
 def abort_client(client: httpx.Client) -> None:
@@ -245,6 +241,63 @@ class HTTPSettings:
 
 
 # -- small helpers ---------------------------------------------------------------------------
+
+
+#: RFC 9110 ``token``: what a header name may be made of.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as an HTTP header value (``"contains a line break"``…),
+    or ``None``. The answer never quotes the value: it is usually a secret."""
+    if not value.isascii():
+        return "contains non-ASCII characters (a copy-paste accident?)"
+    if "\n" in value or "\r" in value:
+        return "contains a line break"
+    if any(c < " " and c != "\t" or c == "\x7f" for c in value):
+        return "contains a control character"
+    if value != value.strip():
+        return "starts or ends with whitespace"
+    return None
+
+
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """``(url without userinfo, "Basic …" header or None)`` for an http(s) ``url``: the base
+    URL's ``user:password@`` is sent as HTTP Basic auth, as curl and httpx do, and never left
+    in a URL that could be shown. The path loses its trailing ``/``; a fragment is dropped.
+    A URL that is not ``http(s)://HOST…`` gives ``("", None)``, for the caller to reject."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return "", None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "", None
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    clean = urlunsplit((parts.scheme, hostport, parts.path.rstrip("/"), parts.query, ""))
+    if not at:
+        return clean, None
+    import base64
+
+    user, _, password = userinfo.partition(":")
+    pair = f"{unquote(user)}:{unquote(password)}".encode()
+    return clean, "Basic " + base64.b64encode(pair).decode("ascii")
+
+
+def shown_url(url: str, credentials: bool = False) -> str:
+    """``url`` as messages show it: credential-like query values redacted, and with
+    ``credentials`` a ``[redacted]@`` where the base URL's userinfo was."""
+    shown = redact.redact_url(url)
+    if credentials:
+        scheme, sep, rest = shown.partition("://")
+        shown = f"{scheme}{sep}{redact.REDACTED}@{rest}"
+    return shown
+
+
+def join_path(url: str, path: str) -> str:
+    """``url`` with ``path`` appended to its path; its query string stays after it."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
 
 
 def is_loopback(url: str) -> bool:
@@ -339,23 +392,46 @@ class HTTPModel(Model):
         super().__init__(name, settings)
         where = f"{self.provider}:{name}"
         self.model_name = str(self.settings.get("model") or name)
-        base = self.settings.get("base_url") or os.environ.get(self.base_url_env)
-        self.base_url = str(base or self.default_base_url).rstrip("/")
-        parts = urlsplit(self.base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"{where}: base_url must be an http(s) URL, got {self.base_url!r}")
+        base = str(self.settings.get("base_url") or os.environ.get(self.base_url_env)
+                   or self.default_base_url)
+        # Secrets first, so no message below can show them: URL credentials, the key, headers.
+        redact.register_url(base)
+        redact.register(str(self.settings.get("api_key") or "") or None)
+        redact.register(os.environ.get(str(self.settings.get("api_key_env")
+                                           or self.default_key_env)))
+        #: The base URL requests use: without userinfo (sent as Basic auth instead), with its
+        #: query. ``shown_base_url`` / ``shown_url`` are the forms messages may show.
+        self.base_url, basic = split_userinfo(base)
+        if not self.base_url:
+            raise ConfigError(f"{where}: base_url must be an http(s) URL, "
+                              f"got {redact.redact_url(base)!r}")
         self.url = self.endpoint()
+        self.shown_base_url = shown_url(self.base_url, basic is not None)
+        self.shown_url = shown_url(self.url, basic is not None)
         self.http = HTTPSettings.from_settings(self.settings, where)
+        # Header names ignore case: lower-case them, so a configured `Authorization` replaces
+        # the adapter's `authorization` instead of travelling next to it.
+        headers: dict[str, str] = {}
+        for name, value in self.http.headers.items():
+            if name.lower() in headers:
+                raise ConfigError(f"{where}: `headers` sets {name!r} twice (header names "
+                                  "ignore case)")
+            headers[name.lower()] = value
+        if basic is not None:
+            headers.setdefault("authorization", basic)
+        self.http = attrs.evolve(self.http, headers=headers)
+        redact.register_headers(headers)
         options = self.settings.get("options") or {}
         if not isinstance(options, Mapping):
             raise ConfigError(f"{where}: `options` must be a table")
         self.options: dict[str, Any] = dict(options)
 
     def __repr__(self) -> str:  # never the settings: they may hold a literal api_key
-        return f"{type(self).__name__}({self.name!r}, base_url={self.base_url!r})"
+        return f"{type(self).__name__}({self.name!r}, base_url={self.shown_base_url!r})"
 
     def endpoint(self) -> str:
-        return self.base_url + self.path
+        """The URL requests go to: ``path`` appended to the base URL's path, its query kept."""
+        return join_path(self.base_url, self.path)
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -383,12 +459,20 @@ class HTTPModel(Model):
         )
 
     def check(self) -> None:
+        """Before any request: a key is found, and the key and the custom headers can travel
+        in an HTTP header. Errors name the variable or setting, never the value."""
         key = self.api_key()
-        if key is not None and not key.isascii():
-            # HTTP headers are ASCII: say which setting is wrong, never what it holds.
-            raise ProviderError(
-                f"{self.provider}: the API key from {self.key_source} contains non-ASCII "
-                "characters (a copy-paste accident?)")
+        problem = header_value_problem(key) if key is not None else None
+        if problem:
+            raise ConfigError(f"{self.provider}: the API key from {self.key_source} {problem} "
+                              "— copy it again (the key is not shown)")
+        for name, value in self.http.headers.items():
+            where = f"{self.provider}:{self.name}: `headers`"
+            if not _HEADER_NAME.fullmatch(name):
+                raise ConfigError(f"{where}: {name!r} is not a valid HTTP header name")
+            problem = header_value_problem(value)
+            if problem:
+                raise ConfigError(f"{where}: the value of {name!r} {problem} (it is not shown)")
 
     # -- protocol methods ---------------------------------------------------------------------
 
@@ -537,33 +621,34 @@ class HTTPModel(Model):
                 except (TypeError, KeyError, AttributeError, ValueError) as exc:
                     # JSON of an unexpected shape: say so instead of showing a traceback
                     raise ProviderError(
-                        f"{p}: malformed response from {url}: unexpected data ({exc!r})"
+                        f"{p}: malformed response from {self.shown_url}: unexpected data ({exc!r})"
                     ) from None
                 if stream:  # asked to stream, the server answered whole: deliver it at once
                     emit(result.text)
                 return result
         except httpx.ConnectTimeout:
             raise ProviderError(
-                f"{p}: timed out connecting to {self.base_url} "
+                f"{p}: timed out connecting to {self.shown_base_url} "
                 f"(connect_timeout {self.http.connect_timeout:g}s)",
                 retryable=True,
             ) from None
         except httpx.ConnectError as exc:
             raise ProviderError(
-                f"{p}: cannot connect to {self.base_url} ({exc}) — is the server running and "
-                "the base_url right?",
+                f"{p}: cannot connect to {self.shown_base_url} ({exc}) — is the server running "
+                "and the base_url right?",
                 retryable=True,
             ) from None
         except httpx.TimeoutException:
             raise ProviderError(
-                f"{p}: no data from {url} for {self.http.timeout:g}s (read timeout) — the server "
-                "is stuck or slow; raise `timeout` in the model's settings",
+                f"{p}: no data from {self.shown_url} for {self.http.timeout:g}s (read timeout) "
+                "— the server is stuck or slow; raise `timeout` in the model's settings",
             ) from None
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             where = "connection lost mid-stream" if started else "connection closed before a reply"
-            raise ProviderError(f"{p}: {where} from {url}: {exc}", retryable=True) from None
+            raise ProviderError(f"{p}: {where} from {self.shown_url}: {exc}",
+                                retryable=True) from None
         except httpx.HTTPError as exc:
-            raise ProviderError(f"{p}: request to {url} failed: {exc}") from None
+            raise ProviderError(f"{p}: request to {self.shown_url} failed: {exc}") from None
 
     def decode_json(self, raw: bytes) -> Any:
         try:
@@ -625,10 +710,11 @@ class HTTPModel(Model):
         elif status == 403:
             msg = f"{p}: permission denied (HTTP 403) — check {self.key_source}{detail}"
         elif code == "model_not_found" or (status == 404 and "model" in message.lower()):
-            msg = f"{p}: unknown model {model!r} at {self.base_url} (HTTP {status}){detail}"
+            msg = (f"{p}: unknown model {model!r} at {self.shown_base_url} "
+                   f"(HTTP {status}){detail}")
         elif status == 404:
             hint = self.not_found_hint
-            msg = f"{p}: {self.url} not found (HTTP 404) — check base_url{hint}{detail}"
+            msg = f"{p}: {self.shown_url} not found (HTTP 404) — check base_url{hint}{detail}"
         elif status == 429 and code == "insufficient_quota":
             msg = f"{p}: quota exceeded (HTTP 429){detail} — check your plan and billing"
             retryable = False
