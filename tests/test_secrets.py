@@ -209,7 +209,7 @@ def test_a_dummy_or_short_key_changes_no_message(key: str, words: list[str],
 
 
 @settings(max_examples=100, deadline=None)
-@given(word=st.text(st.characters(codec="ascii", categories=("Ll",)), min_size=8, max_size=19)
+@given(word=st.text(st.characters(codec="ascii", categories=["Ll"]), min_size=8, max_size=19)
        .filter(R.is_secret), pre=st.text(st.sampled_from("abcxyz"), min_size=1, max_size=4),
        post=st.text(st.sampled_from("abcxyz"), min_size=1, max_size=4))
 def test_a_word_like_secret_is_redacted_as_a_word_not_inside_longer_words(
@@ -445,6 +445,20 @@ def test_an_unreachable_base_url_is_named_without_its_credentials(
     assert r.returncode == 1
     assert (f"cannot connect to http://{REDACTED}@127.0.0.1:{port}/v1?api-key={REDACTED}"
             in r.stderr)
+    assert_nothing_leaked(env, tmp_path, r)
+
+
+@pytest.mark.parametrize("base", [f"htp://{USER}:{PASSWORD}@h/v1?api-key={QUERY_KEY}",
+                                  f"http://{USER}:{PASSWORD}@h:port/v1?api-key={QUERY_KEY}"])
+def test_a_bad_base_url_is_named_without_its_credentials(env: dict[str, str], tmp_path: Path,
+                                                         base: str) -> None:
+    configure(env, f'[models."openai:m"]\nbase_url = "{base}"\n')
+    r = run(env, "run", "-m", "openai:m", "--json", "hello")
+    assert r.returncode == 2
+    shown = R.redact_url(base)
+    assert shown.count(REDACTED) == 2
+    assert r.stderr == f"dsh: error: openai:m: base_url must be an http(s) URL, got {shown!r}\n"
+    assert json.loads(r.stdout)["reason"] in r.stderr
     assert_nothing_leaked(env, tmp_path, r)
 
 
