@@ -382,6 +382,7 @@ class Session:
 
     def _close_turn(self, turn: Turn, outcome: str) -> None:
         """Whatever happened, leave the ledger consistent: no dangling call, no open step."""
+        turn.reason = redact(turn.reason)  # recorded on turn/end, and what the result reports
         ledger = self.ledger
         if ledger.closed:
             return
@@ -392,7 +393,6 @@ class Session:
         if p.step_open:
             ledger.append(StepEnded, turn=p.turn, step=p.step)
         if p.turn_open:
-            turn.reason = redact(turn.reason)  # also what the caller's result reports
             ledger.append(TurnEnded, turn=turn.number, outcome=outcome, reason=turn.reason)
         ledger.step_boundary()
 
