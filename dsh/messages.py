@@ -21,20 +21,13 @@ class FrozenDict(dict[Any, Any]):
 
     A ``dict`` subclass, so it serialises with ``json`` exactly as a dict does, compares equal
     to one and passes ``isinstance(x, dict)``; every mutating method raises ``TypeError``.
-    Build it with :func:`freeze`, which freezes nested values too. (Python's own
+    Build it with :func:`freeze`, which freezes nested values too (the constructor itself
+    is ``dict``'s: it freezes nothing inside). (Python's own
     ``dict.__setitem__(d, …)`` still writes into it: like ``object.__setattr__`` on a frozen
     attrs instance, that is deliberate tampering, not a mistake — see docs/architecture.md.)
     """
 
     __slots__ = ()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        dict.__init__(self, *args, **kwargs)
-        for k, v in dict.items(self):  # then freeze the values that are not frozen yet
-            if type(v) not in _FINAL:
-                frozen = freeze(v)
-                if frozen is not v:
-                    dict.__setitem__(self, k, frozen)
 
     def _readonly(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a request's mappings are read-only (MISSION C3); build a new request "
@@ -57,14 +50,6 @@ class FrozenList(list[Any]):
     """A ``list`` that cannot be changed in place (see :class:`FrozenDict`)."""
 
     __slots__ = ()
-
-    def __init__(self, items: Iterable[Any] = ()) -> None:
-        list.__init__(self, items)
-        for i, v in enumerate(list.__iter__(self)):
-            if type(v) not in _FINAL:
-                frozen = freeze(v)
-                if frozen is not v:
-                    list.__setitem__(self, i, frozen)
 
     def _readonly(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a request's lists are read-only (MISSION C3); build a new request "
@@ -99,9 +84,15 @@ def freeze(value: Any) -> Any:
     """
     if type(value) in _FINAL:
         return value
-    if isinstance(value, Mapping):
-        return FrozenDict(value)
+    if isinstance(value, dict) or isinstance(value, Mapping):  # dict first: no ABC check
+        for v in value.values():
+            if type(v) not in _FINAL:
+                return FrozenDict({k: freeze(v) for k, v in value.items()})
+        return FrozenDict(value)  # the common case: scalars only
     if isinstance(value, list | tuple):
+        for v in value:
+            if type(v) not in _FINAL:
+                return FrozenList([freeze(v) for v in value])
         return FrozenList(value)
     return value
 
@@ -112,7 +103,7 @@ def thaw(value: Any) -> Any:
     t = type(value)
     if t in _SCALARS:
         return value
-    if isinstance(value, Mapping):
+    if isinstance(value, dict) or isinstance(value, Mapping):  # dict first: no ABC check
         plain = dict(value)
         for k, v in plain.items():
             if type(v) not in _SCALARS:
@@ -132,7 +123,7 @@ _EMPTY = FrozenDict()
 def _freeze_args(value: Mapping[str, Any] | None) -> FrozenDict:
     if type(value) is FrozenDict:
         return value
-    return FrozenDict(value) if value else _EMPTY
+    return freeze(value) if value else _EMPTY  # type: ignore[no-any-return]
 
 
 def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:

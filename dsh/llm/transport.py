@@ -52,6 +52,7 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
 from dsh.messages import thaw
+from dsh.runcontext import current_or_none
 
 if TYPE_CHECKING:
     from dsh.llm.base import Model
@@ -386,8 +387,6 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     request or the adapter. Outside a run: ``model`` is required and must not belong to an
     agent; ``request`` is sent as it is (there is no session to record it in).
     """
-    from dsh.runcontext import current_or_none
-
     ctx = current_or_none()
     binding = _binding.get()
     if binding is not None and binding.ctx is not ctx:
