@@ -204,7 +204,6 @@ class Session:
     :meth:`steer` it (add a user message) or :meth:`inject` context.
     """
 
-
     def __init__(self, agent: Agent, ledger: Ledger) -> None:
         self.agent = agent
         self.ledger = ledger
@@ -232,9 +231,9 @@ class Session:
             the running one has already decided to stop: the message then waits in the inbox,
             and the next :meth:`send` takes it first, before its own text (``send("")`` runs
             a turn on what waits). A turn that ends another way before its next step boundary
-            (stopped, budget, rejected, aborted, error) leaves it waiting too: :attr:`pending`
-            counts the messages waiting. Text that is empty or only whitespace is no message:
-            nothing is queued and the result is False.
+            (stopped, budget, aborted, error) leaves it waiting too: :attr:`pending` counts
+            the messages waiting, and :meth:`withdraw` takes them back. Text that is empty or
+            only whitespace is no message: nothing is queued and the result is False.
         """
         return self.inbox.put(text, source)
 
@@ -243,6 +242,10 @@ class Session:
         """User messages waiting in the inbox for a turn to take them (see :meth:`steer`)."""
         return self.inbox.messages
 
+    def withdraw(self) -> list[str]:
+        """Take back the user messages waiting (for instance to put them back in a chat's
+        input box after an interrupt); injected context keeps waiting. Safe from any thread."""
+        return [item.text for item in self.inbox.withdraw()]
 
     def send(
         self,

@@ -132,6 +132,14 @@ class Inbox:
             self._taken.append(item)
             return context, item
 
+    def withdraw(self) -> list[InboxItem]:
+        """Remove and return the user messages waiting, in order (context stays)."""
+        with self._lock:
+            taken = [i for i in self._items if i.kind == "user"]
+            self._items = deque(i for i in self._items if i.kind != "user")
+            self._messages = 0
+            return taken
+
     def commit(self) -> None:
         """What was taken is recorded now (``user/message``, ``step/rejected``, …)."""
         with self._lock:

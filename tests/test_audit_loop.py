@@ -437,6 +437,47 @@ def test_steered_message_survives_a_turn_ending_on_budget(make_app, plugin_modul
     assert s.pending == 1
 
 
+def test_an_aborted_turn_gives_its_steered_message_back(make_app, plugin_module,
+                                                        script) -> None:
+    started, release = threading.Event(), threading.Event()
+    gate = gated_tool(started, release)
+
+    @hookimpl
+    def register_tools(register):  # type: ignore[no-untyped-def]
+        register(gate)
+
+    app = make_app(load=[plugin_module(register_tools=register_tools)])
+    handle: dict[str, Any] = {}
+    with app.session(model=script({"tool_calls": [{"name": "gate", "arguments": {}}]},
+                                  {"text": "never"})) as s:
+        s.inject("context for the next message")
+
+        def steerer() -> None:
+            assert started.wait(10)
+            handle["taken"] = s.steer("wait, one more thing")
+            handle["ctx"].abort("user pressed Esc")  # the turn ends at its next boundary
+            release.set()
+
+        t = threading.Thread(target=steerer)
+        t.start()
+        result = s.send("go", context_hook=lambda ctx: handle.setdefault("ctx", ctx))
+        t.join()
+        assert result.outcome == "aborted" and handle["taken"] is True
+        assert s.pending == 1  # taken at the boundary, never recorded: given back
+        assert s.withdraw() == ["wait, one more thing"]  # e.g. back into a chat's input box
+        assert s.pending == 0 and len(s.inbox) == 0  # the context went with "go"
+    events = app.store.read(result.session_id)
+    assert "wait, one more thing" not in [getattr(e, "text", None) for e in events]
+
+
+def test_withdraw_keeps_context(make_app) -> None:
+    app = make_app()
+    with app.session(model="echo") as s:
+        s.inject("ctx")
+        assert s.steer("a") is False and s.steer("b") is False  # no turn running: waiting
+        assert (s.pending, s.withdraw(), s.pending, len(s.inbox)) == (2, ["a", "b"], 0, 1)
+
+
 def test_blank_steer_queues_nothing(make_app) -> None:
     app = make_app()
     with app.session(model="echo") as s:
