@@ -493,7 +493,12 @@ def sessions() -> None:
 def _dump(data: Any) -> None:
     import json
 
-    click.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+    text = json.dumps(data, ensure_ascii=False, indent=2, default=str)
+    if sys.stdout.isatty():  # C1 and bidi controls JSON leaves raw: \uXXXX on a terminal
+        from dsh.render import escape_json_controls
+
+        text = escape_json_controls(text)
+    click.echo(text)
 
 
 @sessions.command("list")

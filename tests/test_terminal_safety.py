@@ -342,6 +342,7 @@ def test_dsh_on_a_terminal_shows_hostile_text_escaped(tmp_path: Path) -> None:
     assert "running tool \\x1b]0;tool\\x07" in err  # the status line showed the name
     assert forbidden_in(err, status=True) == [], repr(err)
     for args in (["sessions", "show", "--full", "latest"], ["sessions", "list"],
+                 ["sessions", "list", "--json"],
                  ["sessions", "export", "latest"],
                  ["sessions", "export", "--format", "jsonl", "latest"]):
         code, out, err = _dsh_on_ptys(config, *args)
