@@ -123,7 +123,10 @@ _EMPTY = FrozenDict()
 def _freeze_args(value: Mapping[str, Any] | None) -> FrozenDict:
     if type(value) is FrozenDict:
         return value
-    return freeze(value) if value else _EMPTY  # type: ignore[no-any-return]
+    if not value:
+        return _EMPTY
+    frozen: FrozenDict = freeze(value)
+    return frozen
 
 
 def _calls(value: Iterable[ToolCall]) -> tuple[ToolCall, ...]:

@@ -8,11 +8,13 @@ exactly the one the session's ledger file determines (:func:`reconstruct`).
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,6 +238,51 @@ def test_a_streaming_callback_cannot_send_a_second_request(tmp_path, server, plu
     assert result.outcome == "completed"
     assert seen and "outside dsh's transport" in seen[0]
     assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["bare-thread", "thread-with-context"])
+def test_a_plugin_thread_cannot_send_around_the_check(tmp_path, server, plugin_module, copied):
+    errors: list[BaseException] = []
+
+    @hookimpl(wrapper=True)
+    def request(call):  # type: ignore[no-untyped-def]
+        def go() -> None:
+            try:
+                transport.send(attrs.evolve(call.request, system="smuggled"), model=call.model)
+            except InvariantViolation as exc:
+                errors.append(exc)
+
+        target = contextvars.copy_context().run if copied else (lambda f: f())
+        t = threading.Thread(target=target, args=(go,))
+        t.start()
+        t.join()
+        return (yield)
+
+    server.script(Reply(body=openai_completion("ok")))
+    result = http_app(tmp_path, server, plugin_module(request=request)).run("hi")
+    assert result.outcome == "completed"
+    assert len(errors) == 1
+    assert ("system prompt differs" if copied else "belongs to an agent") in str(errors[0])
+    assert len(server.received) == 1 and server.bodies == reconstruct(result.path)
+
+
+def test_a_change_written_to_the_ledger_first_is_sent(tmp_path, server, plugin_module):
+    """The legitimate way to show the model more: record it, then send the recorded view."""
+
+    @hookimpl(wrapper=True)
+    def request(call):  # type: ignore[no-untyped-def]
+        from dsh.events import ContextInjected
+
+        ledger = context().ledger
+        ledger.append(ContextInjected, text="remember the milk", source="plugin:memo")
+        call.request = attrs.evolve(call.request, messages=ledger.projection.view())
+        return (yield)
+
+    server.script(Reply(body=openai_completion("ok")))
+    result = http_app(tmp_path, server, plugin_module(request=request)).run("hi")
+    assert result.outcome == "completed", result.reason
+    assert "remember the milk" in json.dumps(server.bodies)
+    assert server.bodies == reconstruct(result.path)
 
 
 # -- route 2: mutating the options in place --------------------------------------------------
