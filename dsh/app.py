@@ -78,6 +78,9 @@ class RunResult:
     usage: Usage = Usage()
     error: BaseException | None = attrs.field(default=None, eq=False)
     path: Path | None = None
+    #: The context the session's next request would carry: ``{"used", "window",
+    #: "compactions"}`` (tokens; ``window`` None when unknown). See dsh.compaction.
+    context: dict[str, Any] | None = attrs.field(default=None, eq=False)
 
     def check(self) -> RunResult:
         """Raise the run's error, if it ended with one; return self otherwise."""
@@ -91,12 +94,13 @@ class Agent:
 
     def __init__(self, app: App, name: str, *, model: str | None = None,
                  system: str | None = None, tools: list[str] | None = None,
-                 max_steps: int | None = None, options: Mapping[str, Any] | None = None) -> None:
+                 max_steps: int | None = None, options: Mapping[str, Any] | None = None,
+                 compaction: str | None = None) -> None:
         cfg = app.config
         acfg = cfg.agent_config(name)
         self.app = app
         self.name = name
-        self.model_id = model or acfg.model or cfg.model
+        self.model_id = model or acfg.model or app.default_model.id
         self.max_steps = max_steps if max_steps is not None else (
             acfg.max_steps if acfg.max_steps is not None else cfg.max_steps)
         if options:
@@ -118,6 +122,11 @@ class Agent:
         for source, layer in self._option_layers:
             transport.check_option_keys(layer, source)
         self._options: Mapping[str, Any] | None = None
+        #: Context compaction (dsh.compaction): strategy, trigger fraction, window, summariser.
+        self.compaction: str = compaction or acfg.compaction or cfg.compaction
+        self.compact_at: float = acfg.compact_at or cfg.compact_at
+        self.context_window: int | None = acfg.context_window or cfg.context_window
+        self.summary_model: str | None = acfg.summary_model or cfg.summary_model
         self.info = AgentInfo(
             name=name, model=self.model_id, settings=attrs.asdict(acfg),
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
@@ -381,6 +390,7 @@ class Session:
             reason=turn.reason, steps=turn.steps, error=error, path=ledger.path,
             usage=Usage(input_tokens=ctx.budget.input_tokens,
                         output_tokens=ctx.budget.output_tokens),
+            context=_context_status(agent, ledger),
         )
 
     def _close_turn(self, turn: Turn, outcome: str) -> None:
@@ -439,6 +449,48 @@ def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[
 
             raise ConfigError(f"{app.config.source or 'config'}: key 'agents.{agent}.tools': "
                               f"{message}")
+
+
+def _context_status(agent: Agent, ledger: Ledger) -> dict[str, Any] | None:
+    if ledger.closed:
+        return None
+    from dsh.compaction import context_status
+
+    return context_status(agent, ledger)
+
+
+#: ``(environment variable, model id)``: the model used when the config sets none and the
+#: variable holds a key, in this order.
+PROVIDER_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("OPENAI_API_KEY", "openai:gpt-4o-mini"),
+    ("ANTHROPIC_API_KEY", "anthropic:claude-haiku-4-5"),
+)
+
+
+@attrs.frozen
+class DefaultModel:
+    """The default model: its ``id``, ``why`` it was chosen, and whether it is the offline
+    ``echo`` fallback (``dsh run`` and ``dsh chat`` then say so on stderr)."""
+
+    id: str
+    why: str
+    fallback: bool = False
+
+
+def choose_default_model(app: App) -> DefaultModel:
+    cfg = app.config
+    if cfg.model:
+        return DefaultModel(cfg.model, f"set in {cfg.source or 'the config'}")
+    for env, model in PROVIDER_DEFAULTS:
+        if os.environ.get(env, "").strip():
+            return DefaultModel(model, f"no model configured and {env} is set")
+    offered = app.pm.hook.default_model()
+    if offered:
+        model, why = offered
+        return DefaultModel(str(model), f"no model configured and no provider key set; {why}")
+    return DefaultModel("echo", "no model configured, no provider key in the environment "
+                                "(OPENAI_API_KEY, ANTHROPIC_API_KEY) and no local model",
+                        fallback=True)
 
 
 def configure(pm: Any, app: App) -> None:
@@ -537,6 +589,7 @@ class App:
         self._agents: dict[Any, Agent] = {}
         self._models: dict[str, ModelEntry] | None = None
         self._store: Any = None
+        self._default_model: DefaultModel | None = None
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping[str, Any] | None = None) -> App:
@@ -572,6 +625,16 @@ class App:
                 raise PluginError("no plugin provides 'session_store' (is dsh.ledger blocked?)",
                                   hook="session_store")
         return self._store
+
+    @property
+    def default_model(self) -> DefaultModel:
+        """The model of agents that set none, and why it was chosen: the config's ``model``;
+        else the first provider whose API key is in the environment
+        (:data:`PROVIDER_DEFAULTS`); else what a plugin offers (``default_model`` hook, e.g.
+        dsh-llama when a local model is installed); else the offline ``echo`` model."""
+        if self._default_model is None:
+            self._default_model = choose_default_model(self)
+        return self._default_model
 
     @property
     def models(self) -> dict[str, ModelEntry]:

@@ -192,7 +192,6 @@ def warn(message: str) -> None:
         pass
 
 
-
 @click.group(cls=DshGroup)
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), is_eager=True,
               help="Config file (default: $DSH_CONFIG, else $XDG_CONFIG_HOME/dsh/config.toml).")
@@ -365,6 +364,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
                     raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
             overrides["tools"] = allow
         assembled = app.agent(agent, **overrides)
+        note_default_model(app, assembled, overrides)
         resume = None
         if continue_:
             resume = latest_session(app, assembled.name)
@@ -391,6 +391,76 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
                 pass
         os._exit(code)
     click.get_current_context().exit(code)
+
+
+@cli.command()
+@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
+@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
+@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
+@click.option("-c", "--continue", "continue_", is_flag=True,
+              help="Continue the agent's latest session.")
+@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in each turn.")
+@click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
+              help="Budget limit of each turn (repeatable), as for dsh run.")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Model option, e.g. -o temperature=0.2 (repeatable).")
+@click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
+              help="Allow only this tool (repeatable, or comma-separated).")
+@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@pass_state
+def chat(state: State, model: str | None, system: str | None, agent: str | None,
+         continue_: bool, session_id: str | None, max_steps: int | None,
+         limits: tuple[str, ...], options: tuple[str, ...], tools: tuple[str, ...],
+         yes: bool) -> None:
+    """Talk with an agent: type while it works to steer it.
+
+    A line typed while a turn runs is taken at the turn's next step boundary; start it with
+    > to keep it for after the turn. /help lists the commands. Without a terminal, reads one
+    message per line from stdin. The session can be continued by dsh run --session ID.
+    """
+    if continue_ and session_id:
+        raise click.UsageError("--continue and --session cannot be combined")
+    budget = parse_limits(limits)
+    overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
+                                 "options": parse_options(options) or None}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
+    app = state.app
+    if allow:
+        known = app.agent(agent, **overrides).tools
+        for name in allow:
+            if name not in known:
+                from dsh.config import unknown_name
+                from dsh.errors import UsageError
+
+                raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
+        overrides["tools"] = allow
+    assembled = app.agent(agent, **overrides)
+    note_default_model(app, assembled, overrides)
+    resume = None
+    if continue_:
+        resume = latest_session(app, assembled.name)
+        if resume is None:
+            warn(f"no session of agent {assembled.name} to continue; starting a new one")
+    elif session_id:
+        resume = resolve_session(app, session_id)
+    from dsh.chat import Chat
+
+    with app.open_session(assembled, resume) as session:
+        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
+                    limits=budget).run()
+    click.get_current_context().exit(code)
+
+
+def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
+    """Say so when nothing chose a model and the offline ``echo`` one answers."""
+    if ("model" in overrides or app.config.agent_config(agent.name).model
+            or not app.default_model.fallback):
+        return
+    warn("note: no model configured, so the offline echo model answers (it repeats the "
+         "prompt). Choose one with `dsh config set model openai:gpt-4o-mini` (and set "
+         "OPENAI_API_KEY), or pass -m MODEL; `dsh models` lists them")
 
 
 def _send(session: Any, text: str, output: Any, *, timeout: float | None,
@@ -544,6 +614,46 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     click.echo(trajectory(events, color=color, full=full, children=store.read,
                           terminal=sys.stdout.isatty()), nl=False,
                color=color)
+    click.echo(_context_line(state.app, events))
+
+
+def _context_line(app: App, events: list[Any]) -> str:
+    """``context: ~N tokens of W (k compactions)`` for the session's next request."""
+    from dsh.compaction import ContextMeter
+    from dsh.compaction import agent_window
+    from dsh.history import Projection
+
+    proj = Projection()
+    agent_name = ""
+    for e in events:
+        proj.apply(e)
+        agent_name = agent_name or getattr(e, "agent", "") or ""
+    used = ContextMeter().used(proj)
+    window: int | None = None
+    try:
+        window = agent_window(app.agent(agent_name or None, model=proj.model or None))
+    except Exception:  # noqa: BLE001 - an unknown agent/model or a missing key: no window
+        window = None
+    of = f" of {window} ({used * 100 // window}%)" if window else " (window unknown)"
+    n = proj.compactions
+    return f"context: ~{used} tokens{of}, {n} compaction{'s' if n != 1 else ''}"
+
+
+@sessions.command("compact")
+@click.argument("session_id", metavar="ID")
+@click.option("--strategy", help="auto, mask, summarize, or a plugin's (default: the agent's).")
+@pass_state
+def sessions_compact(state: State, session_id: str, strategy: str | None) -> None:
+    """Compact a session's context now (recorded as a context/compacted event)."""
+    from dsh.compaction import compact_session
+
+    sid = resolve_session(state.app, session_id)
+    event = compact_session(state.app, sid, strategy=strategy)
+    if event is None:
+        warn(f"{sid}: nothing to compact")
+        return
+    warn(f"{sid}: compacted messages {event.start}-{event.end} ({event.strategy}): "
+         f"~{event.tokens_before} -> ~{event.tokens_after} tokens")
 
 
 @sessions.command("export")

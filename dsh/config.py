@@ -48,13 +48,20 @@ class AgentConfig:
     subagents: list[str] = attrs.field(factory=list)
     #: What the agent is for: the description of its ``ask_NAME`` tool.
     description: str | None = None
+    #: Context compaction of this agent's sessions (over the top-level settings).
+    compaction: str | None = None
+    compact_at: float | None = None
+    context_window: int | None = None
+    summary_model: str | None = None
 
 
 @attrs.frozen(kw_only=True)
 class Config:
     """The whole configuration. ``source`` is the file it came from (not a TOML key)."""
 
-    model: str = "echo"
+    #: The model of agents that set none; ``None``: chosen by :attr:`dsh.App.default_model`
+    #: (a provider whose key is in the environment, a local model, else ``echo``).
+    model: str | None = None
     agent: str = "default"
     agents: dict[str, AgentConfig] = attrs.field(factory=dict)
     #: ``[plugins.NAME]``: settings handed to that plugin.
@@ -71,6 +78,15 @@ class Config:
     strict_plugins: bool = False
     max_steps: int = 20
     max_continuations: int = 3
+    #: How long sessions are kept within the model's window: ``auto`` (mask old tool outputs,
+    #: then summarise), ``mask``, ``summarize`` or ``off`` (docs/config.md, "Compaction").
+    compaction: str = "auto"
+    #: Compact before a request estimated above this fraction of the context window.
+    compact_at: float = 0.8
+    #: The model's context window in tokens, when neither the model settings nor the table know.
+    context_window: int | None = None
+    #: The model that writes summaries (default: the agent's own).
+    summary_model: str | None = None
     #: Budget limits of every run (``[limits]``: requests, steps, tool_calls, input_tokens,
     #: output_tokens, total_tokens, cost, seconds).
     limits: Limits = attrs.field(factory=Limits)
@@ -191,6 +207,7 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
         _check_options(agent.options, where, text, f"agents.{name}.options")
     for model_id, settings in cfg.models.items():
         _check_model(settings, where, text, f"models.{_dotted(model_id)}")
+    _check_compaction(cfg, where, text)
     return cfg
 
 
@@ -324,6 +341,25 @@ def _check_model(settings: Mapping[str, Any], where: str, text: str | None, key:
 def _dotted(key: str) -> str:
     """``key`` as one segment of a dotted TOML key (quoted unless it is a bare key)."""
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f'"{key}"'
+
+
+def _check_compaction(cfg: Config, where: str, text: str | None) -> None:
+    """``compaction``, ``compact_at``, ``context_window`` at the top level and per agent."""
+    scopes: list[tuple[str, Any]] = [("", cfg)]
+    scopes += [(f"agents.{n}.", a) for n, a in cfg.agents.items()]
+    for prefix, c in scopes:
+        if c.compaction is not None and not c.compaction.strip():
+            raise ConfigError(f"{where}{_line_of(text, 'compaction')}: {prefix}compaction "
+                              "must name a strategy (auto, mask, summarize, off, or a plugin's)")
+        at = c.compact_at
+        if at is not None and not (0 < at <= 1):
+            raise ConfigError(f"{where}{_line_of(text, 'compact_at')}: {prefix}compact_at "
+                              f"must be a fraction of the window in (0, 1], not {at!r}")
+        window = c.context_window
+        if window is not None and (isinstance(window, bool) or window < 16):
+            raise ConfigError(f"{where}{_line_of(text, 'context_window')}: "
+                              f"{prefix}context_window must be a number of tokens ≥ 16, "
+                              f"not {window!r}")
 
 
 def _tidy(msg: str, text: str | None) -> tuple[str, str]:

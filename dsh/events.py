@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import attrs
 
+from dsh.messages import Message
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -151,6 +152,26 @@ class TurnEnded(Event):
 
 
 @attrs.frozen(kw_only=True, repr=False)
+class ContextCompacted(Event):
+    """The model's history was compacted (issue 10): the projected messages
+    ``[start, end)`` are replaced by ``messages`` from here on. The replaced events stay in
+    the ledger; ``strategy`` and ``plugin`` say what made the replacement, ``reason`` why
+    (``threshold``, ``provider``, ``manual``), ``tokens_before``/``tokens_after`` the
+    estimated size of the next request, ``summary_session`` the sub-run that wrote a summary."""
+
+    type: ClassVar[str] = "context/compacted"
+    start: int
+    end: int
+    messages: tuple[Message, ...] = ()
+    strategy: str = ""
+    plugin: str | None = None
+    reason: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary_session: str | None = None
+
+
+@attrs.frozen(kw_only=True, repr=False)
 class UnknownEvent(Event):
     """A line whose ``type`` this version does not know (a newer dsh, or a plugin that is no
     longer installed). Kept verbatim in ``extra`` and written back unchanged."""
@@ -170,4 +191,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     StepRejected,
     StepEnded,
     TurnEnded,
+    ContextCompacted,
 )

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dsh.events import AssistantMessage
+from dsh.events import ContextCompacted
 from dsh.events import ContextInjected
 from dsh.events import Event
 from dsh.events import StepEnded
@@ -29,6 +30,7 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
 from dsh.serialize import checked
+from dsh.serialize import raw_messages
 from dsh.serialize import raw_tool_calls
 from dsh.serialize import raw_tools
 
@@ -58,6 +60,9 @@ class Projection:
         "turn_open",
         "step_open",
         "seq",
+        "last_usage",
+        "compactions",
+        "answers",
     )
 
     def __init__(self) -> None:
@@ -72,6 +77,13 @@ class Projection:
         self.turn_open = False
         self.step_open = False
         self.seq = -1
+        #: ``(number of messages, tokens)``: the provider's count of the prompt and answer
+        #: of the last assistant message that reported usage (None after a compaction).
+        self.last_usage: tuple[int, int] | None = None
+        #: How many ``context/compacted`` events have been applied.
+        self.compactions = 0
+        #: Assistant messages in the whole session, compacted ones included.
+        self.answers = 0
 
     def view(self) -> MessageView:
         return MessageView(self._messages)
@@ -91,6 +103,10 @@ class Projection:
             )
             for call in e.tool_calls:
                 self.pending[call.id] = call
+            self.answers += 1
+            u = e.usage
+            if u.input_tokens:
+                self.last_usage = (len(self._messages), u.input_tokens + u.output_tokens)
         elif t is ToolReturned:
             r: Any = event
             self.pending.pop(r.call_id, None)
@@ -127,6 +143,25 @@ class Projection:
         elif t is TurnEnded:
             self.turn_open = False
             self.step_open = False
+        elif t is ContextCompacted:
+            c2: Any = event
+            self.compact(c2.start, c2.end, c2.messages)
+
+    def compact(self, start: int, end: int, replacement: tuple[Message, ...]) -> None:
+        """Apply a ``context/compacted`` event: ``[start, end)`` becomes ``replacement``.
+
+        A new list, so views taken before (a request in flight, a frozen read) keep the
+        history they were taken from; O(n) once per compaction, the steps stay O(1).
+        """
+        items = self._messages
+        if not 0 <= start <= end <= len(items):
+            from dsh.errors import LedgerError
+
+            raise LedgerError(f"context/compacted: range [{start}, {end}) outside the "
+                              f"{len(items)} projected messages")
+        self._messages = items[:start] + list(replacement) + items[end:]
+        self.last_usage = None
+        self.compactions += 1
 
     def apply_raw(self, d: dict[str, Any]) -> None:
         """:meth:`apply` for a decoded ledger line, without building the event.
@@ -150,6 +185,12 @@ class Projection:
                                           tool_calls=calls))
             for call in calls:
                 self.pending[call.id] = call
+            self.answers += 1
+            u = d.get("usage")
+            if u:
+                i, o = checked(u.get("input_tokens", 0), int), checked(u.get("output_tokens", 0), int)
+                if i:
+                    self.last_usage = (len(self._messages), i + o)
         elif tag == "tool/result":
             call_id = checked(d["call_id"], str)
             self.pending.pop(call_id, None)
@@ -186,6 +227,9 @@ class Projection:
         elif tag == "turn/end":
             self.turn_open = False
             self.step_open = False
+        elif tag == "context/compacted":
+            self.compact(checked(d["start"], int), checked(d["end"], int),
+                         raw_messages(d.get("messages", [])))
         self.seq = seq
 
 

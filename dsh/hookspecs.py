@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import click
 
     from dsh.app import App
+    from dsh.compaction import Compaction
+    from dsh.compaction import CompactionRequest
     from dsh.llm.builtin import ModelCall
     from dsh.loop import StepDraft
     from dsh.loop import Turn
@@ -129,6 +131,41 @@ def register_commands(cli: click.Group) -> None:
     ``dsh --version`` load no plugin. Import heavy modules inside the command, not at import.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def default_model() -> tuple[str, str] | None:
+    """Offer a model to a user who configured none and has no provider key in the
+    environment (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``).
+
+    :return: firstresult: ``(model id, why)`` — e.g. ``("local", "dsh-llama and a model file
+        are installed")`` — or None. Without any offer, dsh uses the offline ``echo`` model
+        and says so on stderr.
+
+    **Use in plugins:** answer only when the model can really run here (files installed),
+    cheaply: no model loading, no network.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def register_chat_commands(register: Callable[..., None]) -> None:
+    """Add ``/`` commands to ``dsh chat``.
+
+    :param register: call ``register(name, fn, help="", during_turn=False)`` for each
+        command. ``fn(chat, argument)`` receives the :class:`dsh.chat.Chat` (its ``session``,
+        ``app``, ``note(text)`` for a line on stderr, ``set_agent(**overrides)`` to switch
+        model, system prompt or tools from the next message on) and the text after the
+        command's name; it may return text to print. ``during_turn=True`` lets the command be
+        typed while a turn runs (it is then called from the thread that reads the terminal:
+        it must not wait for the turn). A name registered twice is an error naming both
+        plugins.
+
+    Called when a chat starts, with the chat agent's plugins.
+
+    .. versionadded:: 0.2
     """
 
 
@@ -287,6 +324,37 @@ def turn_stopping(turn: Turn) -> str | None:
     answered; a ``wrapper=True`` implementation ends the turn with an error naming its plugin.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def compact_context(request: CompactionRequest) -> Compaction | None:
+    """Propose how to shrink a session's history that no longer fits its model's window.
+
+    Called before a request estimated above ``compact_at`` of the window (``reason``
+    ``threshold``), after a provider's context-length error (``provider``; the request is
+    retried once), and by ``dsh sessions compact`` (``manual``). What is returned is recorded
+    as a ``context/compacted`` event *before* it takes effect, so the projection, a resumed
+    session and the C3 check all see it; the original events stay in the ledger.
+
+    :param request: a :class:`dsh.compaction.CompactionRequest`: ``agent``, ``messages`` (the
+        projected history, read-only), ``window`` and ``used`` (tokens), ``target`` (tokens to
+        get under), ``reason``, ``strategy`` (the agent's ``compaction`` setting), and
+        ``estimate(messages)`` for a conservative token count.
+    :return: firstresult: a :class:`dsh.compaction.Compaction` replacing
+        ``messages[start:end]`` by ``replacement`` (with the name of its ``strategy``), or
+        None to leave the history as it is. The built-in implementation (``trylast``) knows
+        ``auto``, ``mask`` and ``summarize``; a plugin providing its own strategy answers
+        when ``request.strategy`` is its name.
+
+    Wrappers are welcome: return None from a wrapper to veto a compaction, change the result
+    to adjust it, or just look at it (this is where Claude Code's ``PreCompact`` maps).
+
+    **Use in plugins:** keep tool calls and their results together (replace whole steps, or
+    only change contents); a summariser should make its model call in a recorded sub-run,
+    as the built-in one does (:func:`dsh.compaction.write_summary`).
+
+    .. versionadded:: 0.2
     """
 
 

@@ -270,7 +270,7 @@ def _run_turn(turn: Turn) -> str:
         turn.steps += 1
 
         try:
-            response = _request(turn)
+            response = _request_fitting(turn)
         except BudgetExceeded as exc:  # the request could not reserve its place: not sent
             turn.reason = str(exc)
             return "budget"
@@ -378,6 +378,28 @@ def check_observers(ctx: RunContext, hook: Any) -> None:
     known = ctx.observer_plugins
     if len(impls) != len(known) or (impls and tuple(i.plugin_name for i in impls) != known):
         ctx.observer_plugins_changed(tuple(i.plugin_name for i in impls))
+
+
+def _request_fitting(turn: Turn) -> Any:
+    """The step's request, kept within the model's context window (dsh.compaction, issue 10):
+    compacted first when the history nears the window; compacted and retried once when the
+    provider still answers that it is too long."""
+    agent = turn.agent
+    if agent.compaction == "off":
+        return _request(turn)
+    from dsh import compaction
+    from dsh.errors import ProviderError
+
+    compaction.maybe_compact(agent, turn.ledger, turn.ctx)
+    try:
+        return _request(turn)
+    except ProviderError as exc:
+        if not compaction.is_context_error(exc):
+            raise
+        compaction.learn_window(agent, exc)
+        if compaction.compact_now(agent, turn.ledger, turn.ctx, reason="provider") is None:
+            raise
+    return _request(turn)
 
 
 def _request(turn: Turn) -> Any:

@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "dsh.prompt",
     "dsh.ledger",
     "dsh.scope",
+    "dsh.compaction",
     "dsh.budget",
     "dsh.tools:HookDispatch",
     "dsh.recorder",

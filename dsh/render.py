@@ -15,7 +15,6 @@ an escape sequence in it cannot set the clipboard (OSC 52), retitle or clear the
 redraw what is on screen. Written to a pipe or a file, it is passed on byte for byte.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -31,6 +30,7 @@ from typing import Any
 import click
 
 from dsh.events import AssistantMessage
+from dsh.events import ContextCompacted
 from dsh.events import ContextInjected
 from dsh.events import Event
 from dsh.events import StepRejected
@@ -261,9 +261,24 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             out.append(s(f"━━ turn {e.turn} {e.outcome}{reason} ━━ ", bold=True, **style)
                        + s(tail, dim=True))
             out.append("")
+        elif isinstance(e, ContextCompacted):
+            text = "\n".join(f"[{m.role}] {m.content}" for m in e.messages
+                             if e.strategy != "mask" or m.role != "tool")
+            block("CONTEXT COMPACTED", _truncate(text, full) if e.strategy != "mask" else "",
+                  {"fg": "magenta"}, compaction_note(e))
         elif isinstance(e, UnknownEvent):
             out.append(s(f"? {e.tag} (event type unknown to this dsh)", dim=True))
     return "\n".join(out).rstrip("\n") + "\n" if out else ""
+
+
+def compaction_note(e: ContextCompacted) -> str:
+    """One line about a compaction: what replaced what, by whom, why, and the sizes."""
+    by = f" by {e.plugin}" if e.plugin else ""
+    note = (f"({e.strategy}{by}, {e.reason}): messages {e.start + 1}-{e.end} replaced by "
+            f"{len(e.messages)} · ~{e.tokens_before} → ~{e.tokens_after} tokens")
+    if e.summary_session:
+        note += f" · summary written in session {e.summary_session}"
+    return note + " · the originals are above, still in the ledger"
 
 
 def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler,
@@ -313,6 +328,8 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
         elif isinstance(e, StepRejected):
             by = f" by `{e.plugin}`" if e.plugin else ""
             parts.append(f"**Step rejected**{by}: {e.reason}")
+        elif isinstance(e, ContextCompacted):
+            parts.append(f"**Context compacted** {compaction_note(e)}")
         elif isinstance(e, TurnEnded):
             reason = f": {e.reason}" if e.reason else ""
             parts.append(f"_Turn {e.turn} {e.outcome}{reason}_")
@@ -388,7 +405,8 @@ def tools_text(rows: list[dict[str, Any]]) -> str:
 
 def models_report(app: Any) -> dict[str, Any]:
     return {
-        "default": app.config.model,
+        "default": app.default_model.id,
+        "default_why": app.default_model.why,
         "adapters": [{"prefix": e.prefix, "plugin": e.plugin, "description": e.description}
                      for e in app.models.values()],
         "configured": [{"id": k, "adapter": v.get("adapter", k.partition(":")[0])}
@@ -402,7 +420,7 @@ def models_text(report: dict[str, Any]) -> str:
     lines = [f"{a['prefix'].ljust(width)}  {a['description']}  [{a['plugin']}]"
              for a in adapters]
     lines += [f"{c['id']}  (configured, adapter {c['adapter']})" for c in report["configured"]]
-    lines.append(f"default: {report['default']}")
+    lines.append(f"default: {report['default']} ({report['default_why']})")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from dsh.events import EVENT_TYPES
 from dsh.events import SCHEMA_VERSION
 from dsh.events import Event
 from dsh.events import UnknownEvent
+from dsh.messages import Message
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -62,6 +63,7 @@ _NESTED_DUMP = {
     "tuple[ToolSpec, ...] | None":
         "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
         "'parameters': t.parameters}} for t in e.{0}]",
+    "tuple[Message, ...]": "_dump_messages(e.{0})",
 }
 _PLAIN_DUMP = {"int", "str", "str | None", "float | None", "dict[str, Any]",
                "dict[str, Any] | None", "bool"}
@@ -88,7 +90,7 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         else:
             _DUMPERS[cls] = _generic_dict
             return _generic_dict
-    names: dict[str, Any] = {}
+    names: dict[str, Any] = {"_dump_messages": dump_messages}
     exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
     dumper = _DUMPERS[cls] = names["dump"]
     return dumper
@@ -226,6 +228,32 @@ def raw_tool_calls(v: Any) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
+def dump_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages as JSON objects (``context/compacted``), every field written."""
+    return [{"role": m.role, "content": m.content,
+             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                            for c in m.tool_calls],
+             "tool_call_id": m.tool_call_id, "name": m.name, "is_error": m.is_error}
+            for m in messages]
+
+
+def raw_messages(v: Any) -> tuple[Message, ...]:
+    """The inverse of :func:`dump_messages`, checking every field's type."""
+    _check(type(v) is list)
+    out = []
+    for d in v:
+        _check(type(d) is dict and type(d["role"]) is str
+               and type(d.get("content", "")) is str
+               and type(d.get("tool_call_id")) in (str, type(None))
+               and type(d.get("name")) in (str, type(None))
+               and type(d.get("is_error", False)) is bool)
+        out.append(Message(role=d["role"], content=d.get("content", ""),
+                           tool_calls=raw_tool_calls(d.get("tool_calls", [])),
+                           tool_call_id=d.get("tool_call_id"), name=d.get("name"),
+                           is_error=d.get("is_error", False)))
+    return tuple(out)
+
+
 def _usage(v: Any) -> Usage:
     _check(type(v) is dict)
     i, o = v.get("input_tokens", 0), v.get("output_tokens", 0)
@@ -261,6 +289,7 @@ _NESTED: dict[str, Callable[[Any], Any]] = {
     "tuple[ToolCall, ...]": raw_tool_calls,
     "Usage": _usage,
     "tuple[ToolSpec, ...] | None": raw_tools,
+    "tuple[Message, ...]": raw_messages,
 }
 
 

@@ -55,6 +55,12 @@ def status_paused() -> Iterator[None]:
             _pauses -= 1
 
 
+def asking() -> bool:
+    """True while some plugin asks the user something on the terminal
+    (:func:`status_paused`): ``dsh chat`` stops reading typed lines meanwhile."""
+    return _pauses > 0
+
+
 class StatusLine:
     """One line on stderr (spinner, step, activity, elapsed time) while the run waits on the
     model or a tool; redrawn by a ticking thread, erased with ``\\r\\x1b[K``.
@@ -286,6 +292,7 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
         "usage": {"input_tokens": result.usage.input_tokens,
                   "output_tokens": result.usage.output_tokens},
         "path": str(result.path) if result.path else None,
+        "context": getattr(result, "context", None),
     }
 
 
@@ -366,6 +373,8 @@ class RunOutput:
         self.as_json = as_json
         self.timed_out = False
         self.interrupts = 0
+        #: The running turn's context (``stop()``/``abort()`` from another thread), else None.
+        self.ctx: RunContext | None = None
         #: SIGTERM or SIGHUP ended the run (its number), else None.
         self.terminated: int | None = None
         stdout_tty = sys.stdout.isatty()
@@ -428,6 +437,7 @@ class RunOutput:
 
         def attach(ctx: RunContext) -> None:
             interrupt.attach(ctx)
+            self.ctx = ctx
 
         timer = threading.Timer(timeout, expire) if timeout else None
         proj = session.ledger.projection

@@ -23,6 +23,9 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DSH_CONFIG", raising=False)
     monkeypatch.delenv("DSH_LOAD_PLUGINS", raising=False)
     monkeypatch.delenv("DSH_TRACE_HOOKS", raising=False)
+    # The default model follows provider keys in the environment (App.default_model).
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
 
 
 @pytest.fixture

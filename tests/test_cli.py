@@ -446,7 +446,7 @@ def test_models_lists_adapters_and_configured(dsh: Callable[..., Result],
     assert {"echo", "scripted", "openai", "anthropic"} <= {a["prefix"] for a in data["adapters"]}
     assert data["configured"] == [{"id": "local", "adapter": "openai"}]
     assert data["default"] == "local"
-    assert dsh("models").stdout.splitlines()[-1] == "default: local"
+    assert dsh("models").stdout.splitlines()[-1].startswith("default: local (set in ")
 
 
 def test_agents_lists_configured_agents(dsh: Callable[..., Result],

@@ -13,6 +13,7 @@ from dsh.events import EVENT_TYPES
 from dsh.events import AssistantMessage
 from dsh.events import Event
 from dsh.events import UnknownEvent
+from dsh.messages import Message
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -39,6 +40,15 @@ SAMPLES: dict[str, dict] = {
     "step/rejected": {"turn": 1, "step": 0, "reason": "no", "plugin": "p", "text": "t"},
     "step/end": {"turn": 1, "step": 0},
     "turn/end": {"turn": 1, "outcome": "completed", "reason": ""},
+    "context/compacted": {
+        "start": 1, "end": 4, "strategy": "summarize", "plugin": "dsh.compaction",
+        "reason": "threshold", "tokens_before": 900, "tokens_after": 120,
+        "summary_session": "20260101-000000.000-abcdef",
+        "messages": (Message(role="user", content="<summary>…</summary>"),
+                     Message(role="assistant", content="", tool_calls=(
+                         ToolCall(id="c", name="t", arguments={"x": 1}),)),
+                     Message(role="tool", content="[omitted]", tool_call_id="c", name="t",
+                             is_error=True))},
 }
 
 

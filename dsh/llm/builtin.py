@@ -255,6 +255,11 @@ class ScriptedModel(Model):
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         responses = self.responses()
         pos = self._position(request.messages)
+        from dsh.runcontext import current_or_none
+
+        ctx = current_or_none()
+        if ctx is not None:  # a compacted history has fewer answers than the session gave
+            pos = max(pos, ctx.ledger.projection.answers)
         if pos >= len(responses):
             raise ProviderError(
                 f"scripted model {self.name or '(list)'}: no response left "

