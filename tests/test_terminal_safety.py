@@ -469,3 +469,25 @@ def test_the_time_limit_ends_the_wait_for_an_answer(tmp_path: Path) -> None:
     assert result["output"].startswith("'rm' was not run: no answer to the approval question "
                                        "before ")
     assert (tmp_path / "ws" / "x.txt").exists()
+
+
+def test_sigterm_while_the_question_waits_ends_the_run_with_143(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    (tmp_path / "ws" / "x.txt").write_text("keep\n")
+    model = _script(tmp_path, {"tool_calls": [{"name": "run_command",
+                                               "arguments": {"command": "rm x.txt"}}]},
+                    {"text": "done"})
+    pid, master = _spawn_on_a_terminal(config, "run", "-m", model, "clean")
+    try:
+        assert QUESTION in _read_until(master, "[y/N] ", 30)
+        os.kill(pid, signal.SIGTERM)
+        code = _wait(pid, 20)
+        rest = _read_until(master, "never", 0.3)
+    finally:
+        os.close(master)
+    assert code == 143, rest
+    assert "dsh: terminated by SIGTERM (aborted); session " in rest
+    [ledger] = (tmp_path / "sessions").glob("*.jsonl")
+    last = json.loads(ledger.read_text().splitlines()[-1])
+    assert (last["type"], last["outcome"]) == ("turn/end", "aborted")
+    assert (tmp_path / "ws" / "x.txt").exists()

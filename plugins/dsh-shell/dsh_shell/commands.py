@@ -170,11 +170,6 @@ def _time_left(ctx: RunContext | None) -> float | None:
     return left
 
 
-def child_env(keep: tuple[str, ...], cwd: str = "") -> dict[str, str]:
-    """The environment a command gets (:func:`dsh_shell.process.child_env`)."""
-    return process.child_env(keep, cwd or os.getcwd())
-
-
 def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
     # Imported here: dsh imports this plugin on every start-up.
     import subprocess
@@ -189,7 +184,7 @@ def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
         proc = subprocess.Popen(argv, cwd=root, shell=False, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, close_fds=True,
-                                env=child_env(settings.env_keep, root))
+                                env=process.child_env(settings.env_keep, root))
     except FileNotFoundError:
         workspace_root(root)  # the workspace itself vanished: say so, not "not found"
         hint = (" (it is a shell builtin; commands always run in the workspace, so give "
