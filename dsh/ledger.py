@@ -92,13 +92,15 @@ def sanitized(event: E) -> E:
     for f in attrs.fields(type(event)):
         if f.name in ("seq", "ts", "session", "extra"):
             continue
-        value, n = clean_value(getattr(event, f.name))
-        if n:
+        old = getattr(event, f.name)
+        value, n = clean_value(old)
+        if value is not old:
             fields[f.name] = value
             total += n
     extra, n = clean_value(dict(event.extra))
     total += n
-    extra["sanitized"] = int(extra.get("sanitized") or 0) + total
+    if total:  # a joined pair alone is no replacement: nothing to say
+        extra["sanitized"] = int(extra.get("sanitized") or 0) + total
     return attrs.evolve(event, **fields, extra=extra)
 
 

@@ -45,24 +45,27 @@ def join_pairs(text: str) -> str:
 
 def clean_value(value: Any) -> tuple[Any, int]:
     """:func:`clean_text` applied to every string inside ``value`` (dict keys included, and
-    the fields of attrs instances); ``(value, replaced)``, the same object when nothing was."""
+    the fields of attrs instances); ``(value, replaced)``. The same object comes back when
+    nothing had to change (a joined pair is a change, though not a replacement)."""
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, dict):
         total = 0
+        changed = False
         out = {}
         for k, v in value.items():
             k2, n1 = clean_value(k)
             v2, n2 = clean_value(v)
             out[k2] = v2
             total += n1 + n2
-        return (out, total) if total else (value, 0)
+            changed = changed or k2 is not k or v2 is not v
+        return (out, total) if changed else (value, 0)
     if isinstance(value, (list, tuple)):
         items = [clean_value(v) for v in value]
-        total = sum(n for _, n in items)
-        if not total:
+        if all(v2 is v for (v2, _), v in zip(items, value, strict=True)):
             return value, 0
         cleaned = [v for v, _ in items]
+        total = sum(n for _, n in items)
         return (tuple(cleaned) if isinstance(value, tuple) else cleaned), total
     if attrs.has(type(value)):
         changes = {}
@@ -70,11 +73,12 @@ def clean_value(value: Any) -> tuple[Any, int]:
         for f in attrs.fields(type(value)):
             if not f.init:
                 continue
-            v2, n = clean_value(getattr(value, f.name))
-            if n:
-                changes[f.name.lstrip("_")] = v2
+            old = getattr(value, f.name)
+            v2, n = clean_value(old)
+            if v2 is not old:
+                changes[f.alias or f.name] = v2
                 total += n
-        return (attrs.evolve(value, **changes), total) if total else (value, 0)
+        return (attrs.evolve(value, **changes), total) if changes else (value, 0)
     return value, 0
 
 

@@ -770,3 +770,29 @@ def test_a_ledger_deleted_under_a_library_run_is_noticed_at_the_step_boundary(
     assert ledger.lost is not None
     ledger.step_boundary()  # said once; closing does not raise again
     ledger.close()
+
+
+def test_the_ledger_sanitises_every_field_of_an_event_and_counts_replacements(
+        tmp_path: Path) -> None:
+    from dsh.events import ToolCalled
+    from dsh.messages import ToolCall
+
+    store = JsonlStore(tmp_path)
+    call = ToolCall(id="c\ud800", name="t",
+                    arguments={"a\udcff": ["x\ud800", {"k": "\ud83d\ude00"}]})
+    with store.create(OLD) as ledger:
+        answer = ledger.append(AssistantMessage, text="hi\ud800", tool_calls=(call,))
+        ledger.append(ToolCalled, call_id="c", name="t", arguments=call.arguments)
+        ledger.append(UserMessage, text="a pair alone \ud83d\ude00")
+        ledger.append(UserMessage, text="clean")
+    assert answer.text == "hi\ufffd" and answer.tool_calls[0].id == "c\ufffd"
+    lines = [json.loads(x) for x in store.path(OLD).read_bytes().splitlines()]
+    assert [d.get("sanitized") for d in lines] == [4, 2, None, None]
+    assert lines[0]["tool_calls"][0]["arguments"] == {"a\ufffd": ["x\ufffd", {"k": "😀"}]}
+    assert lines[2]["text"] == "a pair alone 😀"
+    events = store.read(OLD)
+    assert events[0].extra == {"sanitized": 4}  # read back, and written back unchanged
+    from dsh.serialize import dump_event
+
+    assert [dump_event(e).encode() + b"\n" for e in events] == \
+        store.path(OLD).read_bytes().splitlines(keepends=True)
