@@ -95,9 +95,12 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     """Register tools for ``agent``.
 
     :param register: ``register(fn, *, name=None, description=None, sequential=False,
-        timeout=None)``. ``fn`` is a plain Python function; its JSON Schema comes from its type
-        hints and its description from the docstring (``:param x:`` or ``Args:`` sections).
-        A function decorated with :func:`dsh.tool` carries its own options.
+        timeout=None, parameters=None, validator=None)``. ``fn`` is a plain Python function;
+        its JSON Schema comes from its type hints and its description from the docstring
+        (``:param x:`` or ``Args:`` sections). A function decorated with :func:`dsh.tool`
+        carries its own options. ``parameters`` gives the schema instead (``fn`` takes
+        ``**kwargs``), ``validator(arguments) -> list of problems`` checks the arguments
+        instead of :func:`dsh.tools.validate` (dsh-mcp: whole JSON Schema).
     :param agent: the agent whose scope is being assembled.
 
     Called once per agent at assembly, on that agent's plugin manager, so a tool registered by

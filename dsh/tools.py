@@ -79,6 +79,10 @@ class ToolDef:
     timeout: float | None = None
     #: For a sub-agent tool: the agent it runs (each call gets a child session).
     subagent: str | None = None
+    #: Checks the arguments instead of :func:`validate` (a tool whose schema is more than the
+    #: subset it covers, e.g. an MCP server's): returns the problems as readable sentences.
+    validator: Callable[[dict[str, Any]], list[str]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False)
 
     @property
     def spec(self) -> ToolSpec:
@@ -181,10 +185,25 @@ def build_tool(
     description: str | None = None,
     sequential: bool | None = None,
     timeout: float | None = None,
+    parameters: dict[str, Any] | None = None,
+    validator: Callable[[dict[str, Any]], list[str]] | None = None,
 ) -> ToolDef:
-    """Describe ``fn`` as a tool. Options given here win over those of :func:`tool`."""
+    """Describe ``fn`` as a tool. Options given here win over those of :func:`tool`.
+
+    ``parameters`` (a JSON Schema object, used as given) replaces the schema read from the
+    signature, for tools whose schema comes from elsewhere (``fn`` then takes ``**kwargs``);
+    ``validator`` replaces :func:`validate` for their arguments.
+    """
     opts = getattr(fn, _TOOL_OPTIONS, {})
     tool_name = name or opts.get("name") or fn.__name__
+    if parameters is not None:
+        return ToolDef(
+            name=tool_name, description=description or opts.get("description") or "",
+            parameters=dict(parameters), fn=fn, plugin=plugin,
+            sequential=bool(sequential if sequential is not None else opts.get("sequential")),
+            timeout=timeout if timeout is not None else opts.get("timeout"),
+            validator=validator,
+        )
     doc_summary, doc_params = parse_docstring(fn.__doc__)
     try:
         hints = typing.get_type_hints(fn)
@@ -215,6 +234,7 @@ def build_tool(
         plugin=plugin,
         sequential=bool(sequential if sequential is not None else opts.get("sequential")),
         timeout=timeout if timeout is not None else opts.get("timeout"),
+        validator=validator,
     )
 
 
@@ -326,7 +346,8 @@ def call_tool(inv: ToolInvocation) -> ToolOutcome:
     tool_ = inv.tool
     if tool_ is None:
         return ToolOutcome("error", f"unknown tool {inv.call.name!r}")
-    problems = validate(inv.arguments, tool_.parameters)
+    problems = (tool_.validator(inv.arguments) if tool_.validator is not None
+                else validate(inv.arguments, tool_.parameters))
     if problems:
         return ToolOutcome("error", "invalid arguments: " + "; ".join(problems))
     if tool_.timeout is None:
@@ -403,6 +424,8 @@ def _memo_build(fn: Callable[..., Any], plugin: str, options: dict[str, Any]) ->
     The memo keeps a read-only template; every caller gets its own copy of the schema, so
     one app's plugin changing a schema can never show in another app's agent (C3).
     """
+    if options.get("parameters") is not None or options.get("validator") is not None:
+        return build_tool(fn, plugin=plugin, **options)  # given, not read: nothing to memoise
     key = (plugin, tuple(sorted(options.items())))
     try:
         per_fn = _BUILT.setdefault(fn, {})
