@@ -365,7 +365,9 @@ class Session:
             except Cancelled as exc:
                 outcome, turn.reason, error = "aborted", str(exc), exc
             except KeyboardInterrupt as exc:
-                outcome, turn.reason, error = "aborted", "interrupted", exc
+                # The second Ctrl-C, SIGTERM or SIGHUP: the abort's reason names which.
+                reason = ctx.cancel.reason if ctx.cancel.cancelled else "interrupted"
+                outcome, turn.reason, error = "aborted", reason, exc
             except Exception as exc:
                 outcome, error = "error", wrapper_failure(pm, exc) or exc
                 turn.reason = describe_error(pm, error)

@@ -143,15 +143,18 @@ def window_for(agent: Agent) -> int | None:
 def estimate_tokens(text: str) -> int:
     """A conservative (high) token count for ``text``, without a tokenizer.
 
-    ASCII text: one token per 3 characters (English averages about 4 with the common BPE
-    vocabularies); other text: one token per character (CJK runs near one per character,
-    accented Latin between). Over-estimating compacts a little early; under-estimating would
-    send requests the provider rejects.
+    One token per 3 ASCII characters (English averages about 4 with the common BPE
+    vocabularies) and one per other character (CJK runs near one per character, accented
+    Latin below). Over-estimating compacts a little early; under-estimating would send
+    requests the provider rejects. Counted at C speed (no loop over characters).
     """
     if not text:
         return 0
     n = len(text)
-    return n // 3 + 1 if text.isascii() else n
+    if text.isascii():
+        return n // 3 + 1
+    ascii_chars = len(text.encode("ascii", "ignore"))
+    return ascii_chars // 3 + (n - ascii_chars) + 1
 
 
 #: Per-message framing tokens (role, separators) added by chat templates.
@@ -354,8 +357,11 @@ def summarize(request: CompactionRequest) -> Compaction | None:
     older = list(request.messages)[:end]
     summary, session_id = write_summary(request, older)
     text = f"{SUMMARY_OPEN}\n{summary.strip()}\n{SUMMARY_CLOSE}"
-    return Compaction(start=0, end=end, replacement=(Message(role="user", content=text),),
-                      strategy="summarize", summary_session=session_id)
+    replacement = (Message(role="user", content=text),)
+    if request.estimate(replacement) >= request.estimate(older):
+        return None  # a summary no shorter than what it replaces is no compaction
+    return Compaction(start=0, end=end, replacement=replacement, strategy="summarize",
+                      summary_session=session_id)
 
 
 def write_summary(request: CompactionRequest, older: Sequence[Message]) -> tuple[str, str]:
@@ -375,7 +381,7 @@ def write_summary(request: CompactionRequest, older: Sequence[Message]) -> tuple
         # Leave room for the summary itself: the input may take about 60% of the window.
         limit = int(window * 0.6) * 3
         if len(text) > limit:
-            text = "[…]\n" + text[-limit:]
+            text = "[...]\n" + text[-limit:]
     prompt = f"Summarise this conversation:\n\n{text}"
     ctx = request.ctx
     if ctx is None and request.ledger is not None:
@@ -543,9 +549,10 @@ def _drop_oversized(agent: Agent, ledger: Ledger, window: int, used: int) -> Non
     _record(ledger, Compaction(start=start, end=end, replacement=replacement,
                                strategy="drop-oversized"), "dsh.compaction", "oversized", used)
     raise ProviderError(
-        f"context too long: a message of about {largest} tokens does not fit the model's "
-        f"context window ({window} tokens), even after compaction; it was left out of the "
-        "model's history, so the session can go on with a smaller message")
+        f"context too long: a message of about {largest} tokens is too large for the model's "
+        f"context window ({window} tokens) with the rest of the conversation, even after "
+        "compaction; it was left out of the model's history, so the session can go on with "
+        "a smaller message")
 
 
 def learn_window(agent: Agent, exc: BaseException) -> None:

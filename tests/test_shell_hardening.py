@@ -484,6 +484,7 @@ def test_a_terminating_signal_kills_the_command_tree_and_closes_the_turn(
     [ledger] = (tmp_path / "sessions").glob("*.jsonl")
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert events[-1]["type"] == "turn/end" and events[-1]["outcome"] == "aborted"
+    assert events[-1]["reason"] == f"terminated by {signal.Signals(signum).name}"
     assert [e["status"] for e in events if e["type"] == "tool/result"] == ["interrupted"]
     resumed = subprocess.run([*base, "--session", ledger.stem, "go on"], env=env,
                              capture_output=True, text=True, timeout=60,
