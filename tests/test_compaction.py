@@ -546,3 +546,45 @@ def test_a_summary_longer_than_what_it_replaces_is_not_used(make_app: Any, scrip
         s.send("first " + "q" * 200)
         r = s.send("second " + "q" * 200)
     assert not [c for c in _compactions(r.path) if c["strategy"] == "summarize"]
+
+
+def test_sessions_compact_and_show_from_the_command_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    tools = tmp_path / "bigtool.py"
+    tools.write_text(
+        "from dsh.hookspecs import hookimpl\n\n"
+        "@hookimpl\n"
+        "def register_tools(register):\n"
+        "    def read(n: int) -> str:\n"
+        "        '''Read a chunk.\n\n        :param n: which chunk\n        '''\n"
+        "        return 'x' * 900\n"
+        "    register(read)\n")
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"responses": _reads(4)}))
+    config = tmp_path / "c.toml"
+    config.write_text(tomli_w.dumps({"model": f"scripted:{script}", "autoload": False,
+                                     "load": ["bigtool"], "compaction": "mask",
+                                     "sessions_dir": str(tmp_path / "s")}))
+    env = {**os.environ, "DSH_CONFIG": str(config), "PYTHONPATH": str(tmp_path),
+           "DSH_HOME": str(tmp_path / "home")}
+
+    def dsh(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dsh", *args], env=env, text=True,
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    assert dsh("run", "go").returncode == 0
+    before = dsh("sessions", "show", "latest")
+    assert before.stdout.rstrip().endswith("(window unknown), 0 compactions")
+    done = dsh("sessions", "compact", "latest")
+    assert done.returncode == 0 and "compacted messages" in done.stderr
+    after = dsh("sessions", "show", "latest")
+    assert "CONTEXT COMPACTED (mask by dsh.compaction, manual)" in after.stdout
+    assert after.stdout.rstrip().endswith("1 compaction")
+    assert after.stdout.count("x" * 900) == 4  # the originals are still shown
+    again = dsh("sessions", "compact", "latest")
+    assert again.returncode == 0 and "nothing to compact" in again.stderr
