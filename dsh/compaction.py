@@ -223,6 +223,10 @@ class ContextMeter:
 # -- the compaction record ---------------------------------------------------------------------
 
 
+def _messages(items: Any) -> tuple[Message, ...]:
+    return tuple(items)
+
+
 @attrs.frozen(kw_only=True)
 class Compaction:
     """What a strategy proposes: replace ``messages[start:end]`` of the projection by
@@ -230,7 +234,7 @@ class Compaction:
 
     start: int
     end: int
-    replacement: tuple[Message, ...] = attrs.field(converter=tuple)
+    replacement: tuple[Message, ...] = attrs.field(converter=_messages)
     strategy: str
     #: The sub-run that wrote a summary (its session id), when a model was asked.
     summary_session: str | None = None
@@ -432,7 +436,7 @@ def agent_window(agent: Agent) -> int | None:
     if cached is False:
         cached = window_for(agent)
         agent._window = cached  # type: ignore[attr-defined]
-    return cached  # type: ignore[return-value]
+    return cached
 
 
 def context_status(agent: Agent, ledger: Ledger) -> dict[str, Any]:

@@ -6,7 +6,6 @@ happened reads the session's ledger.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import stat
@@ -20,7 +19,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-pexpect = pytest.importorskip("pexpect", reason="pexpect is in the test extra: pip install -e '.[test]'")
+pexpect = pytest.importorskip("pexpect",
+                              reason="pexpect is in the test extra: pip install -e '.[test]'")
 
 SLOW_TOOL = textwrap.dedent('''
     import time

@@ -22,7 +22,6 @@ from dsh.compaction import ContextMeter
 from dsh.compaction import estimate_tokens
 from dsh.compaction import window_from_table
 from dsh.compaction import window_in_error
-from dsh.errors import PluginError
 from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.ledger import Ledger
