@@ -1,0 +1,120 @@
+"""dsh-mcp: the tools of Model Context Protocol servers as dsh tools, per agent.
+
+Installed, it is found through the ``dsh`` entry point ``mcp`` and reaches only the agents that
+enable it. Its settings come from ``[plugins.mcp]``, overlaid (key by key) with
+``[agents.NAME.plugin_settings.mcp]``:
+
+``servers.NAME``
+    ``{command, args, env, cwd}`` (a stdio server) or ``{url, headers}`` (streamable HTTP),
+    plus optional ``timeout`` (seconds per call), ``tools_allow`` and ``tools_deny`` (the
+    server's own tool names);
+``mcp_json``
+    a path or list of paths of ``mcpServers`` files (Claude Code's ``.mcp.json``, Cursor's
+    ``mcp.json``) read as they are; relative to the current directory; missing files skipped;
+``use``
+    the names of the servers this agent uses (default: all);
+``timeout`` / ``startup_timeout``
+    defaults for every server (60 s per call, 30 s to start and initialize).
+
+Each server tool becomes ``mcp__SERVER__TOOL``. Tool lists are cached on disk
+(:mod:`dsh_mcp.cache`), so assembly starts no server once a list is cached; the first
+assembly without a cache starts the server once to list its tools. See docs/mcp.md.
+
+Importing this module imports neither ``mcp`` nor ``asyncio``: runs that call no MCP tool do
+not pay for them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+
+from dsh.hookspecs import hookimpl
+from dsh_mcp import cache
+from dsh_mcp.settings import McpSettings
+from dsh_mcp.settings import Server
+from dsh_mcp.settings import parse_settings
+from dsh_mcp.validation import make_validator
+
+if TYPE_CHECKING:
+    import click
+
+    from dsh.scope import AgentInfo
+
+__version__ = "0.1.0"
+__all__ = ["McpSettings", "Server", "__version__", "register_commands", "register_tools",
+           "settings_for", "tool_list"]
+
+
+def settings_for(agent: AgentInfo) -> McpSettings:
+    return parse_settings(agent.plugin_settings("mcp"), where=f"plugins.mcp, agent {agent.name}")
+
+
+def tool_list(server: Server, *, refresh: bool = False) -> dict[str, Any]:
+    """The server's cached listing; fetched (server started, ``tools/list``) and cached when
+    there is none or ``refresh`` is set. Raises :class:`dsh.errors.ToolError` (one line naming
+    the server, with its stderr tail) when it cannot be fetched."""
+    if not refresh:
+        data = cache.load(server)
+        if data is not None:
+            return data
+    from dsh_mcp import client
+
+    pool = client.pool()
+    conn = pool.connection(server)
+    tools = pool.run(conn.list_tools(), timeout=server.startup_timeout + server.timeout + 5)
+    return cache.store(server, tools, conn.server_info, conn.protocol)
+
+
+@hookimpl
+def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
+    """Register the tools of every server the agent uses, from their cached lists."""
+    from dsh.errors import ToolError
+
+    for server in settings_for(agent).servers.values():
+        try:
+            listing = tool_list(server)
+        except ToolError as exc:
+            # Without a list there are no schemas to show the model; the run goes on without
+            # this server's tools, and says so on one line.
+            from dsh.redact import redact
+
+            sys.stderr.write(f"dsh: warning: {redact(str(exc))}; its tools are not available "
+                             f"to agent {agent.name}\n")
+            continue
+        for entry in listing["tools"]:
+            name = entry.get("name")
+            if not isinstance(name, str) or not server.wants(name):
+                continue
+            schema = entry.get("inputSchema")
+            if not isinstance(schema, dict):
+                schema = {"type": "object"}
+            register(_caller(server, name), name=server.tool_name(name),
+                     description=str(entry.get("description") or entry.get("title") or name),
+                     parameters=schema, validator=make_validator(schema))
+
+
+def _caller(server: Server, tool: str) -> Callable[..., str]:
+    def call(**arguments: Any) -> str:
+        from dsh_mcp import client
+        from dsh_mcp.results import to_output
+
+        pool = client.pool()
+        conn = pool.connection(server)
+        # The SDK's own read timeout cancels the request (notifications/cancelled); the wait
+        # here is a backstop a little longer than a start plus that timeout.
+        result = pool.run(conn.call(tool, arguments),
+                          timeout=server.startup_timeout + server.timeout + 5)
+        return to_output(result)
+
+    call.__name__ = server.tool_name(tool)
+    return call
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    from dsh_mcp.commands import mcp
+
+    cli.add_command(mcp)

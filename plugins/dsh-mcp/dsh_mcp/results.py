@@ -1,0 +1,60 @@
+"""An MCP ``CallToolResult`` as a dsh tool output (docs/mcp.md, "Results").
+
+- text blocks: their text; blocks are joined with a newline;
+- image / audio blocks: ``[image: MIME, N bytes]`` / ``[audio: MIME, N bytes]``;
+- embedded resources: their text, or ``[resource: URI]`` for a binary one; resource links:
+  ``[resource: URI]``;
+- ``structuredContent``: appended as JSON on a line of its own, unless the text already is
+  that JSON (servers built with the SDK send both);
+- ``isError``: the same text, as an error outcome (:class:`dsh.errors.ToolError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from dsh.errors import ToolError
+
+
+def to_output(result: Any) -> str:
+    parts = [_block(b) for b in result.content or ()]
+    text = "\n".join(parts)
+    structured = getattr(result, "structured_content", None)
+    if structured is not None and not _same_json(text, structured):
+        dumped = json.dumps(structured, ensure_ascii=False)
+        text = f"{text}\n{dumped}" if text else dumped
+    if result.is_error:
+        raise ToolError(text or "the tool reported an error (no content)")
+    return text
+
+
+def _block(block: Any) -> str:
+    kind = getattr(block, "type", "")
+    if kind == "text":
+        return str(block.text)
+    if kind in ("image", "audio"):
+        return f"[{kind}: {block.mime_type}, {_decoded_size(block.data)} bytes]"
+    if kind == "resource":
+        res = block.resource
+        text = getattr(res, "text", None)
+        return str(text) if text is not None else f"[resource: {res.uri}]"
+    if kind == "resource_link":
+        return f"[resource: {block.uri}]"
+    return f"[{kind or 'unknown'} content]"
+
+
+def _decoded_size(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (binascii.Error, ValueError):
+        return len(data)
+
+
+def _same_json(text: str, value: Any) -> bool:
+    try:
+        return bool(json.loads(text) == value)
+    except ValueError:
+        return False

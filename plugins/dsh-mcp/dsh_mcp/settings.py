@@ -1,0 +1,235 @@
+"""``[plugins.mcp]`` settings and ``.mcp.json`` files, read into frozen server descriptions.
+
+Cheap on purpose: it runs at assembly of every agent that enables the plugin, so it imports
+neither ``mcp`` nor ``asyncio`` (docs/mcp.md, start-up).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from dsh.errors import ConfigError
+
+TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout")
+SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
+               "tools_allow", "tools_deny")
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_STARTUP_TIMEOUT = 30.0
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# Claude Code expands ${VAR} and ${VAR:-default} in .mcp.json; so do we, so its files work.
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+@attrs.frozen(kw_only=True)
+class Server:
+    """One configured MCP server. ``env`` and ``headers`` values are secrets: they are in
+    :attr:`key` (hashed) and sent to the server, never shown (:meth:`describe`)."""
+
+    name: str
+    transport: str  # "stdio" or "http" (streamable HTTP)
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict, hash=False, repr=False)
+    cwd: str | None = None
+    url: str = ""
+    headers: Mapping[str, str] = attrs.field(factory=dict, hash=False, repr=False)
+    timeout: float = DEFAULT_TIMEOUT
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
+    tools_allow: tuple[str, ...] | None = None
+    tools_deny: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def key(self) -> str:
+        """A hash of what identifies the server process/endpoint: one started server and one
+        cached tool list per key. Timeouts and tool filters are not part of it."""
+        ident = {"transport": self.transport, "command": self.command, "args": self.args,
+                 "env": dict(self.env), "cwd": self.cwd, "url": self.url,
+                 "headers": dict(self.headers)}
+        raw = json.dumps(ident, sort_keys=True, ensure_ascii=False).encode()
+        return hashlib.sha256(raw).hexdigest()
+
+    def describe(self) -> str:
+        """How to show the server: command line or URL, without env/header values."""
+        if self.transport == "stdio":
+            from shlex import join
+
+            return join([self.command, *self.args])
+        from dsh.redact import redact_url
+
+        return redact_url(self.url)
+
+    def wants(self, tool: str) -> bool:
+        """Whether ``tool`` (the server's own name) passes ``tools_allow`` / ``tools_deny``."""
+        if tool in self.tools_deny:
+            return False
+        return self.tools_allow is None or tool in self.tools_allow
+
+    def tool_name(self, tool: str) -> str:
+        """The dsh name, ``mcp__SERVER__TOOL`` (Claude Code's convention); characters a
+        provider refuses in a function name become ``_``."""
+        return _UNSAFE.sub("_", f"mcp__{self.name}__{tool}")
+
+
+@attrs.frozen
+class McpSettings:
+    servers: Mapping[str, Server] = attrs.field(factory=dict, hash=False)
+
+
+def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = None
+                   ) -> McpSettings:
+    """Read the plugin's settings (``where`` names them in errors). ``mcp_json`` paths are
+    relative to ``base_dir`` (default: the current directory); a missing file is skipped."""
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
+                          f"(known: {', '.join(TOP_KEYS)})")
+    timeout = _number(raw, "timeout", DEFAULT_TIMEOUT, where)
+    startup = _number(raw, "startup_timeout", DEFAULT_STARTUP_TIMEOUT, where)
+    servers: dict[str, Server] = {}
+    files = raw.get("mcp_json", [])
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ConfigError(f"{where}: 'mcp_json' must be a path or a list of paths")
+    for name in files:
+        path = Path(name).expanduser()
+        if not path.is_absolute():
+            path = (base_dir or Path.cwd()) / path
+        for server in read_mcp_json(path, timeout, startup):
+            servers[server.name] = server
+    table = raw.get("servers", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: 'servers' must be a table of servers")
+    for name, entry in table.items():
+        servers[name] = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
+                                     strict=True)
+    use = raw.get("use")
+    if use is not None:
+        if not isinstance(use, list) or not all(isinstance(u, str) for u in use):
+            raise ConfigError(f"{where}: 'use' must be a list of server names")
+        missing = [u for u in use if u not in servers]
+        if missing:
+            raise ConfigError(f"{where}: 'use' names unknown server(s) {', '.join(missing)} "
+                              f"(configured: {', '.join(servers) or 'none'})")
+        servers = {u: servers[u] for u in use}
+    return McpSettings(servers)
+
+
+def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
+                  startup: float = DEFAULT_STARTUP_TIMEOUT) -> list[Server]:
+    """The servers of an ``mcpServers`` file (Claude Code ``.mcp.json``, Cursor
+    ``mcp.json``, Claude Desktop ``claude_desktop_config.json``), as written there: keys dsh
+    does not use (``disabled``, ``autoApprove``, …) are ignored; ``${VAR}`` /
+    ``${VAR:-default}`` are expanded from the environment."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    entries = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}: expected an object with 'mcpServers'")
+    servers = []
+    for name, entry in entries.items():
+        if isinstance(entry, dict) and entry.get("disabled") is True:
+            continue
+        servers.append(parse_server(name, _expand(entry), f"{path}: mcpServers.{name}",
+                                    timeout, startup, strict=False))
+    return servers
+
+
+def parse_server(name: str, entry: Any, where: str, timeout: float, startup: float, *,
+                 strict: bool) -> Server:
+    if not _NAME.match(name):
+        raise ConfigError(f"{where}: server names may use letters, digits, '_' and '-'")
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    if strict:
+        unknown = sorted(set(entry) - set(SERVER_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
+                              f"(known: {', '.join(SERVER_KEYS)})")
+    kind = entry.get("type")
+    has_url, has_command = "url" in entry, "command" in entry
+    if kind in ("sse", "ws", "websocket"):
+        raise ConfigError(f"{where}: transport {kind!r} is not supported "
+                          "(stdio and streamable HTTP are)")
+    if kind not in (None, "stdio", "http", "streamable-http", "streamableHttp"):
+        raise ConfigError(f"{where}: unknown type {kind!r} (stdio or http)")
+    if has_url == has_command:
+        raise ConfigError(f"{where}: needs either 'command' (stdio) or 'url' (streamable HTTP)")
+    common: dict[str, Any] = {
+        "name": name, "source": where,
+        "timeout": _number(entry, "timeout", timeout, where) if strict else timeout,
+        "startup_timeout": startup,
+        "tools_allow": _names(entry, "tools_allow", where, None),
+        "tools_deny": _names(entry, "tools_deny", where, ()) or (),
+    }
+    if has_command:
+        command = entry["command"]
+        if not isinstance(command, str) or not command:
+            raise ConfigError(f"{where}: 'command' must be a non-empty string")
+        args = entry.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigError(f"{where}: 'args' must be a list of strings")
+        cwd = entry.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ConfigError(f"{where}: 'cwd' must be a string")
+        return Server(transport="stdio", command=command, args=tuple(args),
+                      env=_strings(entry, "env", where), cwd=cwd, **common)
+    url = entry["url"]
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: 'url' must be an http:// or https:// URL")
+    return Server(transport="http", url=url, headers=_strings(entry, "headers", where),
+                  **common)
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        return _VAR.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    return value
+
+
+def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{where}: {key!r} must be a positive number of seconds")
+    return float(value)
+
+
+def _names(table: Mapping[str, Any], key: str, where: str,
+           default: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    value = table.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key!r} must be a list of tool names")
+    return tuple(value)
+
+
+def _strings(table: Mapping[str, Any], key: str, where: str) -> dict[str, str]:
+    value = table.get(key, {})
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        # The values are secrets: the message names the key, never a value.
+        raise ConfigError(f"{where}: {key!r} must be a table of strings")
+    return dict(value)
