@@ -739,9 +739,10 @@ def test_a_wrapper_yielding_twice_is_a_plugin_error_naming_it(tmp_path, server, 
 # -- the property: generated plugins ---------------------------------------------------------------
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-VALUES = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | TEXT,
-                      lambda inner: st.lists(inner, max_size=2)
-                      | st.dictionaries(TEXT, inner, max_size=2), max_leaves=4)
+SCALARS = st.none() | st.booleans() | st.integers(-5, 5) | TEXT
+#: JSON-shaped values two levels deep (what options, schemas and arguments hold).
+VALUES = SCALARS | st.lists(SCALARS, max_size=2) | st.dictionaries(
+    TEXT, SCALARS | st.lists(SCALARS, max_size=2), max_size=2)
 
 #: (name, needs a violation?) — what each generated plugin does to the request.
 MUTATIONS = {
