@@ -342,11 +342,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise click.UsageError("--no-save cannot resume a session")
     budget = parse_limits(limits)
     text = read_prompt(prompt)  # as given: its user/message records what was sanitised
-    system = _utf8(system, "-s")
-    overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
-                                 "options": _utf8(parse_options(options) or None, "-o")}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
+    overrides = agent_overrides(model, system, max_steps, options)
     from dsh.errors import DshError
     from dsh.terminal import RunOutput
     from dsh.terminal import Stdout
@@ -354,24 +350,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     output = RunOutput(Stdout(), events=events, as_json=as_json, stream=stream)
     try:
         app = state.app
-        if allow:
-            known = app.agent(agent, **overrides).tools
-            for name in allow:
-                if name not in known:
-                    from dsh.config import unknown_name
-                    from dsh.errors import UsageError
-
-                    raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
-            overrides["tools"] = allow
-        assembled = app.agent(agent, **overrides)
-        note_default_model(app, assembled, overrides)
-        resume = None
-        if continue_:
-            resume = latest_session(app, assembled.name)
-            if resume is None:
-                warn(f"no session of agent {assembled.name} to continue; starting a new one")
-        elif session_id:
-            resume = resolve_session(app, session_id)
+        assembled, overrides = assemble_agent(app, agent, overrides, tools)
+        resume = session_to_resume(app, assembled, continue_, session_id)
         session = app.open_session(assembled, resume, save=not no_save)
     except DshError as exc:
         from dsh.redact import redact
@@ -422,11 +402,33 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     if continue_ and session_id:
         raise click.UsageError("--continue and --session cannot be combined")
     budget = parse_limits(limits)
-    overrides: dict[str, Any] = {"model": model, "system": system, "max_steps": max_steps,
-                                 "options": parse_options(options) or None}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
     app = state.app
+    assembled, overrides = assemble_agent(
+        app, agent, agent_overrides(model, system, max_steps, options), tools)
+    resume = session_to_resume(app, assembled, continue_, session_id)
+    from dsh.chat import Chat
+
+    with app.open_session(assembled, resume) as session:
+        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
+                    limits=budget).run()
+    click.get_current_context().exit(code)
+
+
+def agent_overrides(model: str | None, system: str | None, max_steps: int | None,
+                    options: tuple[str, ...]) -> dict[str, Any]:
+    """The agent overrides of ``dsh run`` and ``dsh chat`` (``-m -s --max-steps -o``)."""
+    overrides: dict[str, Any] = {"model": model, "system": _utf8(system, "-s"),
+                                 "max_steps": max_steps,
+                                 "options": _utf8(parse_options(options) or None, "-o")}
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def assemble_agent(app: App, agent: str | None, overrides: dict[str, Any],
+                   tools: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The agent with ``overrides`` and the ``-T`` allow list (an unknown tool is a usage
+    error naming the available ones); says so when the offline default model answers."""
+    allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
+    overrides = dict(overrides)
     if allow:
         known = app.agent(agent, **overrides).tools
         for name in allow:
@@ -438,19 +440,17 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
         overrides["tools"] = allow
     assembled = app.agent(agent, **overrides)
     note_default_model(app, assembled, overrides)
-    resume = None
-    if continue_:
-        resume = latest_session(app, assembled.name)
-        if resume is None:
-            warn(f"no session of agent {assembled.name} to continue; starting a new one")
-    elif session_id:
-        resume = resolve_session(app, session_id)
-    from dsh.chat import Chat
+    return assembled, overrides
 
-    with app.open_session(assembled, resume) as session:
-        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
-                    limits=budget).run()
-    click.get_current_context().exit(code)
+
+def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None) -> str | None:
+    """``-c`` (the agent's latest session, with a note when there is none) or ``--session``."""
+    if continue_:
+        resume = latest_session(app, agent.name)
+        if resume is None:
+            warn(f"no session of agent {agent.name} to continue; starting a new one")
+        return resume
+    return resolve_session(app, session_id) if session_id else None
 
 
 def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
