@@ -319,14 +319,21 @@ class Redactor:
     def redact(self, text: str) -> str:
         """``text`` with every registered secret, URL credential and well-known credential
         shape replaced by ``[redacted]`` (see the module's docstring)."""
+        text = redact_url(self.redact_registered(text))
+        for pattern, replacement in _patterns():
+            text = pattern.sub(replacement, text)
+        return text
+
+
+    def redact_registered(self, text: str) -> str:
+        """``text`` with only this redactor's registered secrets replaced (in every form),
+        URLs and credential shapes left alone: for a tool's own output, where an example
+        ``Bearer …`` is content (dsh-mcp redacts its servers' env/header values this way)."""
         matcher, cuttable = self._state
         if matcher is not None:
             text = matcher.sub(REDACTED, text)
             if "…" in text:
                 text = _redact_cuts(text, cuttable)
-        text = redact_url(text)
-        for pattern, replacement in _patterns():
-            text = pattern.sub(replacement, text)
         return text
 
 
