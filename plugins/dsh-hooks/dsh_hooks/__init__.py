@@ -1,0 +1,124 @@
+"""dsh-hooks: hook scripts written for Claude Code's command-hook protocol, run unchanged.
+
+Installed, dsh imports this module on every start-up, so it holds only the hook
+implementations; the engine (:mod:`dsh_hooks.engine`, subprocesses, JSON, threads) is
+imported when a run's agent has hooks configured. With none, each hook below returns after a
+dictionary lookup. Settings: ``[plugins.hooks]`` overlaid with
+``[agents.NAME.plugin_settings.hooks]`` (docs/hooks-plugin.md).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dsh.hookspecs import hookimpl
+from dsh.runcontext import current_or_none
+
+if TYPE_CHECKING:
+    import click
+
+    from dsh.app import App
+    from dsh.compaction import Compaction
+    from dsh.compaction import CompactionRequest
+    from dsh.loop import StepDraft
+    from dsh.loop import Turn
+    from dsh.tools import ToolInvocation
+    from dsh.tools import ToolOutcome
+    from dsh_hooks.engine import Engine
+
+__version__ = "0.1.0"
+KEY = "dsh_hooks"  # RunContext.data key of the run's engine (dsh_hooks.engine.KEY)
+
+
+def _engine() -> Engine | None:
+    ctx = current_or_none()
+    return ctx.data.get(KEY) if ctx is not None else None
+
+
+@hookimpl
+def configure(app: App) -> None:
+    """Validate the TOML tables at assembly (no I/O: settings files are read per run)."""
+    cfg = app.config
+    tables = [("plugins.hooks", cfg.plugin_settings("hooks"))] + [
+        (f"agents.{name}.plugin_settings.hooks", a.plugin_settings["hooks"])
+        for name, a in cfg.agents.items() if "hooks" in a.plugin_settings]
+    if any(raw for _, raw in tables):
+        from dsh_hooks import config
+
+        for where, raw in tables:
+            config.check(raw, where)
+
+
+@hookimpl(tryfirst=True)
+def run_turn(turn: Turn) -> None:
+    """Every run starts here: build the run's engine when the agent has hooks. Returns None,
+    so the agent loop (the built-in implementation) drives the turn. Not a wrapper: a
+    wrapper's frame would sit in the traceback of every error of the turn, and dsh names
+    the plugin whose code is deepest in it."""
+    raw = turn.agent.info.plugin_settings("hooks")
+    if raw:
+        from dsh_hooks import engine
+
+        engine.begin(turn, raw)
+
+
+@hookimpl
+def pre_step(step: StepDraft) -> None:
+    eng = _engine()
+    if eng is not None:
+        from dsh_hooks import engine
+
+        engine.pre_step(eng, step)
+
+
+@hookimpl
+def pre_execute(call: ToolInvocation) -> None:
+    eng = _engine()
+    if eng is not None:
+        from dsh_hooks import engine
+
+        engine.pre_execute(eng, call)
+
+
+@hookimpl(tryfirst=True)
+def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
+    # tryfirst: an approval a PreToolUse hook gave ends with the call, before any other
+    # plugin's post_execute could fail.
+    eng = _engine()
+    if eng is not None:
+        from dsh_hooks import engine
+
+        engine.after_execute(eng, call)
+        engine.post_execute(eng, call, outcome)
+
+
+@hookimpl
+def turn_stopping(turn: Turn) -> str | None:
+    eng = _engine()
+    if eng is None:
+        return None
+    from dsh_hooks import engine
+
+    return engine.turn_stopping(eng, turn)
+
+
+@hookimpl(tryfirst=True)
+def compact_context(request: CompactionRequest) -> Compaction | None:
+    """PreCompact: hooks run before any strategy does. A veto of an automatic compaction
+    turns the strategy off for this call (``request.strategy`` becomes a name no strategy
+    answers to, so no summary is written). Always returns None: the strategies decide."""
+    if request.agent.info.plugin_settings("hooks"):
+        from dsh_hooks import engine
+
+        eng = engine.for_compaction(request)
+        if eng is not None and eng.settings.active("PreCompact") and engine.pre_compact(
+                eng, request):
+            request.strategy = "off (vetoed by a PreCompact hook)"
+    return None
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    from dsh_hooks.commands import hooks
+
+    cli.add_command(hooks)

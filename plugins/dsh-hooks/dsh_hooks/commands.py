@@ -1,0 +1,102 @@
+"""``dsh hooks list`` and ``dsh hooks test``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from dsh_hooks.config import EVENTS
+
+
+def _settings(agent: str | None) -> tuple[Any, Any]:
+    from dsh_hooks import config
+    from dsh_hooks.engine import _where
+
+    app = click.get_current_context().find_root().obj.app
+    info = app.agent(agent).info
+    workspace = info.plugin_settings("shell").get("workspace")
+    return config.load(info.plugin_settings("hooks"), _where(info), workspace), workspace
+
+
+def _line(text: str) -> str:
+    from dsh.render import escape_controls
+
+    return escape_controls(text, newlines=False) if sys.stdout.isatty() else text
+
+
+@click.group()
+def hooks() -> None:
+    """Command hooks in Claude Code's protocol (dsh-hooks)."""
+
+
+@hooks.command("list")
+@click.option("--agent", help="The agent whose hooks to list (default: the config's agent).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per hook.")
+def list_hooks(agent: str | None, as_json: bool) -> None:
+    """Every configured hook: event, matcher, command and the file it comes from."""
+    settings, _ = _settings(agent)
+    for h in settings.hooks:
+        if as_json:
+            click.echo(json.dumps({"event": h.event, "matcher": h.matcher,
+                                   "command": h.command, "timeout": h.timeout,
+                                   "source": h.source, "ignored": h.ignored or None}))
+            continue
+        state = f"  (ignored: {h.ignored})" if h.ignored else ""
+        click.echo(_line(f"{h.event}\t{h.matcher or '*'}\t{h.command}\t{h.source}{state}"))
+    if not as_json:
+        for path in settings.missing:
+            click.echo(_line(f"# not found: {path}"), err=True)
+        if not settings.hooks:
+            click.echo("# no hooks configured", err=True)
+
+
+@hooks.command("test")
+@click.argument("event", type=click.Choice(EVENTS))
+@click.option("--tool", default="Bash", show_default=True,
+              help="The tool's name: dsh's (run_command) or the protocol's (Bash).")
+@click.option("--input", "input_json", default="{}",
+              help="JSON: the tool's arguments for PreToolUse/PostToolUse (dsh's or the "
+                   "protocol's names, as --tool), else the event's own fields "
+                   "(e.g. {\"prompt\": \"…\"}).")
+@click.option("--agent", help="The agent whose hooks to run (default: the config's agent).")
+def test_hooks(event: str, tool: str, input_json: str, agent: str | None) -> None:
+    """Run the hooks of EVENT that match on a sample input and print their decisions.
+
+    One line per hook: ok, block or error, then what it answered. Exit status 2 when a hook
+    blocked, else 0.
+    """
+    from dsh_hooks.engine import Engine
+
+    try:
+        data = json.loads(input_json)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("expected a JSON object", param_hint="--input")
+    settings, workspace = _settings(agent)
+    eng = Engine(settings, None, workspace=workspace or os.getcwd())
+    names: tuple[str, ...] = ()
+    fields: dict[str, Any] = dict(data)
+    if event in ("PreToolUse", "PostToolUse"):
+        name, shown_input = eng.present(tool, data)
+        fields = {"tool_name": name, "tool_input": shown_input, "tool_use_id": "test"}
+        if event == "PostToolUse":
+            fields["tool_response"] = {"output": "", "status": "ok", "success": True}
+        names = (name, tool)
+    elif event in ("PreCompact", "SessionStart"):
+        names = (str(data.get("trigger") or data.get("source") or ""),)
+    answers = eng.fire(event, fields, *names)
+    if not answers:
+        click.echo(f"no {event} hook matches", err=True)
+    blocked = False
+    for ans in answers:
+        blocked = blocked or ans.kind == "block"
+        said = json.dumps(ans.json, ensure_ascii=False) if ans.json is not None else ans.text
+        detail = ans.reason or said
+        click.echo(_line(f"{ans.kind}\t{ans.name}\t{detail}"))
+    if blocked:
+        raise SystemExit(2)
