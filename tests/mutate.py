@@ -41,10 +41,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/test_ledger.py",
         "tests/test_ledger_pins.py",
         "tests/test_history.py",
-        "tests/reliability/test_failures.py",
     )),
     "runcontext": ("dsh/runcontext.py", (
         "tests/test_runcontext_pins.py",
+        "tests/test_budget_exact.py",
         "tests/test_execution.py",
     )),
     "history": ("dsh/history.py", (

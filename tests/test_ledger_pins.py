@@ -41,6 +41,7 @@ from dsh.ledger import read_lines
 from dsh.ledger import sanitized
 from dsh.ledger import scan
 from dsh.messages import ToolCall
+from dsh.serialize import EventCodec
 from dsh.serialize import default_codec
 
 SID = "20260101-000000.000-aaaaaa"
@@ -432,6 +433,22 @@ def test_create_while_another_process_locks_the_name(tmp_path: Path,
         ledger.append(TurnStarted, turn=1, agent="a")
 
 
+def test_create_refused_by_a_lock_even_when_cleaning_up_fails(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch):
+    store = JsonlStore(tmp_path)
+
+    def busy(fd: int, op: int) -> None:
+        raise BlockingIOError(errno.EWOULDBLOCK, "busy")
+
+    def failing(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(ledger_mod.fcntl, "flock", busy)
+    monkeypatch.setattr(Path, "unlink", failing)
+    with pytest.raises(SessionInUse):
+        store.create(SID)
+
+
 def test_create_when_the_directory_cannot_be_synced(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch):
     store = JsonlStore(tmp_path)
@@ -495,6 +512,96 @@ def test_remove_of_a_path_that_cannot_be_opened(tmp_path: Path):
                                  "levels of symbolic links")
 
 
+def test_open_messages_and_flags(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    path = _session(store)
+    with store.open(SID) as ledger:
+        assert ledger.path == path and ledger.session_id == SID
+        assert ledger._fd is not None
+        assert ledger_mod.fcntl.fcntl(ledger._fd, ledger_mod.fcntl.F_GETFD) & 1  # FD_CLOEXEC
+        flags = ledger_mod.fcntl.fcntl(ledger._fd, ledger_mod.fcntl.F_GETFL)
+        assert flags & os.O_APPEND and flags & os.O_NONBLOCK
+        with pytest.raises(SessionInUse) as busy:
+            store.open(SID)
+        assert str(busy.value) == (f"session {SID} is in use by another process (lock held "
+                                   f"on {path})")
+    other = tmp_path / "loop"
+    store2 = JsonlStore(other)
+    other.mkdir()
+    store2.path(SID).symlink_to(store2.path(SID))
+    with pytest.raises(LedgerError) as caught:
+        store2.open(SID)
+    assert str(caught.value) == (f"cannot open session ledger {store2.path(SID)} for writing: "
+                                 "too many levels of symbolic links")
+
+
+def test_open_of_another_users_file_says_whose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = JsonlStore(tmp_path)
+    path = _session(store)
+    os.chown(path, 4242, 4242)
+    real_open = os.open
+
+    def denied(p: Any, flags: int, *args: Any) -> int:
+        if Path(p) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(p))
+        return real_open(p, flags, *args)
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(LedgerError) as caught:
+        store.open(SID)
+    assert str(caught.value) == (
+        f"cannot open session ledger {path} for writing: permission denied (the file belongs "
+        "to user id 4242: was it made by `sudo dsh`?)")
+
+
+def test_owner_hint(tmp_path: Path):
+    mine = tmp_path / "mine"
+    mine.write_text("")
+    theirs = tmp_path / "theirs"
+    theirs.write_text("")
+    os.chown(theirs, 4242, 4242)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    assert ledger_mod._owner_hint(theirs, denied) == (
+        " (the file belongs to user id 4242: was it made by `sudo dsh`?)")
+    assert ledger_mod._owner_hint(mine, denied) == ""
+    assert ledger_mod._owner_hint(theirs, OSError(errno.EIO, "x")) == ""
+    assert ledger_mod._owner_hint(tmp_path / "gone", denied) == ""
+
+
+def test_reason():
+    assert ledger_mod._reason(OSError(errno.ENOSPC, "x")) == "no space left on device"
+    assert ledger_mod._reason(OSError("short write (1 of 2 bytes)")) == (
+        "short write (1 of 2 bytes)")
+
+
+def test_a_short_write_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = JsonlStore(tmp_path)
+    ledger = store.create(SID)
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, data[:3]))
+    with pytest.raises(LedgerError) as caught:
+        ledger.append(TurnStarted, turn=1, agent="a")
+    assert re.fullmatch(rf"cannot write session ledger {re.escape(str(store.path(SID)))}: "
+                        r"short write \(3 of \d+ bytes\)", str(caught.value)), str(caught.value)
+    monkeypatch.undo()
+    ledger.close()
+
+
+def test_a_torn_tail_that_cannot_be_cut(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = JsonlStore(tmp_path)
+    path = _session(store)
+    with open(path, "ab") as f:
+        f.write(b'{"type":"turn/st')
+
+    def failing(fd: int, size: int) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "ftruncate", failing)
+    with pytest.raises(LedgerError) as caught:
+        store.open(SID)
+    assert str(caught.value) == f"cannot repair session ledger {path}: read-only file system"
+
+
 def test_exists(tmp_path: Path):
     store = JsonlStore(tmp_path)
     assert not store.exists(SID)
@@ -503,8 +610,9 @@ def test_exists(tmp_path: Path):
 
 
 def test_a_store_keeps_the_codec_it_was_given(tmp_path: Path):
-    codec = default_codec()
+    codec = EventCodec()
     assert JsonlStore(tmp_path, codec=codec).codec is codec
+    assert JsonlStore(tmp_path).codec is default_codec()
 
 
 # --- info() on realistic files --------------------------------------------------------
@@ -539,6 +647,39 @@ def test_info_of_a_one_turn_session(tmp_path: Path):
     info = store.info(SID)
     assert (info.agent, info.model, info.turns, info.first_prompt, info.parent) == (
         "a", "echo", 1, "only", None)
+
+
+def test_info_of_a_session_that_never_named_a_model(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    with store.create(SID) as ledger:
+        ledger.append(TurnStarted, turn=1, agent="a")
+        ledger.append(UserMessage, text="x")
+    assert store.info(SID).model == ""
+
+
+@pytest.mark.xfail(strict=True, reason="dsh/ledger.py info(): when the last turn/start does not "
+                   "name a model (unchanged: null), the first turn's model is reported instead "
+                   "of the last one that named one")
+def test_info_model_is_the_last_turn_that_named_one(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    with store.create(SID) as ledger:
+        ledger.append(TurnStarted, turn=1, agent="a", model="A")
+        ledger.append(UserMessage, text="p")
+        ledger.append(TurnStarted, turn=2, agent="a", model="B")
+        ledger.append(TurnStarted, turn=3, agent="a")  # model unchanged: B
+    assert store.info(SID).model == "B"
+
+
+@pytest.mark.xfail(strict=True, reason="dsh/ledger.py info() counts the bytes "
+                   "'\"type\":\"turn/start\"', which also occur inside tool arguments")
+def test_info_counts_turns_not_lookalikes_in_arguments(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    with store.create(SID) as ledger:
+        ledger.append(TurnStarted, turn=1, agent="a", model="A")
+        ledger.append(UserMessage, text="p")
+        call = ToolCall(id="1", name="f", arguments={"type": "turn/start"})
+        ledger.append(AssistantMessage, tool_calls=(call,))
+    assert store.info(SID).turns == 1
 
 
 def test_info_with_two_turns_takes_the_second_model(tmp_path: Path):
@@ -712,6 +853,35 @@ def test_a_fresh_ledger(tmp_path: Path):
     assert str(caught.value) == "session x is closed"
 
 
+@pytest.mark.parametrize(("policy", "per_event", "at_boundary"),
+                         [("event", 1, 1), ("step", 0, 1), ("never", 0, 0)])
+def test_the_fsync_policy_holds_after_reopening(tmp_path: Path, policy: str, per_event: int,
+                                                at_boundary: int,
+                                                monkeypatch: pytest.MonkeyPatch):
+    _session(JsonlStore(tmp_path))
+    ledger = JsonlStore(tmp_path, fsync=policy).open(SID)
+    assert ledger.fsync == policy
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    ledger.append(UserMessage, text="a")
+    ledger.append(UserMessage, text="b")
+    assert len(calls) == 2 * per_event
+    ledger.step_boundary()
+    assert len(calls) == 2 * per_event + at_boundary
+    monkeypatch.undo()
+    ledger.close()
+
+
+def test_a_session_closed_before_its_first_event_leaves_no_file(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    store.create(SID).close()
+    assert not store.path(SID).exists() and store.ids() == []
+    with store.create(SID) as ledger:
+        ledger.append(TurnStarted, turn=1, agent="a")
+    assert store.ids() == [SID]
+
+
 def test_a_ledger_opened_not_created_keeps_an_empty_file(tmp_path: Path):
     store = JsonlStore(tmp_path)
     path = store.path(SID)
@@ -729,6 +899,26 @@ def test_closing_after_the_first_event_keeps_the_file(tmp_path: Path):
     ledger.close()  # twice is harmless
     assert store.path(SID).exists() and ledger.closed
     assert len(store.read(SID)) == 1
+
+
+def test_closing_makes_the_ledger_durable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = JsonlStore(tmp_path)
+    ledger = store.create(SID)
+    ledger.append(TurnStarted, turn=1, agent="a")
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    ledger.close()
+    assert len(calls) == 1
+
+
+def test_closing_never_deletes_a_file_after_an_event_was_written(tmp_path: Path):
+    store = JsonlStore(tmp_path)
+    ledger = store.create(SID)
+    ledger.append(TurnStarted, turn=1, agent="a")
+    os.truncate(store.path(SID), 0)  # emptied by someone else
+    ledger.close()
+    assert store.path(SID).exists()
 
 
 def test_closing_a_created_file_someone_else_wrote_to_keeps_it(tmp_path: Path):
@@ -888,11 +1078,10 @@ def test_whatever_text_comes_in_the_ledger_stays_readable(text: str):
     assert set(event.extra) == ({"sanitized"} if surrogates else set())
 
 
-@pytest.mark.xfail(strict=True, reason="dsh/ledger.py sanitized(): a field whose only "
-                   "surrogates form a pair is joined but dropped (`if n:`), so append raises")
 def test_a_surrogate_pair_held_as_two_code_points_is_joined():
     event = Ledger("mem").append(UserMessage, text="a\ud83d\ude00")
     assert event.text == "a😀"  # type: ignore[attr-defined]
+    assert event.extra == {}  # nothing was replaced
 
 
 # --- where sessions live -----------------------------------------------------------------
