@@ -52,7 +52,7 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
 from dsh.messages import thaw
-from dsh.runcontext import current_or_none
+from dsh.runcontext import _current
 
 if TYPE_CHECKING:
     from dsh.llm.base import Model
@@ -299,21 +299,12 @@ def violation(problems: list[str], plugin: str = "") -> InvariantViolation:
 # -- sending ----------------------------------------------------------------------------------
 
 
-class _Ticket:
-    __slots__ = ("model", "request", "used")
-
-    def __init__(self, model: Any, request: ModelRequest) -> None:
-        self.model = model
-        self.request = request
-        self.used = False
-
-
-#: The request the transport is handing to an adapter (consumed by the adapter's guard), and
-#: the one an adapter is completing (lets its own ``super().complete`` through).
-_ticket: contextvars.ContextVar[_Ticket | None] = contextvars.ContextVar("dsh_ticket",
-                                                                        default=None)
-_inside: contextvars.ContextVar[_Ticket | None] = contextvars.ContextVar("dsh_inside",
-                                                                        default=None)
+#: The ``(adapter, request)`` the transport is handing over (single use: the adapter's guard
+#: clears it), and the one an adapter is completing (lets its own ``super().complete`` in).
+_ticket: contextvars.ContextVar[tuple[Any, ModelRequest] | None] = contextvars.ContextVar(
+    "dsh_ticket", default=None)
+_inside: contextvars.ContextVar[tuple[Any, ModelRequest] | None] = contextvars.ContextVar(
+    "dsh_inside", default=None)
 
 
 def guard(fn: Callable[..., ModelResponse]) -> Callable[..., ModelResponse]:
@@ -325,18 +316,17 @@ def guard(fn: Callable[..., ModelResponse]) -> Callable[..., ModelResponse]:
     def complete(self: Any, request: ModelRequest, on_text: TextCallback | None = None,
                  ) -> ModelResponse:
         inside = _inside.get()
-        if inside is not None and inside.model is self and inside.request is request:
+        if inside is not None and inside[0] is self and inside[1] is request:
             return fn(self, request, on_text)  # the adapter's own super().complete(...)
         ticket = _ticket.get()
-        if (ticket is None or ticket.used or ticket.model is not self
-                or ticket.request is not request):
+        if ticket is None or ticket[0] is not self or ticket[1] is not request:
             raise InvariantViolation(
                 f"model adapter {type(self).__name__}: complete() was called outside dsh's "
                 "transport, so nothing was sent (MISSION C3). Requests leave through "
                 "dsh.llm.transport.send(), which checks them against the session ledger; "
                 "a plugin that wants to change the request must write the change to the "
                 "ledger, not call the adapter itself.")
-        ticket.used = True
+        _ticket.set(None)  # single use (send resets it when the adapter returns)
         token = _inside.set(ticket)
         try:
             return fn(self, request, on_text)
@@ -369,7 +359,7 @@ def _hand_over(model: Model, request: ModelRequest, on_text: TextCallback | None
         raise InvariantViolation(
             f"model adapter {type(model).__name__}: its complete() was replaced after the "
             "class was defined and no longer goes through dsh's transport; nothing was sent")
-    token = _ticket.set(_Ticket(model, request))
+    token = _ticket.set((model, request))
     try:
         return complete(model, request, _outside(on_text) if on_text is not None else None)
     finally:
@@ -387,7 +377,7 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     request or the adapter. Outside a run: ``model`` is required and must not belong to an
     agent; ``request`` is sent as it is (there is no session to record it in).
     """
-    ctx = current_or_none()
+    ctx = _current.get(None)
     binding = _binding.get()
     if binding is not None and binding.ctx is not ctx:
         raise InvariantViolation("invariant C3: a request from outside the run its adapter "
@@ -417,10 +407,16 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
         raise InvariantViolation("invariant C3: the run's ledger is not the one its turn was "
                                  "recorded in; nothing was sent")
     view = ledger.projection.view()
-    problems = _differences(request, rec.model, rec.system, view, rec.tools, rec.options)
-    if problems:
-        raise violation(problems, _changer(call, "request", binding.pm))
-    _reserve(ctx)
+    msgs = request.messages if type(request) is ModelRequest else None
+    if not (type(msgs) is MessageView and view.same_as(msgs)  # the normal path: identities
+            and request.system is rec.system and request.tools is rec.tools
+            and request.model is rec.model and request.options is rec.options):
+        problems = _differences(request, rec.model, rec.system, view, rec.tools, rec.options)
+        if problems:
+            raise violation(problems, _changer(call, "request", binding.pm))
+    refused = ctx.budget.reserve(requests=1)  # type: ignore[union-attr]
+    if refused:
+        raise BudgetExceeded(refused)
     # What leaves: a fresh request from the record alone (nobody else holds a reference).
     sealed = _new(ModelRequest)  # every field is already of its final type: no converters
     _set(sealed, "model", rec.model)
