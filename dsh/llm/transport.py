@@ -7,9 +7,10 @@ not in a hook a plugin could replace:
   :func:`send` builds the *sealed* request itself: the messages are the ledger projection's
   view; model, system prompt, tool schemas and options are the values the app wrote on this
   session's ``turn/start`` lines (kept here, out of reach of the projection's public
-  attributes). The request that travelled through the ``request`` chain is only *compared*
-  with it: identical fields (the normal path) cost five identity tests, O(1); a request some
-  layer rebuilt is compared by value, and any difference fails the turn with
+  attributes; tool schemas and options from private copies taken when they were recorded).
+  The request that travelled through the ``request`` chain is only *compared* with it:
+  identical fields (the normal path) cost five identity tests, O(1); a request some layer
+  rebuilt is compared by value, and any difference fails the turn with
   :class:`~dsh.errors.InvariantViolation` — naming the plugin that swapped it where that can
   be known — before anything is sent. Even a comparison fooled by a hostile object could not
   smuggle bytes: the adapter is handed the sealed request, never the caller's.
@@ -192,10 +193,6 @@ def unbind(token: Any) -> None:
     """End a binding (when the run's turn ends: a nested run must not leave its binding in
     the parent's context)."""
     _binding.reset(token)
-
-
-def recorded(ledger: Any) -> Record | None:
-    return _records.get(ledger)
 
 
 # -- the check --------------------------------------------------------------------------------
