@@ -363,6 +363,23 @@ def test_agent_options_are_read_only_and_replacing_them_is_recorded(tmp_path, se
     assert server.bodies[1]["temperature"] == 0.9 and "seed" not in server.bodies[1]
 
 
+def test_what_changes_between_turns_is_recorded_then_sent(tmp_path, server, plugin_module):
+    server.script(*[Reply(body=openai_completion(str(i))) for i in range(3)])
+    app = http_app(tmp_path, server, plugin_module(register_tools=register_tools))
+    agent = app.agent()
+    with app.open_session(agent) as s:
+        assert s.send("one").outcome == "completed"
+        agent.system = "Be brief."
+        agent.tool_specs = ()
+        assert s.send("two").outcome == "completed"
+        assert s.send("three").outcome == "completed"  # nothing changed: nothing rewritten
+    starts = [e for e in lines(s.ledger.path) if e["type"] == "turn/start"]
+    assert starts[1]["system"] == "Be brief." and starts[1]["tools"] == []
+    assert starts[2]["system"] is None and starts[2]["tools"] is None
+    assert server.bodies == reconstruct(s.ledger.path)
+    assert "tools" in server.bodies[0] and "tools" not in server.bodies[1]
+
+
 def test_dict_setitem_on_a_frozen_mapping_changes_nothing_that_leaves(tmp_path, server,
                                                                      plugin_module):
     """Defeating the read-only mapping with dict.__setitem__ reaches only the caller's copy:

@@ -111,13 +111,23 @@ class Record:
     __slots__ = ("model", "system", "tools", "options", "sent_tools", "sent_options")
 
     def __init__(self, model: str, system: str, tools: tuple[ToolSpec, ...],
-                 options: Mapping[str, Any]) -> None:
+                 options: Mapping[str, Any], previous: Record | None = None) -> None:
         self.model = model
         self.system = system
         self.tools = tools
         self.options = freeze(options)
-        self.sent_tools = _copy_tools(tools)
-        self.sent_options = _copy(options)
+        # the private copies are taken once per change, not per turn (this also keeps the
+        # adapter's tool memo an identity hit)
+        self.sent_tools: tuple[ToolSpec, ...]
+        self.sent_options: Mapping[str, Any]
+        if previous is not None and previous.tools == tools:
+            self.sent_tools = previous.sent_tools
+        else:
+            self.sent_tools = _copy_tools(tools)
+        if previous is not None and previous.options == self.options:
+            self.sent_options = previous.sent_options
+        else:
+            self.sent_options = _copy(options)
 
 
 def _copy(value: Any) -> Any:
@@ -159,7 +169,7 @@ def record_turn(ledger: Any, *, model: str, system: str, tools: tuple[ToolSpec, 
     if previous is None:  # a fresh session, or one just loaded from its file
         proj = ledger.projection
         previous = Record(proj.model, proj.system, tuple(proj.tools), proj.options)
-    rec = Record(model, system, tools, options)
+    rec = Record(model, system, tools, options, previous)
     changed = {
         "model": None if rec.model == previous.model else rec.model,
         "system": None if rec.system == previous.system else rec.system,
@@ -171,10 +181,6 @@ def record_turn(ledger: Any, *, model: str, system: str, tools: tuple[ToolSpec, 
     for key in ("model", "system", "tools", "options"):
         if changed[key] is None:
             setattr(rec, key, getattr(previous, key))
-    if changed["tools"] is None:
-        rec.sent_tools = previous.sent_tools  # keeps the adapter's tool memo an identity hit
-    if changed["options"] is None:
-        rec.sent_options = previous.sent_options
     _records[ledger] = rec
     return changed
 
