@@ -98,19 +98,46 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
 
 def _caller(server: Server, tool: str) -> Callable[..., str]:
     def call(**arguments: Any) -> str:
+        from dsh.errors import ToolError
         from dsh_mcp import client
         from dsh_mcp.results import to_output
 
+        _cleanup_after_run()
         pool = client.pool()
         conn = pool.connection(server)
         # The SDK's own read timeout cancels the request (notifications/cancelled); the wait
         # here is a backstop a little longer than a start plus that timeout.
         result = pool.run(conn.call(tool, arguments),
                           timeout=server.startup_timeout + server.timeout + 5)
-        return to_output(result)
+        try:
+            return conn.clean(to_output(result))
+        except ToolError as exc:  # an isError result: its text, cleaned the same way
+            raise ToolError(conn.clean(str(exc))) from None
 
     call.__name__ = server.tool_name(tool)
     return call
+
+
+def _cleanup_after_run() -> None:
+    """Once per run that calls an MCP tool: a cleanup that stops this process's servers if
+    the run was aborted (abort(), Ctrl-C twice, SIGTERM/SIGHUP, --timeout). ``dsh run`` then
+    leaves with ``os._exit`` (it does not wait for tool threads), so the ``atexit`` handler
+    that stops them after a normal ending would not run. A run that ends normally leaves
+    them running for the next run of the process (``dsh chat``, a library user)."""
+    from dsh.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None or "dsh_mcp" in ctx.data:
+        return
+    ctx.data["dsh_mcp"] = True
+
+    def after() -> None:
+        if ctx.cancel.cancelled:
+            from dsh_mcp import client
+
+            client.shutdown()
+
+    ctx.add_cleanup(after)
 
 
 @hookimpl

@@ -59,6 +59,7 @@ class Connection:
         self._lock: asyncio.Lock | None = None
         self._errlog: IO[str] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.redactor: Any = None  # dsh.redact.Redactor of this server's secrets
 
     @property
     def state(self) -> str:
@@ -250,8 +251,9 @@ class Connection:
         tail = " | ".join(lines)[-STDERR_TAIL:]
         return f"; stderr: {redact(tail)}"
 
-    def secret_values(self) -> list[str]:
-        return [*self.server.env.values(), *self.server.headers.values()]
+    def clean(self, text: str) -> str:
+        """A tool output without this server's env/header values."""
+        return self.redactor.redact_registered(text) if self.redactor is not None else text
 
 
 class Pool:
@@ -274,7 +276,7 @@ class Pool:
             conn = self.connections.get(server.key)
             if conn is None:
                 conn = self.connections[server.key] = Connection(server, self)
-                _register_secrets(server)
+                conn.redactor = _register_secrets(server)
             return conn
 
     def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
@@ -371,17 +373,19 @@ def server_env(server: Server) -> dict[str, str]:
     return env
 
 
-def _register_secrets(server: Server) -> None:
-    """env and header values are secrets: redacted from every error, event and ledger text
-    (dsh.redact), in every encoding it knows."""
+def _register_secrets(server: Server) -> Any:
+    """env and header values are secrets: registered with dsh.redact (so every error line,
+    turn/end reason and log record hides them, in every encoding it knows), and returned as
+    the server's own redactor, which its tool outputs go through."""
     from dsh import redact as r
 
-    for value in server.env.values():
-        r.register(value)
-    r.register_headers(server.headers)
-    for value in server.headers.values():
-        r.register(value)
-    r.register_url(server.url)
+    own = r.Redactor()
+    for registry in (r.default, own):
+        for value in [*server.env.values(), *server.headers.values()]:
+            registry.register(value)
+        registry.register_headers(server.headers)
+        registry.register_url(server.url)
+    return own
 
 
 def _describe(exc: BaseException) -> str:

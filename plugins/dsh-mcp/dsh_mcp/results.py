@@ -4,8 +4,8 @@
 - image / audio blocks: ``[image: MIME, N bytes]`` / ``[audio: MIME, N bytes]``;
 - embedded resources: their text, or ``[resource: URI]`` for a binary one; resource links:
   ``[resource: URI]``;
-- ``structuredContent``: appended as JSON on a line of its own, unless the text already is
-  that JSON (servers built with the SDK send both);
+- ``structuredContent``: appended as JSON on a line of its own, unless the text already says
+  it (the text is that JSON, or it is the SDK's ``{"result": …}`` wrapping of the text);
 - ``isError``: the same text, as an error outcome (:class:`dsh.errors.ToolError`).
 """
 
@@ -54,6 +54,12 @@ def _decoded_size(data: str) -> int:
 
 
 def _same_json(text: str, value: Any) -> bool:
+    """Whether ``value`` says nothing the text does not: the text is that JSON, or the SDK's
+    wrapping of a plain return value, ``{"result": <the text, or the JSON it holds>}``."""
+    if isinstance(value, dict) and list(value) == ["result"]:
+        if value["result"] == text:
+            return True
+        value = value["result"]
     try:
         return bool(json.loads(text) == value)
     except ValueError:

@@ -1,0 +1,157 @@
+"""A real MCP server for tests/test_mcp_plugin.py, built with the SDK's own ``MCPServer``
+(mcp 2.x's name for FastMCP).
+
+    python tests/mcp_test_server.py stdio          # over stdin/stdout
+    python tests/mcp_test_server.py http PORT      # streamable HTTP on 127.0.0.1:PORT/mcp
+
+``MCP_TEST_MARKS`` (a directory): the server appends one line per event to ``events`` there
+(``start PID``, ``begin TAG``, ``cancelled TAG``), so tests see what happened server-side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Annotated
+from typing import Any
+from typing import Literal
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import Image
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult
+from mcp_types import TextContent
+from pydantic import BaseModel
+from pydantic import Field
+
+# A 1x1 PNG: 67 bytes.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000a49444154789c63000100000500010d0a2db40000000049454e44ae426082")
+
+server: MCPServer[Any] = MCPServer("dsh-test-server", version="9.9.1")
+
+
+def mark(line: str) -> None:
+    marks = os.environ.get("MCP_TEST_MARKS")
+    if marks:
+        with open(os.path.join(marks, "events"), "a") as fh:
+            fh.write(line + "\n")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text."""
+    return text
+
+
+@server.tool()
+async def sleep(seconds: float, tag: str = "") -> str:
+    """Sleep, then say so."""
+    mark(f"begin {tag}")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        mark(f"cancelled {tag}")
+        raise
+    mark(f"end {tag}")
+    return f"slept {seconds}"
+
+
+@server.tool()
+def fail() -> str:
+    """Always raises."""
+    raise ValueError("this tool always fails")
+
+
+@server.tool()
+def refuse() -> CallToolResult:
+    """Returns an isError result."""
+    return CallToolResult(content=[TextContent(type="text", text="refused: not allowed here")],
+                          is_error=True)
+
+
+@server.tool()
+def picture() -> Image:
+    """A tiny PNG."""
+    return Image(data=PNG, format="png")
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+class Shape(BaseModel):
+    kind: Literal["circle", "square"]
+    size: Annotated[int, Field(ge=1, le=10)]
+    centre: Point
+
+
+class Area(BaseModel):
+    kind: str
+    area: int
+
+
+@server.tool()
+def area(shape: Shape) -> Area:
+    """The area of a shape (a pydantic model: $defs/$ref, enum, bounds)."""
+    return Area(kind=shape.kind, area=shape.size * shape.size)
+
+
+@server.tool()
+def env_names() -> str:
+    """The names of the environment variables the server got."""
+    return " ".join(sorted(os.environ))
+
+
+@server.tool()
+def secret_error() -> CallToolResult:
+    """An error result whose text contains the server's SECRET_TOKEN."""
+    token = os.environ.get("SECRET_TOKEN", "")
+    return CallToolResult(content=[TextContent(type="text", text=f"token {token} rejected")],
+                          is_error=True)
+
+
+@server.tool()
+def auth_header(ctx: Context) -> str:
+    """Whether the request carried the expected Authorization header (never its value)."""
+    headers = ctx.headers or {}
+    value = headers.get("authorization") or headers.get("Authorization") or ""
+    return "auth ok" if value == "Bearer " + os.environ.get("EXPECTED_TOKEN", "-") else "no auth"
+
+
+@server.tool()
+def die() -> str:
+    """The server process exits at once (mid-call)."""
+    mark("die")
+    os._exit(1)
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `extra` and tells the client its list changed."""
+
+    def extra() -> str:
+        """Added at run time."""
+        return "extra!"
+
+    server.add_tool(extra, name="extra")
+    try:
+        await ctx.session.send_tool_list_changed()
+    except Exception:  # noqa: BLE001 - newer protocol eras deliver it by subscription
+        pass
+    return "grown"
+
+
+def main() -> None:
+    mark(f"start {os.getpid()}")
+    if sys.argv[1] == "stdio":
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()
