@@ -622,9 +622,18 @@ def test_config_errors_are_one_line(tmp_path: Path, proj: Path) -> None:
     ("mcp__.*__write.*", "mcp__fs__write_file", True), ("mcp__.*__write.*", "Write", False),
 ])
 def test_matchers(matcher: str, name: str, hit: bool) -> None:
+    from dsh_hooks import config
     from dsh_hooks.engine import matches
 
     assert matches(matcher, name) is hit
+    config.check({"hooks": hook("PreToolUse", "true", matcher)}, "plugins.hooks")
+
+
+def test_matcher_that_is_no_regex_is_a_config_error() -> None:
+    from dsh_hooks import config
+
+    with pytest.raises(ConfigError, match=r"matcher: 'Bash\(' is not a valid regex"):
+        config.check({"hooks": hook("PreToolUse", "true", "Bash(")}, "plugins.hooks")
 
 
 def test_hooks_of_one_event_run_in_parallel(tmp_path: Path) -> None:
@@ -700,3 +709,26 @@ def test_a_core_error_is_not_blamed_on_the_plugin(tmp_path: Path, proj: Path) ->
     r = dsh(tmp_path, proj, cfg, "run", "-m", m, "read big.txt")
     assert r.returncode == 1 and "context too long" in r.stderr
     assert "plugin hooks" not in r.stderr
+
+
+def test_subagent_stop_fires_for_a_child_run(tmp_path: Path, proj: Path) -> None:
+    import tomli_w
+
+    log = ("python3 -c 'import json,sys,os; d=json.load(sys.stdin); "
+           "open(os.environ[\"DSH_PROJECT_DIR\"]+\"/stop.log\",\"a\")"
+           ".write(d[\"hook_event_name\"]+\" \"+d[\"session_id\"]+\"\\n\")'")
+    hooks = {**hook("Stop", log), **hook("SubagentStop", log)}
+    m = model(tmp_path, {"tool_calls": [{"name": "ask_helper", "arguments": {"prompt": "hi"}}]},
+              {"text": "done"})
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(tomli_w.dumps({
+        "sessions_dir": str(tmp_path / "sessions"), "agent": "lead",
+        "plugins": {"hooks": {"hooks": hooks}},
+        "agents": {"lead": {"model": m, "subagents": ["helper"]},
+                   "helper": {"model": "echo", "description": "echoes"}},
+    }))
+    r = dsh(tmp_path, proj, cfg, "run", "go")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in (proj / "stop.log").read_text().splitlines()]
+    assert [e for e, _ in rows] == ["SubagentStop", "Stop"]
+    assert rows[0][1] != rows[1][1]  # the child's own session, then the lead's

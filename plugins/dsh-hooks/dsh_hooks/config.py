@@ -195,6 +195,8 @@ def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -
 def _matcher_ok(matcher: str, where: str) -> None:
     import re
 
+    if matcher in ("", "*") or re.fullmatch(r"[\w|]+", matcher):
+        return  # all, or exact names: not regexes (dsh_hooks.engine.matches)
     try:
         re.compile(matcher)
     except re.error as exc:

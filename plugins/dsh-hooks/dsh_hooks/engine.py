@@ -86,6 +86,11 @@ def matches(matcher: str, *names: str) -> bool:
 def interpret(hook: Hook, ran: runner.Ran, max_output: int) -> Answer:
     """Exit 0: success (stdout parsed as JSON when it is JSON); exit 2: blocking, stderr is
     the reason; anything else: a non-blocking error, reported on stderr."""
+    from dsh.redact import redact
+
+    # What a hook prints may reach the ledger, the model and the terminal: dsh's known
+    # secrets are redacted first, as everywhere else (dsh.redact).
+    ran = attrs.evolve(ran, stdout=redact(ran.stdout), stderr=redact(ran.stderr))
     ans = Answer(hook, "ok")
     where = f"{hook.event} hook `{shown(hook.command)}` ({hook.source})"
     if ran.status == "timeout":
@@ -331,8 +336,8 @@ def _source(ans: Answer) -> str:
 
 
 def pre_execute(eng: Engine, call: Any) -> None:
-    if not eng.settings.active("PreToolUse"):
-        return
+    if not eng.settings.active("PreToolUse") or call.blocked is not None:
+        return  # no hook, or another plugin blocked the call already
     dsh_name = call.call.name
     name, tool_input = eng.present(dsh_name, call.arguments)
     fields = {"tool_name": name, "tool_input": tool_input, "tool_use_id": call.call.id}
