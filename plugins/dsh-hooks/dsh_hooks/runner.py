@@ -94,7 +94,11 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
         threading.Thread(target=_feed, args=(proc, stdin), daemon=True,
                          name="dsh-hook-stdin").start()
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    status = _pump(proc, bufs, time.monotonic() + timeout, max_output)
+    try:
+        status = _pump(proc, bufs, time.monotonic() + timeout, max_output)
+    except BaseException:  # Ctrl-C, an abort: the hook's group must not outlive the wait
+        _kill(proc)
+        raise
     if status != "exit":
         _kill(proc)
     try:
