@@ -621,3 +621,42 @@ def test_the_translation_writes_nothing_and_keeps_no_state(echo_model: Any, tmp_
     assert json.loads(again.text)["previous"] == []  # no memory of the first request
     assert not list((tmp_path / "u").glob("*.db"))
 
+
+
+def test_a_plugins_own_option_defaults_are_recorded(echo_model: Any, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An llm model whose Options class sets a default: dsh records it on turn/start (C3)
+    and the plugin receives exactly the recorded options."""
+    import llm
+    from llm.plugins import pm as llm_pm
+
+    from dsh.app import App
+
+    class Tuned(llm.Model):
+        model_id = "tuned-test"
+
+        class Options(llm.Options):
+            temperature: float | None = 0.25
+            style: str | None = None
+
+        def execute(self, prompt: Any, stream: bool, response: Any,
+                    conversation: Any = None) -> Any:
+            yield json.dumps(prompt.options.model_dump())
+
+    class Plugin:
+        @llm.hookimpl
+        def register_models(self, register: Any) -> None:
+            register(Tuned())
+
+    monkeypatch.setenv("LLM_USER_PATH", str(tmp_path / "u"))
+    llm_pm.register(Plugin(), name="tuned-test-plugin")
+    try:
+        app = App.from_config({"autoload": False, "load": ["dsh_llm"],
+                               "sessions_dir": str(tmp_path / "sessions")})
+        result = app.run("hi", model="llm:tuned-test", options={"style": "terse"})
+    finally:
+        llm_pm.unregister(name="tuned-test-plugin")
+    assert result.outcome == "completed", result.reason
+    assert json.loads(result.output) == {"temperature": 0.25, "style": "terse"}
+    start = json.loads(Path(str(result.path)).read_text().splitlines()[0])
+    assert start["options"] == {"temperature": 0.25, "style": "terse"}

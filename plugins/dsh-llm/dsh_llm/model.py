@@ -228,6 +228,16 @@ class LLMModel(Model):
         if isinstance(configured, Mapping):
             make_options(model, configured, f"{self.where}: [models] options")
 
+    def default_options(self) -> dict[str, Any]:
+        """The plugin's own option defaults that are set (not ``None``), as JSON values: they
+        are recorded on ``turn/start`` with the configured options (C3), so the ledger shows
+        every option the plugin receives."""
+        try:
+            defaults = self.llm_model.Options().model_dump(mode="json")
+        except Exception:  # noqa: BLE001 - an Options class without defaults for every field
+            return {}
+        return {k: v for k, v in defaults.items() if v is not None}
+
     def format_tool(self, tool: ToolSpec) -> Any:
         """An ``llm.Tool`` without implementation (dsh runs the tools); refused for a model
         whose plugin does not support tools — this runs when the session opens."""
@@ -237,8 +247,8 @@ class LLMModel(Model):
             raise ConfigError(
                 f"{self.where}: the llm model {model.model_id!r} ({plugin_of(model)}) does not "
                 f"support tools, and this agent has {tool.name!r}: give the agent no tools "
-                "(`tools = []` in its config, or `-T` with no llm tool) or use a model that "
-                "supports them")
+                "(`tools = []` in its [agents.NAME] table) or use a model that supports them "
+                "(`dsh llm models` marks them)")
         return llm.Tool(name=tool.name, description=tool.description or None,
                         input_schema=thaw(tool.parameters) or {"type": "object",
                                                                "properties": {}})
