@@ -1,4 +1,4 @@
-"""Keeping dsh's own secrets out of everything it shows or records (MISSION G: secrets).
+"""Keeping dsh's own secrets out of everything it shows or records (MISSION G3).
 
 One function, :func:`redact`, is what every diagnostic passes through on its way to a user or a
 file: provider errors (dsh/llm/http.py), the reason of a failed turn (``describe_error`` and the
@@ -23,7 +23,7 @@ well-known placeholder (``x``, ``none``, ``EMPTY``, ``ollama``, ``lm-studio``,
 ``x`` of a message made it unreadable. A registered secret that contains a digit or a symbol —
 every real API key — is redacted wherever it occurs, also glued to other text (an echoed
 ``Bearer%20KEY`` must not survive); a secret that could be a word (letters only, shorter than
-20, one case: ``whatever``) is redacted only where it stands as a whole word, so it cannot
+20, one case: ``internal``) is redacted only where it stands as a whole word, so it cannot
 mangle longer words that contain it (:func:`is_wordlike`).
 
 Cheap to import: no httpx, no logging; patterns are compiled on first use.
@@ -113,7 +113,7 @@ def secret_header(name: str, value: str) -> bool:
     ``x-api-key``, ``Cookie``…) or by its value (``Bearer …``, ``Basic …``, a known key shape)."""
     if credential_name(name) or _AUTH_SCHEME.match(value):
         return True
-    return any(p.search(value) for p, _ in _patterns())
+    return _redact_shapes(value) != value
 
 
 # -- the forms a secret takes in a message ------------------------------------------------------
@@ -185,7 +185,7 @@ def forms_of(secret: str) -> set[str]:
 
 
 def is_wordlike(secret: str) -> bool:
-    """Whether ``secret`` could be a word (``whatever``, ``Internal``, ``NOTNEEDED``): letters
+    """Whether ``secret`` could be a word (``internal``, ``Internal``, ``NOTNEEDED``): letters
     only, shorter than 20, one case (or capitalised). Such a secret is redacted only where it
     stands as a whole word; any other is redacted wherever it occurs."""
     return (secret.isalpha() and len(secret) < _WORDLIKE_BELOW
@@ -196,26 +196,38 @@ def is_wordlike(secret: str) -> bool:
 
 
 @lru_cache(maxsize=1)
-def _patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
-    """Credential shapes redacted whoever they belong to: ``(pattern, replacement)``."""
-    return tuple((re.compile(p), r) for p, r in (
-        (r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
-         REDACTED),
-        (r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}", REDACTED),  # OpenAI, Anthropic, OpenRouter…
+def _patterns() -> tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...]:
+    """Credential shapes redacted whoever they belong to: ``(pattern, replacement,
+    triggers)``; a pattern runs only on text holding one of its triggers (compared in lower
+    case), so a long text without any costs a few substring scans."""
+    return tuple((re.compile(p), r, t) for p, r, t in (
+        (r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
+         REDACTED, ("private key",)),
+        # OpenAI, Anthropic, OpenRouter…
+        (r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}", REDACTED, ("sk-",)),
         (r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
-         REDACTED),
-        (r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}", REDACTED),
-        (r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}", REDACTED),
-        (r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])", REDACTED),
-        (r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35}", REDACTED),
-        (r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}", REDACTED),
+         REDACTED, ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_")),
+        (r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}", REDACTED, ("glpat-",)),
+        (r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}", REDACTED, ("hf_",)),
+        (r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[0-9A-Z]{16}(?![A-Za-z0-9])", REDACTED,
+         ("akia", "asia")),
+        (r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35}", REDACTED, ("aiza",)),
+        (r"(?<![A-Za-z0-9])xox[abposr]-[A-Za-z0-9-]{10,}", REDACTED, ("xox",)),
         # an Authorization header quoted in a message, whatever its token looks like
         (r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+)[^\s\"',;]+",
-         rf"\1{REDACTED}"),
+         rf"\1{REDACTED}", ("authorization",)),
         # a token after an auth scheme: it has a digit, so it is not a word of prose
         (r"(?i)\b(bearer|basic|token)(\s+|%20|\+)(?=[A-Za-z0-9._~+/=-]*[0-9])"
-         r"[A-Za-z0-9._~+/=-]{12,}", rf"\1\2{REDACTED}"),
+         r"[A-Za-z0-9._~+/=-]{12,}", rf"\1\2{REDACTED}", ("bearer", "basic", "token")),
     ))
+
+
+def _redact_shapes(text: str) -> str:
+    lower = text.lower()
+    for pattern, replacement, triggers in _patterns():
+        if any(t in lower for t in triggers):
+            text = pattern.sub(replacement, text)
+    return text
 
 
 #: The userinfo of a bare URL (``register_url``).
@@ -259,7 +271,7 @@ class Redactor:
         self._lock = threading.Lock()
         self._secrets: set[str] = set()
         # (matcher or None, forms that may be cut short before a "…"), swapped as one
-        self._state: tuple[re.Pattern[str] | None, tuple[str, ...]] = (None, ())
+        self._state: tuple[_Matcher | None, tuple[str, ...]] = (None, ())
 
     @property
     def secrets(self) -> frozenset[str]:
@@ -319,11 +331,7 @@ class Redactor:
     def redact(self, text: str) -> str:
         """``text`` with every registered secret, URL credential and well-known credential
         shape replaced by ``[redacted]`` (see the module's docstring)."""
-        text = redact_url(self.redact_registered(text))
-        for pattern, replacement in _patterns():
-            text = pattern.sub(replacement, text)
-        return text
-
+        return _redact_shapes(redact_url(self.redact_registered(text)))
 
     def redact_registered(self, text: str) -> str:
         """``text`` with only this redactor's registered secrets replaced (in every form),
@@ -337,7 +345,7 @@ class Redactor:
         return text
 
 
-def _compile(secrets: Iterable[str]) -> tuple[re.Pattern[str] | None, tuple[str, ...]]:
+def _compile(secrets: Iterable[str]) -> tuple[_Matcher | None, tuple[str, ...]]:
     plain: set[str] = set()
     words: set[str] = set()
     for s in secrets:
@@ -346,13 +354,32 @@ def _compile(secrets: Iterable[str]) -> tuple[re.Pattern[str] | None, tuple[str,
             words.add(s)
             forms.discard(s)
         plain |= forms
-    alternatives = [re.escape(f) for f in sorted(plain, key=len, reverse=True)]
-    alternatives += [rf"(?<![^\W\d_]){re.escape(w)}(?![^\W\d_])"
-                     for w in sorted(words, key=len, reverse=True)]
-    if not alternatives:
+    if not plain and not words:
         return None, ()
     cuttable = tuple(sorted(plain | words, key=len, reverse=True))
-    return re.compile("|".join(alternatives)), cuttable
+    return _Matcher(cuttable, frozenset(words)), cuttable
+
+
+class _Matcher:
+    """Replaces the forms of the registered secrets. The forms present are found first by
+    substring search (fast, in C), so a long text with no secret costs a few scans, and the
+    regex (an alternation, tried at every position) runs only over the forms that are there."""
+
+    def __init__(self, forms: tuple[str, ...], words: frozenset[str]) -> None:
+        self.forms = forms  # longest first
+        self.words = words
+
+    def sub(self, replacement: str, text: str) -> str:
+        hits = tuple(f for f in self.forms if f in text)
+        return _alternation(hits, self.words).sub(replacement, text) if hits else text
+
+
+@lru_cache(maxsize=256)
+def _alternation(forms: tuple[str, ...], words: frozenset[str]) -> re.Pattern[str]:
+    """One regex for ``forms`` (longest first); a word-like secret only as a whole word."""
+    return re.compile("|".join(
+        rf"(?<![^\W\d_]){re.escape(f)}(?![^\W\d_])" if f in words else re.escape(f)
+        for f in forms))
 
 
 def _redact_cuts(text: str, forms: tuple[str, ...]) -> str:

@@ -288,6 +288,8 @@ def test_well_known_key_shapes_are_redacted_whoever_they_belong_to() -> None:
                      "Bearer [redacted]")
     prose = "HTTP Basic Authentication required; use a bearer token; sk-no-key-required"
     assert r.redact(prose) == prose
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nAAKC\n-----END RSA PRIVATE KEY-----\n"
+    assert r.redact(f"key file:\n{pem}done") == f"key file:\n{REDACTED}\ndone"
 
 
 def test_registered_headers_and_their_credentials() -> None:
