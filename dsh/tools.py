@@ -222,14 +222,14 @@ def build_tool(
         elif p.default is None or isinstance(p.default, (str, int, float, bool)):
             schema["default"] = p.default
         properties[p.name] = schema
-    parameters: dict[str, Any] = {"type": "object", "properties": properties,
-                                  "additionalProperties": False}
+    derived: dict[str, Any] = {"type": "object", "properties": properties,
+                               "additionalProperties": False}
     if required:
-        parameters["required"] = required
+        derived["required"] = required
     return ToolDef(
         name=tool_name,
         description=description or opts.get("description") or doc_summary,
-        parameters=parameters,
+        parameters=derived,
         fn=fn,
         plugin=plugin,
         sequential=bool(sequential if sequential is not None else opts.get("sequential")),

@@ -293,7 +293,11 @@ class Pool:
 
         fut = self.submit(coro)
         ctx = current_or_none()
-        unregister = ctx.cancel.on_cancel(fut.cancel) if ctx is not None else None
+
+        def cancel() -> None:
+            fut.cancel()  # cancels the task on the loop; the SDK tells the server
+
+        unregister = ctx.cancel.on_cancel(cancel) if ctx is not None else None
         try:
             return fut.result(timeout)
         except concurrent.futures.CancelledError:

@@ -55,6 +55,6 @@ def _sentence(error: Any) -> str:
         missing = message.split("'")[1] if message.count("'") >= 2 else message
         return f"{path}: missing required argument {missing!r}"
     if error.validator == "additionalProperties" and error.validator_value is False:
-        known = ", ".join((error.schema.get("properties") or {})) or "none"
+        known = ", ".join(error.schema.get("properties") or {}) or "none"
         return f"{path}: {message} (known: {known})"
     return f"{path}: {message}"
