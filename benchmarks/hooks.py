@@ -2,8 +2,9 @@
 
     python benchmarks/hooks.py [--runs 15] [--steps 60]
 
-1. **Start-up.** Wall time of ``dsh run -m echo hi`` (ledger written, no config) with every
-   installed plugin, and with every installed plugin but ``hooks`` (``DSH_LOAD_PLUGINS``),
+1. **Start-up.** CPU time (user + system, median) of ``dsh run -m echo hi`` (ledger
+   written, no config) with every installed plugin, and with all but ``hooks``
+   (``DSH_LOAD_PLUGINS``),
    interleaved; plus the import time of ``dsh_hooks`` alone (``-X importtime``).
 2. **Per turn without hooks.** An in-process turn of ``--steps`` tool calls, with the plugin
    loaded (no hooks configured) and without it: the cost of its hook implementations.
@@ -55,9 +56,14 @@ def startup(runs: int) -> tuple[float, float, float]:
     cmd = [*dsh_command(), "run", "-m", "echo", "hi"]
 
     def timed(env: dict[str, str]) -> float:
-        t0 = time.perf_counter()
+        # CPU time (user + system) of the child: what the plugin could add, and what a
+        # machine shared with other jobs disturbs far less than wall time.
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-        return time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
     timed(with_hooks), timed(without)  # warm the page cache
     a, b = [], []
@@ -151,8 +157,8 @@ def main() -> None:
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="dsh-bench-hooks-")
     with_p, without_p, imp = startup(args.runs)
-    print(f"dsh run -m echo hi, plugin installed, no hooks: {with_p * 1e3:7.1f} ms")
-    print(f"dsh run -m echo hi, plugin not loaded:          {without_p * 1e3:7.1f} ms  "
+    print(f"dsh run -m echo hi, plugin installed, no hooks: {with_p * 1e3:7.1f} ms CPU")
+    print(f"dsh run -m echo hi, plugin not loaded:          {without_p * 1e3:7.1f} ms CPU  "
           f"(difference {(with_p - without_p) * 1e3:+.1f} ms)")
     print(f"import dsh_hooks (self, -X importtime):         {imp * 1e3:7.2f} ms")
     hook = {"PreToolUse": [{"matcher": "*", "hooks": [{"type": "command", "command": HOOK}]}]}

@@ -365,18 +365,25 @@ def pre_execute(eng: Engine, call: Any) -> None:
     if decision == "deny" and by is not None:
         call.block(f"{by.name}: {why or '(no reason given)'}", plugin="hooks")
         return
+    # An approval is the run's flag (RunContext.approve_all), set while this call runs. Only
+    # for a sequential tool (dsh-shell's run_command, write_file): a step with one never runs
+    # its calls concurrently, so no other call sees the flag.
+    sequential = call.tool is not None and call.tool.sequential
     if decision == "allow" and by is not None:
-        eng.approved[id(call)] = eng.ctx.approve_all
-        eng.ctx.approve_all = True
+        if sequential:
+            eng.approved[id(call)] = eng.ctx.approve_all
+            eng.ctx.approve_all = True
         notes.append(f"{by.name} allowed the call without approval"
-                     + (f": {why}" if why else ""))
+                     + (f": {why}" if why else "")
+                     + ("" if sequential else " (a concurrent tool: approval unchanged)"))
     elif decision == "ask" and by is not None:
         refusal = ask_user(call, by, why)
         if refusal:
             call.block(refusal, plugin="hooks")
             return
-        eng.approved[id(call)] = eng.ctx.approve_all
-        eng.ctx.approve_all = True
+        if sequential:
+            eng.approved[id(call)] = eng.ctx.approve_all
+            eng.ctx.approve_all = True
         notes.append(f"{by.name} asked; the user approved")
     if notes:
         eng.ctx.data.setdefault(KEY + ":notes", {})[id(call)] = notes
