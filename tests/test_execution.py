@@ -82,13 +82,14 @@ def test_chained_budget_stops_grandchild_at_parents_limit(nested):
                  leaf=leaf_loop, limits={"requests": 3})
     result = app.run("start")
     assert result.outcome == "budget"
-    assert "model requests limit reached (3/3)" in result.reason
+    assert result.reason == "model requests limit reached (3/3)"
     mid_sid = _child(app, result.session_id)
     leaf_sid = _child(app, mid_sid)
     total = sum(_requests(app, s) for s in (result.session_id, mid_sid, leaf_sid))
     assert total == 3  # no overshoot for a request limit: it is known before the call
     mid_end = app.store.read(mid_sid)[-1]
-    assert mid_end.outcome == "budget" and "in a parent run" in mid_end.reason
+    assert (mid_end.outcome, mid_end.reason) == (
+        "budget", "model requests limit reached in a parent run (3/3)")
 
 
 def test_token_budget_overshoots_at_most_one_call_per_level(nested):
@@ -115,7 +116,7 @@ def test_api_limits_override_config(make_app, script):
     app = make_app(limits={"tool_calls": 100})
     result = app.run("x", model=script(loop, loop, loop, {"text": "end"}),
                      limits=Limits(tool_calls=2))
-    assert result.outcome == "budget" and "tool calls limit reached (2/2)" in result.reason
+    assert (result.outcome, result.reason) == ("budget", "tool calls limit reached (2/2)")
 
 
 def test_cost_budget_uses_price_table(make_app, script):
@@ -125,7 +126,7 @@ def test_cost_budget_uses_price_table(make_app, script):
                    limits={"cost": 3.0})
     result = app.run("x", model=model)
     # each call costs 0.5 + 1.5 = 2.0; the second reaches 4.0 ≥ 3.0
-    assert result.outcome == "budget" and "cost limit reached (4.0000/3)" in result.reason
+    assert (result.outcome, result.reason) == ("budget", "cost limit reached (4.0000/3)")
 
 
 def test_time_budget(make_app, script):
