@@ -121,7 +121,8 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
     turn is the user messages and tool results after the previous answer. Every earlier turn
     becomes a finished ``llm.Response`` (its prompt text, tool results, answer text and tool
     calls) in a fresh ``llm.Conversation``; the last turn's input becomes the new prompt. The
-    full chain, in order, is also given as ``messages=`` (llm's authoritative history).
+    full chain, in order, is given to the new prompt as ``messages=`` (llm's authoritative
+    history).
     """
     llm = import_llm()
     from llm.parts import Message as LMessage
@@ -138,7 +139,7 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
     texts: list[str] = []
     results: list[Any] = []
 
-    def prompt(messages: list[Any]) -> Any:
+    def prompt(messages: list[Any] | None) -> Any:
         return llm.Prompt("\n\n".join(texts) or None, model, system=system,
                           tool_results=list(results), tools=list(tools), options=options,
                           messages=messages)
@@ -155,8 +156,10 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
             else:
                 chain.append(LMessage(role="tool", parts=[part]))
         elif m.role == "assistant":
-            done = llm.Response(prompt(list(chain)), model, stream=False,
-                                conversation=conversation)
+            # An earlier turn's prompt carries only that turn's input (its prompt.messages
+            # are synthesised from it): giving each a copy of the chain so far would make a
+            # request cost O(n²) in the session's length. The new prompt carries it all.
+            done = llm.Response(prompt(None), model, stream=False, conversation=conversation)
             parts: list[Any] = [TextPart(text=m.content)] if m.content else []
             parts += [ToolCallPart(name=c.name, arguments=thaw(c.arguments),
                                    tool_call_id=c.id) for c in m.tool_calls]
