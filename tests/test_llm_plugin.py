@@ -383,6 +383,37 @@ def test_a_tool_calling_loop_with_llm_tools(env: Env) -> None:
     assert schema["description"].startswith("Evaluate a simple expression")
 
 
+_TC_ID = re.compile(r"tc_[0-9a-z]{26}")
+
+
+def test_a_tool_loop_reads_as_llms_own_tool_chain(env: Env, tmp_path: Path) -> None:
+    """``llm -T simple_eval`` runs the same tool loop with llm's own chain: its log and dsh's
+    ledger hold the same answers, tool calls and tool results (tool-call ids are generated,
+    so they are compared as placeholders)."""
+    env.config({"plugins": {"llm": {"tools": ["simple_eval"]}}})
+    prompt = calls(("simple_eval", {"expression": "6*7"}), ("simple_eval", {"expression": "2+"}),
+                   prompt="go")
+    user = tmp_path / "llm-cli-user"
+    cli = env.llm("-m", "echo", "--no-stream", "-T", "simple_eval", prompt, user=user)
+    assert cli.returncode == 0, cli.stderr
+    logged = json.loads(env.llm("logs", "-n", "2", "--json", user=user).stdout)
+    ours = env.dsh("run", "-m", "llm:echo", prompt)
+    assert ours.returncode == 0, ours.stderr
+    events = env.ledger()
+
+    def ids(text: str) -> str:
+        return _TC_ID.sub("ID", text)
+
+    assert [ids(e["text"]) for e in events if e["type"] == "assistant/message"] == [
+        ids(row["response"]) for row in logged]
+    assert [(e["name"], e["arguments"]) for e in events if e["type"] == "tool/call"] == [
+        (c["name"], c["arguments"]) for row in logged for c in row["tool_calls"]]
+    assert [e["output"] for e in events if e["type"] == "tool/result"] == [
+        r["output"] for row in logged for r in row["tool_results"]]
+    assert ids(ours.stdout.rstrip("\n")) == ids(logged[-1]["response"])
+    assert "Error: " in json.loads(ours.stdout)["tool_results"][1]["output"]  # simpleeval's
+
+
 def test_llm_tool_arguments_are_checked_by_dshs_tool_chain(env: Env) -> None:
     env.config({"plugins": {"llm": {"tools": ["simple_eval"]}}})
     proc = env.dsh("run", "-m", "llm:echo", calls(("simple_eval", {"expr": "1"})))
