@@ -71,6 +71,9 @@ class Connection:
 
     async def ensure(self) -> Any:
         """The live session, starting (or restarting once) the server."""
+        task = self._task
+        if self.session is not None and not self.broken and task is not None and not task.done():
+            return self.session  # the common case, without the lock
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
