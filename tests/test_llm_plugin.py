@@ -334,10 +334,17 @@ def test_dsh_llm_models_lists_llms_models_with_their_plugin(env: Env) -> None:
                      tools.stdout, re.M)
 
 
-def test_an_alias_of_llm_is_recorded_as_the_model_it_means(env: Env) -> None:
+def test_an_alias_is_recorded_as_the_model_it_means(env: Env) -> None:
     env.llm("aliases", "set", "parrot", "echo", user=env.llm_user)
     proc = env.dsh("run", "-m", "llm:parrot", "hi")
     assert proc.returncode == 0, proc.stderr
+    assert env.ledger()[0]["model"] == "llm:echo"
+    # and so is a dsh alias
+    env.config({"models": {"polly": {"adapter": "llm", "model": "parrot",
+                                     "options": {"example_bool": True}}}})
+    proc = env.dsh("run", "-m", "polly", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["options"] == {"example_bool": True}
     assert env.ledger()[0]["model"] == "llm:echo"
 
 

@@ -207,9 +207,12 @@ class LLMModel(Model):
 
     @property
     def effective_id(self) -> str | None:
-        """``llm:gpt-4o-mini`` when the id used one of llm's aliases (``llm:4o-mini``)."""
+        """``llm:gpt-4o-mini`` when the id used one of llm's aliases (``llm:4o-mini``) or a
+        ``[models.NAME]`` alias (``adapter = "llm"``); ``None`` when the id says it already."""
         model_id = getattr(self.llm_model, "model_id", self.name)
-        return None if model_id == self.name else f"llm:{model_id}"
+        if model_id == self.name and "adapter" not in self.settings:
+            return None
+        return f"llm:{model_id}"
 
     def check(self) -> None:
         """Before any request: the model exists, is a sync model, its key is found by llm's
