@@ -52,6 +52,13 @@ try:
 except ImportError:
     HAVE_TIME = False
 
+try:
+    import mcp_server_git  # noqa: F401
+
+    HAVE_GIT = True
+except ImportError:
+    HAVE_GIT = False
+
 REPO = Path(__file__).resolve().parents[1]
 SERVER = str(REPO / "tests" / "mcp_test_server.py")
 need_time = pytest.mark.skipif(not HAVE_TIME, reason="mcp-server-time is not installed "
@@ -338,6 +345,36 @@ def test_time_server_call_recorded_in_ledger(tmp_path: Path) -> None:
     listed = dsh("--config", str(cfg), "mcp", "list", env=env)
     assert listed.returncode == 0 and "2 tools cached" in listed.stdout
     assert "mcp-time" in listed.stdout
+
+
+@pytest.mark.skipif(not HAVE_GIT, reason="mcp-server-git is not installed (.ci/run installs it)")
+def test_git_server_on_a_repository_the_test_creates(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=T", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notes.txt").write_text("first line\n")
+    subprocess.run([*git, "add", "notes.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "add notes"], check=True)
+    (repo / "notes.txt").write_text("first line\nsecond line\n")
+    cfg = write_config(tmp_path, {"git": {
+        "command": sys.executable, "args": ["-m", "mcp_server_git", "-r", str(repo)]}})
+    model = script(tmp_path, call("mcp__git__git_log", repo_path=str(repo), max_count=1),
+                   call("mcp__git__git_diff_unstaged", repo_path=str(repo)),
+                   call("mcp__git__git_log", repo_path=str(repo), max_count="ten"),
+                   {"text": "done"})
+    env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
+    proc = dsh("--config", str(cfg), "run", "-m", model, "what changed?", env=env)
+    assert proc.returncode == 0, proc.stderr
+    log, diff, bad = [e for e in ledger_events(tmp_path) if e["type"] == "tool/result"]
+    assert log["status"] == "ok" and "Message: add notes" in log["output"]
+    assert diff["status"] == "ok" and "+second line" in diff["output"]
+    assert (bad["status"], bad["output"]) == (
+        "error", "invalid arguments: arguments.max_count: 'ten' is not of type 'integer'")
 
 
 def test_two_agents_never_see_each_others_tools(tmp_path: Path,
