@@ -698,3 +698,85 @@ def test_a_plugins_own_option_defaults_are_recorded(echo_model: Any, tmp_path: P
     assert json.loads(result.output) == {"temperature": 0.25, "style": "terse"}
     start = json.loads(Path(str(result.path)).read_text().splitlines()[0])
     assert start["options"] == {"temperature": 0.25, "style": "terse"}
+
+
+# --------------------------------------------------------------------------------------------
+# Aborts and failures inside a plugin (llm Model subclasses written here, as a plugin would)
+# --------------------------------------------------------------------------------------------
+
+
+def _adapter_for(model: Any) -> Any:
+    from dsh_llm.model import LLMModel
+
+    adapter = LLMModel(model.model_id, {})
+    adapter._llm_model = model  # what resolve_model would return for a registered plugin
+    adapter.can_stream = model.can_stream
+    return adapter
+
+
+def test_an_abort_closes_the_plugins_stream(echo_model: Any) -> None:
+    import llm
+
+    from dsh.errors import Cancelled
+    from dsh.ledger import Ledger
+    from dsh.llm.transport import send
+    from dsh.runcontext import CancelToken
+    from dsh.runcontext import RunContext
+    from dsh.runcontext import activate
+
+    state = {"served": 0, "closed": False}
+
+    class Words(llm.Model):
+        model_id = "words-test"
+        can_stream = True
+
+        def execute(self, prompt: Any, stream: bool, response: Any,
+                    conversation: Any = None) -> Any:
+            try:
+                for i in range(50):
+                    state["served"] += 1
+                    yield f"w{i} "
+            finally:
+                state["closed"] = True
+
+    adapter = _adapter_for(Words())
+    ctx = RunContext(run_id="t", agent="a", ledger=Ledger("s"), cancel=CancelToken())
+    deltas: list[str] = []
+
+    def on_text(delta: str) -> None:
+        deltas.append(delta)
+        if len(deltas) == 2:
+            ctx.abort("test abort")
+
+    request = ModelRequest(model="llm:words-test", messages=[Message(role="user", content="go")],
+                           stream=True)
+    with activate(ctx), pytest.raises(Cancelled, match="test abort"):
+        send(request, on_text, model=adapter)
+    assert deltas == ["w0 ", "w1 "]
+    assert state["served"] <= 3 and state["closed"]  # closed, not drained
+
+
+def test_a_failure_inside_the_plugin_is_one_line_naming_model_and_plugin(echo_model: Any,
+                                                                        ) -> None:
+    import llm
+
+    from dsh.errors import ProviderError
+    from dsh.llm.transport import send
+
+    class Broken(llm.Model):
+        model_id = "broken-test"
+
+        def execute(self, prompt: Any, stream: bool, response: Any,
+                    conversation: Any = None) -> Any:
+            raise llm.ModelError("quota exceeded for key sk-proj-abcdefghijklmnop1234567890\n"
+                                 "second line")
+            yield ""  # a generator, as plugins are
+
+    request = ModelRequest(model="llm:broken-test", messages=[Message(role="user", content="x")])
+    with pytest.raises(ProviderError) as info:
+        send(request, None, model=_adapter_for(Broken()))
+    message = str(info.value)
+    assert message.startswith(f"llm:broken-test ({__name__.split('.')[0]}): ModelError: "
+                              "quota exceeded for key ")
+    assert "abcdefghijklmnop1234567890" not in message
+    assert message.endswith(" second line") and "\n" not in message

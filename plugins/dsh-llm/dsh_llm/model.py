@@ -296,7 +296,9 @@ class LLMModel(Model):
         except _CallbackFailed as failed:
             raise failed.error from failed.error.__cause__
         except Exception as exc:
-            message = redact(f"{self.where} ({plugin_of(model)}): {type(exc).__name__}: {exc}")
+            detail = " ".join(str(exc).split())  # one line, whatever the plugin wrote
+            message = redact(f"{self.where} ({plugin_of(model)}): {type(exc).__name__}: "
+                             f"{detail}")
             raise ProviderError(message) from None
         finally:
             close = getattr(chunks, "close", None)
