@@ -43,11 +43,6 @@ from dsh.messages import Usage
 from dsh.messages import thaw
 from dsh.redact import redact
 
-#: Settings of ``[models."llm:ID"]`` this adapter reads (besides dsh's own ``options``,
-#: ``price``, ``context_window``, ``adapter``, ``model``).
-SETTINGS = frozenset({"options", "price", "context_window", "adapter", "model"})
-
-
 def import_llm() -> Any:
     """The ``llm`` module, or a :class:`ConfigError` saying how to install it."""
     try:
