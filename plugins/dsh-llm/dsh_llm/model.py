@@ -43,6 +43,7 @@ from dsh.messages import Usage
 from dsh.messages import thaw
 from dsh.redact import redact
 
+
 def import_llm() -> Any:
     """The ``llm`` module, or a :class:`ConfigError` saying how to install it."""
     try:
