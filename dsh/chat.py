@@ -376,13 +376,17 @@ class Chat:
     # -- output ----------------------------------------------------------------------------
 
     def note(self, message: str) -> None:
-        """A line on stderr (through the running turn's status line, if any)."""
+        """A line on stderr (through the running turn's status line, if any), with secrets
+        redacted (an error from a provider or a plugin command may echo one)."""
+        from dsh.redact import redact
+
+        message = redact(message)
         if self.output is not None:
             self.output.note(message)
             return
-        from dsh.render import escape_controls
-
         import click
+
+        from dsh.render import escape_controls
 
         click.echo(escape_controls(message) if sys.stderr.isatty() else message, err=True)
 
