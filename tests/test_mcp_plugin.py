@@ -256,6 +256,60 @@ def test_tool_names_are_safe_for_every_provider(server: str, tool: str) -> None:
     assert name.startswith(f"mcp__{server}__")
 
 
+_blocks = st.lists(st.one_of(
+    st.tuples(st.just("text"), st.text(max_size=30)),
+    st.tuples(st.just("image"), st.binary(max_size=300)),
+    st.tuples(st.just("resource"), st.text(min_size=1, max_size=20))), max_size=6)
+
+
+@given(blocks=_blocks, is_error=st.booleans(),
+       structured=st.none() | st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+@settings(max_examples=150, deadline=None)
+def test_results_become_documented_text(blocks: list[tuple[str, Any]], is_error: bool,
+                                        structured: dict[str, int] | None) -> None:
+    """Any mix of text, image and resource blocks becomes the documented output; isError
+    makes it an error with the same text."""
+    import base64
+
+    import mcp_types
+    from dsh_mcp.results import to_output
+
+    from dsh.errors import ToolError
+
+    content: list[Any] = []
+    expected: list[str] = []
+    for kind, value in blocks:
+        if kind == "text":
+            content.append(mcp_types.TextContent(type="text", text=value))
+            expected.append(value)
+        elif kind == "image":
+            content.append(mcp_types.ImageContent(type="image", mime_type="image/png",
+                                                  data=base64.b64encode(value).decode()))
+            expected.append(f"[image: image/png, {len(value)} bytes]")
+        else:
+            uri = f"file:///{value.encode().hex()}"
+            content.append(mcp_types.EmbeddedResource(
+                type="resource", resource=mcp_types.BlobResourceContents(uri=uri, blob="AA==")))
+            expected.append(f"[resource: {uri}]")
+    result = mcp_types.CallToolResult(content=content, is_error=is_error,
+                                      structured_content=structured)
+    text = "\n".join(expected)
+    if structured is not None:
+        dumped = json.dumps(structured, ensure_ascii=False)
+        try:
+            same = json.loads(text) == structured
+        except ValueError:
+            same = False
+        if not same:
+            text = f"{text}\n{dumped}" if text else dumped
+    if is_error:
+        with pytest.raises(ToolError) as err:
+            to_output(result)
+        assert str(err.value) == (text or "the tool reported an error (no content)")
+    else:
+        assert to_output(result) == text
+
+
 def test_cache_key_and_file_modes(tmp_path: Path) -> None:
     a = Server(name="s", transport="stdio", command="x", env={"K": "1"})
     b = Server(name="s", transport="stdio", command="x", env={"K": "2"})
@@ -642,10 +696,14 @@ def test_changed_tool_list_is_a_new_tools_entry_on_turn_start(tmp_path: Path) ->
            "plugins": {"mcp": {"servers": {"s": stdio_server(marks, "grow-tag")}}},
            "agents": {"a": {"plugins": ["mcp"]}}, "agent": "a"}
     app = App.from_config(cfg)
+    assembled = app.agent("a")
     first = app.run("one", model=script(tmp_path, call("mcp__s__grow"), {"text": "grown"}))
     assert first.outcome == "completed", first.reason
-    server = dsh_mcp.settings_for(app.agent("a").info).servers["s"]
-    dsh_mcp.tool_list(server, refresh=True)  # `dsh mcp refresh s`, in-process
+    server = dsh_mcp.settings_for(assembled.info).servers["s"]
+    # the server sent notifications/tools/list_changed: dsh re-listed and re-cached it
+    wait_for(lambda: "extra" in {t["name"] for t in (cache.load(server) or {"tools": []})[
+        "tools"]}, 10, "the re-listed tools in the cache")
+    assert "mcp__s__extra" not in assembled.tools  # an assembled agent keeps its table
     again = App.from_config(cfg)  # the next assembly reads the new list
     assert "mcp__s__extra" in again.agent("a").tools
     second = again.run("two", session=first.session_id,
