@@ -89,6 +89,11 @@ class RunResult:
         return self
 
 
+#: Serialises the lazy, first-use construction of agents and adapters (re-entrant: building
+#: an agent may build another's pieces).
+_BUILD_LOCK = threading.RLock()
+
+
 class Agent:
     """An assembled agent: its own plugin manager (scope), tools, prompt and model."""
 
@@ -167,10 +172,16 @@ class Agent:
 
     @property
     def model(self) -> Model:
-        """The adapter, built on first use (so assembling never imports provider code)."""
-        if self._model is None:
-            self._model = self.app.build_model(self.model_id)
-        return self._model
+        """The adapter, built on first use (so assembling never imports provider code) — once,
+        also when parallel runs of the agent (sub-agents) start at the same moment: a run is
+        bound to the adapter it recorded (C3), so every run must see the same one."""
+        model = self._model
+        if model is None:
+            with _BUILD_LOCK:
+                if self._model is None:
+                    self._model = self.app.build_model(self.model_id)
+                model = self._model
+        return model
 
     @property
     def options(self) -> Mapping[str, Any]:
@@ -684,7 +695,10 @@ class App:
         key = (name, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
         agent = self._agents.get(key)
         if agent is None:
-            agent = self._agents[key] = Agent(self, name, **overrides)
+            with _BUILD_LOCK:  # parallel sub-agents of one name share one Agent
+                agent = self._agents.get(key)
+                if agent is None:
+                    agent = self._agents[key] = Agent(self, name, **overrides)
         return agent
 
     def open_session(self, agent: Agent, session_id: str | None = None, *,

@@ -11,6 +11,7 @@ Counts are measured from the ledgers of every session of a run tree, and once ov
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import threading
 import time
@@ -125,7 +126,7 @@ def lead_and_helpers(make_app, plugin_module, tmp_path: Path):
 
     def make(lead: list, helper: list, lead_limits: dict | None = None,
              helper_limits: dict | None = None, helper_model: str | None = None,
-             **config: Any) -> tuple[App, Worker]:
+             plugins: tuple[str, ...] = (), **config: Any) -> tuple[App, Worker]:
         worker = Worker()
         agents = {
             "lead": {"model": _write_script(tmp_path, "lead", lead), "subagents": ["helper"],
@@ -134,7 +135,8 @@ def lead_and_helpers(make_app, plugin_module, tmp_path: Path):
                        **({"limits": helper_limits} if helper_limits else {})},
         }
         app = make_app(agent="lead", agents=agents,
-                       load=[plugin_module(register_tools=worker.plugin())], **config)
+                       load=[plugin_module(register_tools=worker.plugin()), *plugins],
+                       **config)
         return app, worker
 
     return make
@@ -277,6 +279,46 @@ def test_app_parallel_inside_a_run_is_held_by_the_runs_budget(make_app, plugin_m
     assert all(s.parent == result.session_id for s in helper_sessions)
 
 
+def test_parallel_first_runs_of_an_agent_share_one_adapter(make_app, plugin_module):
+    """Parallel sub-agents of one name, started at the same moment on first use, get one
+    Agent and one adapter: a run is bound to the adapter it recorded (C3), so two adapters
+    built by a race failed a run with an invariant violation."""
+    from dsh.llm.base import Model
+
+    built: list[Any] = []
+
+    class Slow(Model):
+        def __init__(self, name, settings=None):  # type: ignore[no-untyped-def]
+            time.sleep(0.05)  # a wide window for the race
+            super().__init__(name, settings)
+            built.append(self)
+
+        def complete(self, request, on_text=None):  # type: ignore[no-untyped-def]
+            raise AssertionError("not called")
+
+    @hookimpl
+    def register_models(register):  # type: ignore[no-untyped-def]
+        register("slow", Slow)
+
+    app = make_app(agents={"helper": {"model": "slow:x"}},
+                   load=[plugin_module(register_models=register_models)])
+    start = threading.Barrier(6)
+    seen: list[Any] = []
+
+    def first_use() -> None:
+        start.wait()
+        agent = app.agent("helper")
+        seen.append((agent, agent.model))
+
+    threads = [threading.Thread(target=first_use) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(a) for a, _ in seen}) == 1
+    assert len({id(m) for _, m in seen}) == 1 and len(built) == 1
+
+
 # --- parallel tool calls ----------------------------------------------------------------------
 
 
@@ -398,21 +440,79 @@ def _usage(n: int) -> dict[str, Any]:
     return {"usage": {"input_tokens": n, "output_tokens": n}}
 
 
-def test_token_overshoot_is_at_most_the_calls_in_flight(lead_and_helpers):
+class Gate:
+    """The model ``gate:NAME`` for the helpers: each request waits until ``n`` requests are in
+    flight at once (a barrier, so no request resolves before all have started — whatever the
+    machine's speed), then runs ``on_release`` once and answers with ``usage`` tokens each way
+    and, with ``work``, a ``work`` call (to show that nothing starts after a limit that was
+    crossed before any request resolved)."""
+
+    def __init__(self, n: int, usage: int, on_release: Callable[[], None] = lambda: None,
+                 work: bool = False):
+        self.barrier = threading.Barrier(n, action=on_release, timeout=20)
+        self.started = 0
+        self.lock = threading.Lock()
+        self.usage = usage
+        self.work = work
+
+    def plugin(self) -> Any:
+        from dsh.llm.base import Model
+        from dsh.messages import ModelResponse
+        from dsh.messages import ToolCall
+        from dsh.messages import Usage
+
+        gate = self
+
+        class GateModel(Model):
+            def complete(self, request, on_text=None):  # type: ignore[no-untyped-def]
+                with gate.lock:
+                    gate.started += 1
+                gate.barrier.wait()
+                return ModelResponse(
+                    text="helped", usage=Usage(input_tokens=gate.usage,
+                                               output_tokens=gate.usage),
+                    tool_calls=(ToolCall(id="w", name="work", arguments={"i": 0}),)
+                    if gate.work else ())
+
+        @hookimpl
+        def register_models(register):  # type: ignore[no-untyped-def]
+            register("gate", GateModel)
+
+        return register_models
+
+
+@pytest.fixture
+def gated(lead_and_helpers, plugin_module):
+    def make(n: int, usage: int, lead_limits: dict, on_release=lambda: None,
+             plugins: tuple[str, ...] = (), work: bool = False, **config: Any):
+        gate = Gate(n, usage, on_release, work)
+        app, worker = lead_and_helpers(
+            lead=[{"tool_calls": _ask("helper", n)}, {"text": "never"}], helper=[],
+            helper_model="gate:x", lead_limits=lead_limits,
+            plugins=(plugin_module(register_models=gate.plugin()), *plugins), **config)
+        return app, worker, gate
+
+    return make
+
+
+def test_token_overshoot_is_at_most_the_calls_in_flight(gated):
     """4 helpers start their request before any has resolved (nothing is spent yet), so all
     4 count: 400 tokens under a limit of 150 — the bound is one call per run with a request in
     flight below the level. The lead starts nothing after that."""
-    app, _ = lead_and_helpers(
-        lead=[{"tool_calls": _ask("helper", 4)}, {"text": "never"}],
-        helper=[{"text": "helped", "delay": 0.1, **_usage(50)}],
-        lead_limits={"total_tokens": 150},
-    )
+    app, worker, gate = gated(4, 50, {"total_tokens": 150})
     result = app.run("start")
     assert (result.outcome, result.reason) == ("budget", "total tokens limit reached (400/150)")
+    assert gate.started == 4
     tree = _tree(app, result.session_id)
     assert [_own(c)["requests"] for c in tree["children"]] == [1, 1, 1, 1]
     assert _own(tree)["requests"] == 1
     assert result.usage.total_tokens == 400 <= 150 + 4 * 100
+    for child in tree["children"]:  # each ends as its request resolves: at 100 tokens the
+        end = _end(child)           # helper is done; at 200, 300 or 400 it is stopped
+        if end.outcome != "completed":
+            assert end.outcome == "budget"
+            assert re.fullmatch(r"total tokens limit reached in a parent run \([234]00/150\)",
+                                end.reason)
 
 
 def test_token_overshoot_without_concurrency_is_one_call(lead_and_helpers):
@@ -428,34 +528,39 @@ def test_token_overshoot_without_concurrency_is_one_call(lead_and_helpers):
     assert result.usage.total_tokens == 200 < 150 + 100
 
 
-def test_cost_overshoot_is_at_most_the_calls_in_flight(lead_and_helpers, tmp_path):
-    helper_model = f"scripted:{tmp_path / 'helper.json'}"
-    app, _ = lead_and_helpers(
-        lead=[{"tool_calls": _ask("helper", 3)}, {"text": "never"}],
-        helper=[{"text": "helped", "delay": 0.1, **_usage(500_000)}],
-        lead_limits={"cost": 1.0},
-        models={helper_model: {"price": {"input": 1.0, "output": 1.0}}},
-    )
+def test_cost_overshoot_is_at_most_the_calls_in_flight(gated):
+    app, worker, _ = gated(3, 500_000, {"cost": 1.0},
+                           models={"gate:x": {"price": {"input": 1.0, "output": 1.0}}})
     result = app.run("start")
     # each helper call costs 0.5 + 0.5 = 1.0; all three were in flight before any resolved
     assert (result.outcome, result.reason) == ("budget", "cost limit reached (3.0000/1)")
+    assert _total(_tree(app, result.session_id))["requests"] == 4
 
 
-def test_time_limit_stops_new_units_and_lets_running_ones_finish(lead_and_helpers):
-    """Whenever the deadline falls, a helper request in flight finishes and is recorded, and
-    no unit starts after it (the verdict does not depend on the machine's speed)."""
-    app, worker = lead_and_helpers(
-        lead=[{"tool_calls": _ask("helper", 3)}, {"text": "never"}],
-        helper=[{"tool_calls": _work(1), "delay": 0.3}, {"text": "never"}],
-        lead_limits={"seconds": 0.15},
-    )
+def test_time_limit_stops_new_units_and_lets_running_ones_finish(gated, plugin_module):
+    """The lead's clock passes its deadline while 3 helper requests are in flight: they
+    finish and are recorded, and no unit starts after them anywhere."""
+    clock = Clock()
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        from dsh.runcontext import context
+
+        budget = context().budget
+        if step.agent == "lead" and step.index == 0:
+            budget.clock, budget.started = clock, clock.now  # the lead's time, controlled
+
+    app, worker, gate = gated(3, 1, {"seconds": 60.0},
+                              on_release=lambda: setattr(clock, "now", clock.now + 61),
+                              plugins=(plugin_module(pre_step=pre_step),), work=True)
     result = app.run("start")
-    assert result.outcome == "budget" and result.reason.startswith("time limit reached (")
+    assert (result.outcome, result.reason) == ("budget", "time limit reached (61.0s/60s)")
+    assert gate.started == 3
     tree = _tree(app, result.session_id)
     for child in tree["children"]:
-        own = _own(child)
-        assert own["requests"] == own["steps"] <= 1  # a started step got its answer
-        assert _end(child).outcome == "budget"
+        assert _own(child) == {"requests": 1, "steps": 1, "tool_calls": 0}
+        assert (_end(child).outcome, _end(child).reason) == (
+            "budget", "time limit reached in a parent run (61.0s/60s)")
     assert worker.ran == []
 
 
