@@ -212,7 +212,10 @@ def pre_step(step: StepDraft) -> None:
 
     :param step: the draft: ``step.text`` (the user message, mutable; ``""`` on a step that
         only carries tool results), ``step.context`` (injected context items, mutable list),
-        ``step.messages`` (the history so far, read only), ``step.index`` and ``step.agent``.
+        ``step.messages`` (the history so far, read only), ``step.index``, ``step.agent``
+        (the agent's name) and ``step.turn`` (the :class:`dsh.loop.Turn` it belongs to:
+        ``turn.agent.info.plugin_settings(NAME)`` gives a plugin its settings for this agent,
+        ``turn.number``, ``turn.ctx``; ``None`` only for a draft built outside the loop).
         Call ``step.reject(reason)`` to refuse it.
 
     Called before every step, before anything of the step is written to the ledger, so a
@@ -231,6 +234,7 @@ def pre_step(step: StepDraft) -> None:
     ``wrapper=True`` implementation ends the turn with an error naming its plugin.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.2 ``step.turn`` (dsh-hooks reads its per-agent settings there).
     """
 
 

@@ -174,6 +174,9 @@ class StepDraft:
     #: The registered name of the plugin whose ``pre_step`` rejected the step or emptied its
     #: message, set by the loop (never by the plugin itself).
     rejected_by: str | None = None
+    #: The turn this step belongs to (``turn.agent``, ``turn.number``, ``turn.ctx``), so a
+    #: plugin reaches the agent's settings (``turn.agent.info.plugin_settings(NAME)``).
+    turn: Turn | None = attrs.field(default=None, repr=False)
 
     def reject(self, reason: str, plugin: str | None = None) -> None:
         """Refuse the step with ``reason``. The loop records which plugin called this from
@@ -245,7 +248,7 @@ def _run_turn(turn: Turn) -> str:
             return "budget"
 
         draft = StepDraft(turn.steps, agent.name, text, list(context_items),
-                          ledger.projection.view(), source)
+                          ledger.projection.view(), source, turn=turn)
         emit("agent/pre-step", step=draft.index, text=draft.text)
         call_pre_step(agent.pm, draft)
         if draft.rejected is not None:

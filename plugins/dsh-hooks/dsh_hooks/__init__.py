@@ -31,8 +31,26 @@ KEY = "dsh_hooks"  # RunContext.data key of the run's engine (dsh_hooks.engine.K
 
 
 def _engine() -> Engine | None:
+    """The run's engine: built by :func:`_start` at its first step; None without hooks."""
     ctx = current_or_none()
     return ctx.data.get(KEY) if ctx is not None else None
+
+
+def _start(turn: Turn | None) -> Engine | None:
+    """At the run's first ``pre_step`` (or ``turn_stopping``, for a turn without input):
+    build the run's engine when the agent has hooks, else remember there are none."""
+    ctx = current_or_none()
+    if ctx is None:
+        return None
+    if KEY in ctx.data:
+        return ctx.data[KEY]
+    ctx.data[KEY] = None
+    raw = turn.agent.info.plugin_settings("hooks") if turn is not None else None
+    if raw:
+        from dsh_hooks import engine
+
+        engine.begin(turn, raw)  # stores the engine in ctx.data
+    return ctx.data[KEY]
 
 
 @hookimpl
@@ -49,22 +67,15 @@ def configure(app: App) -> None:
             config.check(raw, where)
 
 
-@hookimpl(tryfirst=True)
-def run_turn(turn: Turn) -> None:
-    """Every run starts here: build the run's engine when the agent has hooks. Returns None,
-    so the agent loop (the built-in implementation) drives the turn. Not a wrapper: a
-    wrapper's frame would sit in the traceback of every error of the turn, and dsh names
-    the plugin whose code is deepest in it."""
-    raw = turn.agent.info.plugin_settings("hooks")
-    if raw:
-        from dsh_hooks import engine
-
-        engine.begin(turn, raw)
+# No run_turn implementation and no wrapper around the turn or the tool chain: a plain
+# run_turn would count as replacing the agent loop (dsh checks one exists), and a wrapper's
+# frame would sit in the traceback of every error of the turn, which dsh attributes to the
+# plugin whose code is deepest in it. The engine is built at the run's first step instead.
 
 
 @hookimpl
 def pre_step(step: StepDraft) -> None:
-    eng = _engine()
+    eng = _start(step.turn)
     if eng is not None:
         from dsh_hooks import engine
 
@@ -94,7 +105,7 @@ def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
 
 @hookimpl
 def turn_stopping(turn: Turn) -> str | None:
-    eng = _engine()
+    eng = _start(turn)
     if eng is None:
         return None
     from dsh_hooks import engine

@@ -244,7 +244,8 @@ class Engine:
 
 
 def begin(turn: Any, raw: Mapping[str, Any]) -> Engine | None:
-    """The run's engine (also stored in ``ctx.data``), or None when no hook is configured."""
+    """The run's engine (also stored in ``ctx.data``), or None when no hook is configured.
+    Called at the run's first step; SessionEnd is registered as one of the run's cleanups."""
     from dsh_hooks import config
 
     info = turn.agent.info
@@ -298,11 +299,15 @@ def pre_step(eng: Engine, step: Any) -> None:
         if first and eng.settings.active("SessionStart"):
             source = "startup" if ctx.ledger.projection.turn <= 1 else "resume"
             for ans in eng.fire("SessionStart", {"source": source}, source):
+                if ans.kind == "block":  # nothing to block: shown to the user, as Claude Code does
+                    warn(f"{ans.name}: {ans.reason}")
                 text = _context_of(ans)
                 if text:
                     step.context.append(InboxItem(text, "context", _source(ans)))
-    if not step.has_input or step.source != "user" or not eng.settings.active(
-            "UserPromptSubmit"):
+    # A user's prompt: not a Stop hook's follow-up, not a sub-agent's task (Claude Code fires
+    # UserPromptSubmit for neither).
+    if not step.has_input or step.source != "user" or ctx.parent is not None or \
+            not eng.settings.active("UserPromptSubmit"):
         return
     for ans in eng.fire("UserPromptSubmit", {"prompt": step.text}):
         stop = eng.stop_run(ans)
@@ -504,4 +509,6 @@ def pre_compact(eng: Engine, request: Any) -> bool:
 
 
 def session_end(eng: Engine) -> None:
-    eng.fire("SessionEnd", {"reason": "other"})
+    for ans in eng.fire("SessionEnd", {"reason": "other"}):
+        if ans.kind == "block":
+            warn(f"{ans.name}: {ans.reason}")
