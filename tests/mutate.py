@@ -15,8 +15,8 @@ function there, so a rerun after a change re-tests only what changed (``--fresh`
 A mutant whose tests run past mutmut's time limit (``timeout_multiplier`` times the clean
 run, checked on wall-clock and CPU time) is killed by signal and counted as ``timeout``: an
 infinite loop is a detected mutant. Equivalent mutants are listed in ``EQUIVALENT`` with the
-reason each cannot change behaviour, and with a fragment of the mutated line so that an entry
-that no longer matches (the code moved) is reported as stale instead of silently counted.
+reason each cannot change behaviour, matched by function and by the line before and after the
+change (not by mutant number); an entry that matches no survivor is reported.
 
 The score is ``(killed + timeout) / (total - equivalent)``; ``no tests`` counts as not
 killed. ``--fail-under N`` exits 1 when a module scores below N percent.
@@ -62,8 +62,22 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     )),
 }
 
-#: mutant name -> (a fragment of its mutated line, why it cannot change behaviour).
-EQUIVALENT: dict[str, tuple[str, str]] = {}
+#: Equivalent mutants: (function, original fragment, mutated fragment, why it cannot change
+#: behaviour). A survivor of ``function`` (mutmut's name up to ``__mutmut_``) whose diff removes
+#: a line holding the first fragment and adds one holding the second is counted as equivalent.
+#: Matching by content, not by mutant number, keeps an entry right when the numbering shifts.
+EQUIVALENT: list[tuple[str, str, str, str]] = [
+    # dsh/history.py
+    ("dsh.history.xǁProjectionǁapply_raw", "if type(seq) is not int:",
+     "if type(None) is not int:",
+     "the type check is a shortcut: checked(seq, int) passes an int anyway"),
+    ("dsh.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(None, int)",
+     "reached only for a non-int seq, where checking None raises the same InvalidLine"),
+    ("dsh.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(seq, None)",
+     "no value has type None, so this raises the same InvalidLine"),
+    ("dsh.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
+]
 
 #: pytest settings inside the scratch tree (mirrors tox.ini's [pytest]).
 PYTEST_INI = """
@@ -119,26 +133,49 @@ def _results(work: Path, source: str) -> dict[str, str]:
     return {key: status_by_exit_code[code] for key, code in meta["exit_code_by_key"].items()}
 
 
-def _diff(work: Path, mutant: str) -> str:
-    out = subprocess.run([*_mutmut(), "show", mutant], cwd=work, capture_output=True, text=True)
-    return out.stdout
+_DIFFS = """
+import json, sys
+from pathlib import Path
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+source, names = sys.argv[1], sys.argv[2:]
+print(json.dumps({n: get_diff_for_mutant(n, path=Path(source)) for n in names}))
+"""
 
 
-def _equivalent(work: Path, statuses: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The survivors listed in EQUIVALENT whose diff still matches; and the stale entries."""
+def _diffs(work: Path, source: str, mutants: list[str]) -> dict[str, str]:
+    if not mutants:
+        return {}
+    out = subprocess.run([sys.executable, "-c", _DIFFS, source, *mutants], cwd=work,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def _function(mutant: str) -> str:
+    return mutant.rsplit("__mutmut_", 1)[0]
+
+
+def _changed(diff: str) -> tuple[list[str], list[str]]:
+    lines = diff.splitlines()
+    removed = [ln[1:] for ln in lines if ln.startswith("-") and not ln.startswith("---")]
+    added = [ln[1:] for ln in lines if ln.startswith("+") and not ln.startswith("+++")]
+    return removed, added
+
+
+def _equivalent(diffs: dict[str, str], module: str) -> tuple[dict[str, str], list[str]]:
+    """The survivors matching an EQUIVALENT entry, with its reason; and the unused entries."""
     equivalent: dict[str, str] = {}
-    stale: list[str] = []
-    for mutant, (fragment, reason) in EQUIVALENT.items():
-        if mutant not in statuses:
-            continue
-        if statuses[mutant] in KILLED:
-            continue  # a test kills it now: not equivalent after all
-        added = [ln for ln in _diff(work, mutant).splitlines() if ln.startswith("+ ")]
-        if any(fragment in ln for ln in added):
-            equivalent[mutant] = reason
-        else:
-            stale.append(mutant)
-    return equivalent, stale
+    used: set[int] = set()
+    for mutant, diff in diffs.items():
+        removed, added = _changed(diff)
+        for i, (function, before, after, reason) in enumerate(EQUIVALENT):
+            if (_function(mutant) == function and any(before in ln for ln in removed)
+                    and any(after in ln for ln in added)):
+                equivalent[mutant] = reason
+                used.add(i)
+                break
+    unused = [f"{e[0]}: {e[2]!r}" for i, e in enumerate(EQUIVALENT)
+              if i not in used and e[0].startswith(module + ".x")]
+    return equivalent, unused
 
 
 def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict[str, object]:
@@ -150,14 +187,29 @@ def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
                PYTHONPATH=mutants + (os.pathsep + path if path else ""))
     env.pop("MUTANT_UNDER_TEST", None)
-    proc = subprocess.run([*_mutmut(), "run", "--max-children", str(max_children)],
-                          cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-    if proc.returncode != 0:
-        print(proc.stdout[-4000:])
-        raise RuntimeError(f"mutmut run failed for {name} (exit {proc.returncode})")
-    statuses = _results(work, source)
-    equivalent, stale = _equivalent(work, statuses)
+    meta = work / "mutants" / (source + ".meta")
+    # mutmut keeps a cached verdict until the function changes; tests added since must get
+    # their chance at the survivors too, so those are named and re-run after the normal run.
+    before = _results(work, source) if meta.exists() else {}
+
+    def mutmut_run(*names: str) -> dict[str, str]:
+        proc = subprocess.run([*_mutmut(), "run", "--max-children", str(max_children), *names],
+                              cwd=work, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:])
+            raise RuntimeError(f"mutmut run failed for {name} (exit {proc.returncode})")
+        return _results(work, source)
+
+    statuses = mutmut_run()
+    retry = sorted(m for m, st in statuses.items()
+                   if st not in KILLED and before.get(m, "not checked") not in (KILLED | {
+                       "not checked"}))
+    if retry:
+        statuses = mutmut_run(*retry)
+    survivors = sorted(m for m, st in statuses.items() if st not in KILLED)
+    diffs = _diffs(work, source, survivors)
+    equivalent, unused = _equivalent(diffs, source.removesuffix(".py").replace("/", "."))
     counts: dict[str, int] = {}
     for mutant, status in statuses.items():
         key = "equivalent" if mutant in equivalent else status
@@ -166,13 +218,19 @@ def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict
     scored = total - counts.get("equivalent", 0)
     killed = counts.get("killed", 0) + counts.get("timeout", 0)
     score = 100.0 * killed / scored if scored else 100.0
-    survivors = sorted(m for m, s in statuses.items() if s not in KILLED and m not in equivalent)
     for mutant in survivors:
+        if mutant in equivalent:
+            continue
         print(f"   {statuses[mutant]:>10}  {mutant}")
         if show:
-            print(_diff(work, mutant))
-    for mutant in stale:
-        print(f"   stale EQUIVALENT entry (its diff changed): {mutant}")
+            removed, added = _changed(diffs[mutant])
+            print("\n".join([f"      - {ln.strip()}" for ln in removed]
+                            + [f"      + {ln.strip()}" for ln in added]))
+    if show:
+        for mutant, reason in sorted(equivalent.items()):
+            print(f"   equivalent  {mutant}: {reason}")
+    for entry in unused:
+        print(f"   EQUIVALENT entry matched no survivor (killed now, or the code moved): {entry}")
     return {"module": name, "source": source, "total": total, "score": score, **counts}
 
 

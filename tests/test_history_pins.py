@@ -27,12 +27,12 @@ from dsh.serialize import load_event
 
 def _state(p: Projection) -> tuple:
     return (list(p.view()), p.system, p.tools, p.model, p.options, dict(p.pending), p.turn,
-            p.step, p.turn_open, p.step_open, p.seq)
+            p.step, p.turn_open, p.step_open, p.seq, p.last_usage, p.compactions, p.answers)
 
 
 def test_an_empty_projection_is_an_empty_history_before_event_zero():
     p = Projection()
-    assert _state(p) == ([], "", (), "", {}, {}, 0, 0, False, False, -1)
+    assert _state(p) == ([], "", (), "", {}, {}, 0, 0, False, False, -1, None, 0, 0)
     assert len(p) == 0
     assert p.tools is not None and p.options is not None
 
@@ -50,6 +50,14 @@ MINIMAL: list[dict[str, Any]] = [
     {"type": "tool/result", "call_id": "c1", "name": "t"},
     {"type": "step/end", "turn": 1, "step": 0},
     {"type": "turn/end", "turn": 1, "outcome": "completed"},
+    {"type": "assistant/message", "text": "counted",
+     "usage": {"input_tokens": 120, "output_tokens": 30}},
+    {"type": "assistant/message", "usage": {"input_tokens": 7}},
+    {"type": "assistant/message", "usage": {"output_tokens": 5}},
+    {"type": "assistant/message", "usage": {}},
+    {"type": "context/compacted", "start": 0, "end": 2,
+     "messages": [{"role": "user", "content": "summary"}]},
+    {"type": "context/compacted", "start": 1, "end": 1},
 ]
 
 
@@ -60,12 +68,87 @@ def test_lines_without_optional_fields_project_like_the_event_loader():
         by_event.apply(load_event(json.dumps(d)))
         by_raw.apply_raw(d)
         assert _state(by_raw) == _state(by_event), d
-    msgs = list(by_raw.view())
-    assert msgs[1].content == '<context source="api">\nctx\n</context>'
-    assert msgs[2] == Message(role="assistant", content="")
-    assert msgs[4] == Message(role="tool", content="", tool_call_id="c1", name="t",
-                              is_error=False)
+        if d["type"] == "turn/end":
+            msgs = list(by_raw.view())
+            assert msgs[1].content == '<context source="api">\nctx\n</context>'
+            assert msgs[2] == Message(role="assistant", content="")
+            assert msgs[4] == Message(role="tool", content="", tool_call_id="c1", name="t",
+                                      is_error=False)
+        if d.get("text") == "counted":
+            assert by_raw.last_usage == (len(by_raw), 150)
     assert by_raw.seq == len(MINIMAL) - 1
+    assert by_raw.answers == 6 and by_raw.compactions == 2 and by_raw.last_usage is None
+    assert list(by_raw.view())[0] == Message(role="user", content="summary")
+
+
+def test_usage_tracks_the_last_answer_that_reported_input_tokens():
+    for apply in ("raw", "event"):
+        p = Projection()
+
+        def feed(d: dict[str, Any], p: Projection = p, apply: str = apply) -> None:
+            d = {**d, "seq": p.seq + 1}
+            if apply == "raw":
+                p.apply_raw(d)
+            else:
+                p.apply(load_event(json.dumps(d)))
+
+        feed({"type": "user/message", "text": "q"})
+        feed({"type": "assistant/message", "usage": {"input_tokens": 10, "output_tokens": 4}})
+        assert (p.last_usage, p.answers) == ((2, 14), 1)
+        feed({"type": "user/message", "text": "q2"})
+        feed({"type": "assistant/message", "usage": {"output_tokens": 9}})  # no prompt count
+        assert (p.last_usage, p.answers) == ((2, 14), 2)
+        feed({"type": "assistant/message", "usage": {"input_tokens": 3}})
+        assert (p.last_usage, p.answers) == ((5, 3), 3)
+        feed({"type": "context/compacted", "start": 0, "end": 4,
+              "messages": [{"role": "user", "content": "s"}]})
+        assert (p.last_usage, p.compactions, len(p)) == (None, 1, 2)
+        assert [m.content for m in p.view()] == ["s", ""]
+
+
+@pytest.mark.parametrize(("start", "end", "n", "ok"), [
+    (0, 0, 3, True), (0, 3, 3, True), (3, 3, 3, True), (1, 2, 3, True),
+    (-1, 2, 3, False), (2, 1, 3, False), (0, 4, 3, False), (4, 4, 3, False),
+])
+def test_compact_range_is_checked(start: int, end: int, n: int, ok: bool):
+    from dsh.errors import LedgerError
+
+    p = Projection()
+    for i in range(n):
+        p.apply(UserMessage(seq=i, text=str(i)))
+    before = p.view()
+    replacement = (Message(role="user", content="R"),)
+    if ok:
+        p.compact(start, end, replacement)
+        expected = [str(i) for i in range(start)] + ["R"] + [str(i) for i in range(end, n)]
+        assert [m.content for m in p.view()] == expected
+        assert p.compactions == 1 and p.last_usage is None
+        assert [m.content for m in before] == ["0", "1", "2"]  # an earlier view is kept
+    else:
+        with pytest.raises(LedgerError) as caught:
+            p.compact(start, end, replacement)
+        assert str(caught.value) == (f"context/compacted: range [{start}, {end}) outside the "
+                                     f"{n} projected messages")
+        assert p.compactions == 0 and len(p) == n
+
+
+def test_every_compaction_is_counted():
+    p = Projection()
+    for i in range(4):
+        p.apply(UserMessage(seq=i, text=str(i)))
+    p.compact(0, 2, (Message(role="user", content="a"),))
+    p.compact(0, 2, (Message(role="user", content="b"),))
+    p.compact(1, 1, ())
+    assert p.compactions == 3 and [m.content for m in p.view()] == ["b", "3"]
+
+
+def test_compacted_lines_must_be_well_formed():
+    for bad in ({"start": "0", "end": 1}, {"start": 0, "end": None}, {"end": 1},
+                {"start": 0, "end": 1, "messages": [{"content": "no role"}]}):
+        p = Projection()
+        p.apply_raw({"type": "user/message", "seq": 0, "text": "x"})
+        with pytest.raises((InvalidLine, KeyError)):
+            p.apply_raw({"type": "context/compacted", "seq": 1, **bad})
 
 
 def test_step_end_closes_the_step_on_both_paths():
@@ -92,7 +175,10 @@ def test_an_integer_seq_is_recorded(seq: int):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.sampled_from(MINIMAL), max_size=12))
+@given(st.lists(st.sampled_from(
+    [d for d in MINIMAL if d["type"] != "context/compacted"]
+    + [{"type": "context/compacted", "start": 0, "end": 0,
+        "messages": [{"role": "user", "content": "s"}]}]), max_size=12))
 def test_any_order_of_minimal_lines_projects_alike(lines: list[dict[str, Any]]):
     by_event, by_raw = Projection(), Projection()
     for seq, d in enumerate(lines):
