@@ -128,7 +128,9 @@ class Connection:
 
                     if self._errlog is not None:
                         self._errlog.close()
-                    self._errlog = tempfile.TemporaryFile("w+", encoding="utf-8",
+                    # O_APPEND: the server's writes always go to the end, whatever offset
+                    # reading the tail (_tail) leaves on this shared open file.
+                    self._errlog = tempfile.TemporaryFile("a+", encoding="utf-8",
                                                           errors="replace")
                     params = StdioServerParameters(command=server.command,
                                                    args=list(server.args),
