@@ -236,8 +236,8 @@ class Engine:
             inner = reverse.get(key, key)
             if alias and key in alias.paths and isinstance(value, str) and os.path.isabs(value):
                 rel = os.path.relpath(value, self.workspace)
-                if not rel.startswith(".."):
-                    value = rel
+                if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+                    value = rel  # inside the workspace ("..x" is a name inside it)
             if known is None or inner in known:
                 out[inner] = value
         return out
