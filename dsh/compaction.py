@@ -496,9 +496,17 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
         event = _record(ledger, result, plugin, reason, used)
     if window:
         after = meter.used(proj)
-        if after > window:
+        if after > window and (reason != "threshold" or _hopeless(proj, window)):
             _drop_oversized(agent, ledger, window, after)
     return event
+
+
+def _hopeless(proj: Projection, window: int) -> bool:
+    """Before a request, dsh's count is an over-estimate unless the provider's usage anchors
+    it: the request is sent anyway (the provider has the last word, and its context-length
+    error compacts and retries) unless some message alone cannot fit even at an optimistic
+    4 characters per token."""
+    return any(message_tokens(m) * 3 // 4 > window for m in proj.view())
 
 
 def _answering_plugin(pm: Any, result: Any) -> str:

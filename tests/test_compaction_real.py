@@ -60,7 +60,7 @@ def llama_server() -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "512",
-         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "2"],
+         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -86,8 +86,8 @@ def _thirty_turns(tmp_path: Path, model: str, models: dict[str, object]) -> None
     config = tmp_path / "config.toml"
     import tomli_w
 
-    config.write_text(tomli_w.dumps({"model": model, "autoload": model == "local",
-                                     "models": models}))
+    config.write_text(tomli_w.dumps({"model": model, "autoload": False, "models": models,
+                                     "load": ["dsh_llama"] if model == "local" else []}))
     env = {**os.environ, "DSH_CONFIG": str(config), "DSH_HOME": str(tmp_path / "home")}
     for i in range(1, 31):
         args = ["run", PROMPT.format(i=i)] + (["-c"] if i > 1 else [])
@@ -118,4 +118,5 @@ def test_thirty_turns_in_process_keep_answering(tmp_path: Path) -> None:
     if importlib.util.find_spec("dsh_llama") is None:
         pytest.skip("dsh-llama is not installed: pip install ./plugins/dsh-llama")
     _thirty_turns(tmp_path, "local", {"local": {
-        "n_ctx": 512, "options": {"max_tokens": 48, "temperature": 0.0, "seed": 1}}})
+        "n_ctx": 512, "n_threads": 1,
+        "options": {"max_tokens": 48, "temperature": 0.0, "seed": 1}}})
