@@ -77,6 +77,13 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "no value has type None, so this raises the same InvalidLine"),
     ("dsh.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    # dsh/runcontext.py
+    ("dsh.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
+     "counted units and their limits are integers: used < limit already means "
+     "used + 1 <= limit, so the extra unit never changes the answer"),
+    *[(f"dsh.runcontext.xǁBudgetǁ{fn}", "depth += 1", after,
+       "depth is only tested for being non-zero (a parent run), which it is either way")
+      for fn in ("exceeded", "reserve") for after in ("depth = 1", "depth -= 1", "depth += 2")],
 ]
 
 #: pytest settings inside the scratch tree (mirrors tox.ini's [pytest]).

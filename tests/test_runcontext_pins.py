@@ -187,6 +187,27 @@ def test_reserve_is_exact_under_concurrency():
     assert sum(c.tool_calls for c in children) == 7
 
 
+def test_the_spent_limits_are_checked_when_all_are_set():
+    clock = Clock(0.0)
+    full = dict(input_tokens=100, output_tokens=100, total_tokens=150, cost=2.0, seconds=60)
+    b = Budget(limits=Limits(**full), clock=clock)  # type: ignore[arg-type]
+    assert b.exceeded() is None
+    b.add(input_tokens=80, output_tokens=70)
+    assert b.exceeded() == "total tokens limit reached (150/150)"
+    assert b.reserve(steps=1) == "total tokens limit reached (150/150)"
+    b2 = Budget(limits=Limits(**full), clock=clock)  # type: ignore[arg-type]
+    clock.now = 61.0
+    assert b2.exceeded() == "time limit reached (61.0s/60s)"
+
+
+def test_one_lock_guards_the_whole_chain():
+    root = Budget()
+    child = Budget(parent=root)
+    grandchild = Budget(parent=child)
+    assert child._lock is root._lock and grandchild._lock is root._lock
+    assert Budget()._lock is not root._lock
+
+
 def test_limits_merged():
     base = Limits(steps=5, cost=1.0)
     assert base.merged(None) is base
@@ -231,7 +252,7 @@ def test_unregister_removes_only_that_callback():
     seen: list[str] = []
     off_a = t.on_cancel(lambda: seen.append("a"))
     t.on_cancel(lambda: seen.append("b"))
-    off_a()
+    assert off_a() is None
     off_a()  # twice is harmless
     t.cancel()
     assert seen == ["b"]
@@ -243,7 +264,7 @@ def test_on_cancel_after_cancel_runs_at_once():
     seen: list[str] = []
     off = t.on_cancel(lambda: seen.append(t.reason))
     assert seen == ["late"]
-    off()
+    assert off() is None
     assert seen == ["late"]
 
 
@@ -301,8 +322,12 @@ def test_abort_stop_depth_and_session():
 def test_observe_needs_an_observed_run():
     ctx = _ctx()
     assert not ctx.observed
-    with pytest.warns(UnobservedRunWarning, match="run r1 was started unobserved"):
+    with pytest.warns(UnobservedRunWarning) as caught:
         ctx.observe(lambda e: None)
+    assert str(caught[0].message) == (
+        "run r1 was started unobserved, so it builds no events; pass observe=True (or "
+        "on_event=) when starting it, or implement observe_event")
+    assert caught[0].filename == __file__  # attributed to the caller
     ctx.notify("nothing")  # nobody was added
     seen: list[Any] = []
     observed = _ctx(emit=lambda e: None)
@@ -315,8 +340,11 @@ def test_observe_needs_an_observed_run():
 
 def test_context_outside_a_run_and_inside():
     assert current_or_none() is None
-    with pytest.raises(NoRunContext, match=r"dsh\.context\(\) called outside a run"):
+    with pytest.raises(NoRunContext) as caught:
         context()
+    assert str(caught.value) == (
+        "dsh.context() called outside a run; if this is a thread or callback started by the "
+        "run, start it inside contextvars.copy_context().run(...)")
     ctx = _ctx()
     with activate(ctx) as active:
         assert active is ctx and context() is ctx and current_or_none() is ctx
@@ -345,3 +373,35 @@ def test_no_warning_for_an_observed_run():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _ctx(emit=lambda e: None).observe(lambda e: None)
+
+
+def _notice(ctx: RunContext, plugins: tuple[str, ...]) -> None:
+    """Stands for the loop's step boundary, which calls observer_plugins_changed."""
+    ctx.observer_plugins_changed(plugins)
+
+
+def test_an_observer_plugin_added_to_an_unobserved_run_warns_once_per_plugin():
+    ctx = _ctx()
+    assert ctx.observer_plugins == ()
+    with pytest.warns(UnobservedRunWarning) as caught:
+        _notice(ctx, ("p1", "p2"))
+    assert [str(w.message) for w in caught] == [
+        "observer plugin p1, p2 was registered during run r1, which was started unobserved "
+        "and builds no events: it receives nothing from this run, only from the next ones"]
+    assert caught[0].filename == __file__  # attributed to the step boundary's caller
+    assert ctx.observer_plugins == ("p1", "p2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _notice(ctx, ("p1", "p2"))  # nothing new
+        _notice(ctx, ("p2",))  # one removed
+    assert ctx.observer_plugins == ("p2",)
+    with pytest.warns(UnobservedRunWarning, match="observer plugin p1 was registered"):
+        _notice(ctx, ("p1", "p2"))
+
+
+def test_an_observer_plugin_added_to_an_observed_run_is_taken_silently():
+    ctx = _ctx(emit=lambda e: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _notice(ctx, ("p1",))
+    assert ctx.observer_plugins == ("p1",)
