@@ -4,6 +4,7 @@ measured forwards, reservations, cancellation callbacks and cleanup errors."""
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from typing import Any
@@ -327,7 +328,7 @@ def test_observe_needs_an_observed_run():
     assert str(caught[0].message) == (
         "run r1 was started unobserved, so it builds no events; pass observe=True (or "
         "on_event=) when starting it, or implement observe_event")
-    assert caught[0].filename == __file__  # attributed to the caller
+    assert _attributed_here(caught[0])
     ctx.notify("nothing")  # nobody was added
     seen: list[Any] = []
     observed = _ctx(emit=lambda e: None)
@@ -375,6 +376,12 @@ def test_no_warning_for_an_observed_run():
         _ctx(emit=lambda e: None).observe(lambda e: None)
 
 
+def _attributed_here(w: warnings.WarningMessage) -> bool:
+    """The warning names this file (the caller), not dsh. Under mutation testing every
+    mutated function gains a trampoline frame, so the attribution cannot be checked there."""
+    return "MUTANT_UNDER_TEST" in os.environ or w.filename == __file__
+
+
 def _notice(ctx: RunContext, plugins: tuple[str, ...]) -> None:
     """Stands for the loop's step boundary, which calls observer_plugins_changed."""
     ctx.observer_plugins_changed(plugins)
@@ -388,7 +395,7 @@ def test_an_observer_plugin_added_to_an_unobserved_run_warns_once_per_plugin():
     assert [str(w.message) for w in caught] == [
         "observer plugin p1, p2 was registered during run r1, which was started unobserved "
         "and builds no events: it receives nothing from this run, only from the next ones"]
-    assert caught[0].filename == __file__  # attributed to the step boundary's caller
+    assert _attributed_here(caught[0])
     assert ctx.observer_plugins == ("p1", "p2")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
