@@ -481,10 +481,9 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
         agent=agent, messages=proj.view(), window=window, used=used, target=target,
         reason=reason, strategy=strategy or agent.compaction, projection=proj, ctx=ctx,
         meter=meter, ledger=ledger)
-    result = agent.pm.hook.compact_context(request=request)
+    result, plugin = call_compact_context(agent.pm, request)
     event = None
     if result is not None:
-        plugin = _answering_plugin(agent.pm, result)
         if not isinstance(result, Compaction) or not (
             0 <= result.start <= result.end <= len(proj)
             and all(isinstance(m, Message) for m in result.replacement)
@@ -509,12 +508,59 @@ def _hopeless(proj: Projection, window: int) -> bool:
     return any(message_tokens(m) * 3 // 4 > window for m in proj.view())
 
 
-def _answering_plugin(pm: Any, result: Any) -> str:
-    if isinstance(result, Compaction) and result.strategy in ("mask", "summarize"):
-        return "dsh.compaction"
-    others = [i.plugin_name for i in pm.hook.compact_context.get_hookimpls()
-              if i.plugin_name != "dsh.compaction" and not (i.wrapper or i.hookwrapper)]
-    return others[-1] if len(others) == 1 else (", ".join(others) or "dsh.compaction")
+def call_compact_context(pm: Any, request: CompactionRequest) -> tuple[Any, str]:
+    """Call ``compact_context`` as pluggy would (``wrapper=True`` implementations around the
+    plain ones, which are asked in pluggy's order until one answers), keeping provenance: the
+    plugin whose implementation returned the result, or the wrapper that replaced it. Recorded
+    from the registration, never from what a plugin says of itself."""
+    from dsh.errors import PluginError
+    from dsh.manager import call_impl
+
+    hook = "compact_context"
+    order = list(reversed(pm.hook.compact_context.get_hookimpls()))
+    for impl in order:
+        if impl.hookwrapper:
+            raise PluginError(f"plugin {impl.plugin_name}: old-style hookwrapper on {hook}; "
+                              "use @hookimpl(wrapper=True)", plugin=impl.plugin_name, hook=hook)
+    wrappers = []
+    for impl in (i for i in order if i.wrapper):
+        gen = call_impl(impl, hook, request=request)
+        try:
+            next(gen)
+        except StopIteration:
+            raise PluginError(f"plugin {impl.plugin_name}: its {hook} wrapper did not yield",
+                              plugin=impl.plugin_name, hook=hook) from None
+        wrappers.append((impl, gen))
+    result: Any = None
+    who = ""
+    failure: BaseException | None = None
+    try:
+        for impl in (i for i in order if not i.wrapper):
+            answer = call_impl(impl, hook, request=request)
+            if answer is not None:
+                result, who = answer, impl.plugin_name
+                break
+    except BaseException as exc:  # noqa: BLE001 - handed to the wrappers, as pluggy does
+        failure = exc
+    for impl, gen in reversed(wrappers):
+        try:
+            if failure is not None:
+                gen.throw(failure)
+            else:
+                gen.send(result)
+        except StopIteration as stop:
+            failure = None
+            if stop.value is not result:
+                result, who = stop.value, impl.plugin_name
+            continue
+        except BaseException as exc:  # noqa: BLE001
+            failure = exc
+            continue
+        failure = PluginError(f"plugin {impl.plugin_name}: its {hook} wrapper yielded twice",
+                              plugin=impl.plugin_name, hook=hook)
+    if failure is not None:
+        raise failure
+    return result, who
 
 
 def _record(ledger: Ledger, c: Compaction, plugin: str, reason: str, before: int) -> Any:

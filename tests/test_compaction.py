@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import settings
@@ -587,3 +588,35 @@ def test_sessions_compact_and_show_from_the_command_line(tmp_path: Path) -> None
     assert after.stdout.count("x" * 900) == 4  # the originals are still shown
     again = dsh("sessions", "compact", "latest")
     assert again.returncode == 0 and "nothing to compact" in again.stderr
+
+
+def test_provenance_is_the_answering_plugin_or_the_wrapper_that_replaced_it(
+        make_app: Any, script: Any, plugin_module: Any) -> None:
+    @hookimpl(tryfirst=True)
+    def compact_context(request):  # type: ignore[no-untyped-def]
+        return None  # an observer, as dsh-hooks' PreCompact is
+
+    observer = plugin_module(compact_context=compact_context)
+
+    @hookimpl
+    def compact_context(request):  # type: ignore[no-redef,no-untyped-def]  # noqa: F811
+        return Compaction(start=0, end=1, replacement=(Message(role="user", content="S"),),
+                          strategy="mine")
+
+    mine = plugin_module(compact_context=compact_context)
+
+    @hookimpl(wrapper=True)
+    def compact_context(request):  # type: ignore[no-redef,no-untyped-def]  # noqa: F811
+        result = yield
+        if request.strategy == "adjusted":
+            return attrs.evolve(result, strategy="adjusted-by-wrapper")
+        return result
+
+    wrapper = plugin_module(compact_context=compact_context)
+    from dsh.compaction import compact_session
+
+    for strategy, expected in (("mine", mine), ("adjusted", wrapper)):
+        app = make_app(load=[observer, mine, wrapper], model=script({"text": "a"}))
+        r = app.run("hello")
+        event = compact_session(app, r.session_id, strategy=strategy)
+        assert event is not None and event.plugin == expected, (strategy, event)
