@@ -188,7 +188,8 @@ class Projection:
             self.answers += 1
             u = d.get("usage")
             if u:
-                i, o = checked(u.get("input_tokens", 0), int), checked(u.get("output_tokens", 0), int)
+                i = checked(u.get("input_tokens", 0), int)
+                o = checked(u.get("output_tokens", 0), int)
                 if i:
                     self.last_usage = (len(self._messages), i + o)
         elif tag == "tool/result":

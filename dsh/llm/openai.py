@@ -105,7 +105,7 @@ class OpenAIModel(HTTPModel):
         size (dsh.compaction.learn_window): no request is ever added to the normal path."""
         known = getattr(self, "_reported_window", False)
         if known is not False:
-            return known  # type: ignore[no-any-return]
+            return known
         self._reported_window: int | None = None
         from dsh.llm.http import get_client
         from dsh.llm.http import is_loopback
