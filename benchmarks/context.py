@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import bench_app  # noqa: E402
 from benchmarks._common import tmpdir  # noqa: E402
 from benchmarks._common import tool_loop_script  # noqa: E402
+from benchmarks.resume import CHILD as RESUME  # noqa: E402
 from dsh.hookspecs import hookimpl  # noqa: E402
 from dsh.llm.builtin import ScriptedModel  # noqa: E402
 
@@ -107,23 +108,6 @@ def long_turn(steps: int, strategy: str, window: int) -> tuple[list[float], dict
 
 def window_cost(marks: list[float], start: int, width: int) -> float:
     return (marks[start + width] - marks[start]) / width * 1e6
-
-
-RESUME = r"""
-import json, sys, time
-t0 = time.perf_counter()
-from pathlib import Path
-from dsh.ledger import JsonlStore
-from dsh.messages import ModelRequest
-store = JsonlStore(Path(sys.argv[1]), fsync="never")
-with store.open(sys.argv[2]) as ledger:
-    p = ledger.projection
-    request = ModelRequest(model=p.model, system=p.system, messages=p.view(), tools=p.tools,
-                           options=p.options)
-    n = len(request.messages)
-print(json.dumps({"seconds": time.perf_counter() - t0, "messages": n,
-                  "compactions": p.compactions, "events": p.seq + 1}))
-"""
 
 
 def build_compacted(directory: str, events: int, every: int) -> str:

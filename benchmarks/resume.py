@@ -34,7 +34,8 @@ with store.open(sys.argv[2]) as ledger:
     n = len(request.messages)
 elapsed = time.perf_counter() - t0
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": elapsed, "rss_mib": rss, "messages": n, "events": p.seq + 1}))
+print(json.dumps({"seconds": elapsed, "rss_mib": rss, "messages": n, "events": p.seq + 1,
+                  "compactions": p.compactions}))
 """
 
 BARE = r"""
