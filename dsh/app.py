@@ -279,6 +279,7 @@ class Session:
         parent: RunContext | None = None,
         context_hook: Callable[[RunContext], None] | None = None,
         approve: bool = False,
+        budget_parent: Budget | None = None,
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
 
@@ -297,6 +298,10 @@ class Session:
             ``stop()`` / ``abort()`` from another thread or a signal handler).
         :param approve: approve tool calls that need approval without asking
             (``RunContext.approve_all``).
+        :param budget_parent: a :class:`~dsh.runcontext.Budget` to chain this run's budget
+            to when there is no ``parent`` run (``dsh batch`` shares one across its tasks:
+            every count is added to it too, and its limits hold over all of them). Ignored
+            when ``parent`` is given (the parent run's budget is the chain's).
         """
         # One turn at a time per session: a second thread sending on the same Session would
         # interleave two turns in one ledger (another process is kept out by the file lock).
@@ -306,14 +311,16 @@ class Session:
         try:
             return self._send(text, observe=observe, on_event=on_event, on_text=on_text,
                               limits=limits, cancel=cancel, parent=parent,
-                              context_hook=context_hook, approve=approve)
+                              context_hook=context_hook, approve=approve,
+                              budget_parent=budget_parent)
         finally:
             self._busy.release()
 
     def _send(self, text: str, *, observe: bool | None, on_event: Callable[[Any], None] | None,
               on_text: Callable[[str], None] | None, limits: Limits | None,
               cancel: CancelToken | None, parent: RunContext | None,
-              context_hook: Callable[[RunContext], None] | None, approve: bool) -> RunResult:
+              context_hook: Callable[[RunContext], None] | None, approve: bool,
+              budget_parent: Budget | None = None) -> RunResult:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm
@@ -346,7 +353,7 @@ class Session:
             run_id=os.urandom(6).hex(), agent=agent.name, ledger=ledger,
             cancel=CancelToken(cancel), emit=emit,
             budget=Budget(agent.limits.merged(limits),
-                          parent=parent.budget if parent else None),
+                          parent=parent.budget if parent else budget_parent),
             approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
         )
         if context_hook is not None:
