@@ -192,6 +192,8 @@ class Attempt:
     session: str
     turn: int
     outcome: str | None = None
+    #: Its result line was written (the task's answer).
+    final: bool = False
 
 
 class Journal:
@@ -210,6 +212,7 @@ class Journal:
                 tries.append(Attempt(str(item["session"]), int(item.get("turn") or 1)))
             elif isinstance(n, int) and 0 < n <= len(tries):
                 tries[n - 1].outcome = item.get("outcome")
+                tries[n - 1].final = bool(item.get("final"))
         self._file = _open_append(path, good)
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -229,9 +232,12 @@ class Journal:
         self._write({"task": task.id, "attempt": len(tries), "session": session, "turn": turn})
         return len(tries)
 
-    def ended(self, task: Task, attempt: int, outcome: str) -> None:
-        self.attempts[task.key][attempt - 1].outcome = outcome
-        self._write({"task": task.id, "attempt": attempt, "outcome": outcome})
+    def ended(self, task: Task, attempt: int, outcome: str, *, final: bool = False) -> None:
+        """Attempt ``attempt`` ended; ``final``: its result line is written."""
+        tried = self.attempts[task.key][attempt - 1]
+        tried.outcome, tried.final = outcome, final
+        self._write({"task": task.id, "attempt": attempt, "outcome": outcome,
+                     **({"final": True} if final else {})})
 
     def close(self) -> None:
         self._file.close()
@@ -485,9 +491,8 @@ class Batch:
         self._running: set[RunContext] = set()
         self._lock = threading.Lock()
         self._agents: dict[Any, Any] = {}
-        self._pending: dict[int, dict[str, Any] | None] = {}  # --ordered: index → line
+        self._pending: dict[int, Outcome | None] = {}  # --ordered: index → outcome
         self._next = 0
-        self.left_tasks = 0
         self.stream = stream
 
     # -- before any task starts ---------------------------------------------------------
@@ -530,6 +535,8 @@ class Batch:
         for task in self.tasks:
             tries = self.journal.attempts.get(task.key, [])
             line = self.results.done.get(task.key)
+            if line is None and self.results.path is None:  # results went to a stdout
+                line = next(({"outcome": a.outcome} for a in reversed(tries) if a.final), None)
             for n, attempt in enumerate(tries, 1):
                 if attempt.outcome is None:
                     settled = self.settle(task, n, attempt, has_line=line is not None)
@@ -568,7 +575,9 @@ class Batch:
                     line = {"id": task.id, **result_dict(result, agent.name, agent.model_id)}
                     self.results.open()
                     self.results.write(line)
-        self.journal.ended(task, n, outcome)
+            elif result is not None and has_line:
+                outcome = result.outcome  # its line was written; the journal was not
+        self.journal.ended(task, n, outcome, final=outcome != "died")
         return line
 
     # -- running ------------------------------------------------------------------------
@@ -605,10 +614,14 @@ class Batch:
                                           budget_parent=self.budget, cancel=self.cancel,
                                           context_hook=self._attach, approve=self.approve)
             kind = self.classify(task, result)
-            if attempt:
+            if kind == "retry" and self.stopping:
+                kind = "left"
+            if attempt and kind != "final":
+                # A final outcome is journalled once its result line is written (emit): a
+                # process killed in between leaves the attempt open, and the rerun settles
+                # it from its ledger instead of running the task again.
                 self.journal.ended(task, attempt, "left" if kind == "left" else result.outcome)
-            if kind != "retry" or self.stopping:
-                kind = "left" if kind == "retry" else kind
+            if kind != "retry":
                 return Outcome(task, attempt, result, agent.name, agent.model_id, kind)
 
     def classify(self, task: Task, result: RunResult) -> str:
@@ -646,22 +659,27 @@ class Batch:
         self.cancel.cancel(reason)
 
     def emit(self, out: Outcome) -> None:
-        """Write ``out``'s result line (in input order with ``--ordered``)."""
-        line = None
-        if out.kind == "final":
-            line = {"id": out.task.id, **result_dict(out.result, out.agent, out.model)}
+        """Write ``out``'s result line (in input order with ``--ordered``), then journal
+        the attempt's outcome."""
+        final = out if out.kind == "final" else None
         if not self.ordered:
-            if line is not None:
-                self.results.write(line)
+            if final is not None:
+                self._write(final)
             return
-        self._pending[out.task.index] = line
+        self._pending[out.task.index] = final
         self._flush_ordered()
+
+    def _write(self, out: Outcome) -> None:
+        self.results.write({"id": out.task.id,
+                            **result_dict(out.result, out.agent, out.model)})
+        if out.attempt:
+            self.journal.ended(out.task, out.attempt, out.result.outcome, final=True)
 
     def _flush_ordered(self) -> None:
         while self._next in self._pending:
-            line = self._pending.pop(self._next)
-            if line is not None:
-                self.results.write(line)
+            out = self._pending.pop(self._next)
+            if out is not None:
+                self._write(out)
             self._next += 1
 
     def run(self, where: str) -> int:
@@ -680,8 +698,6 @@ class Batch:
                 ok = out.kind == "final" and out.result.outcome == OK
                 failed = out.kind == "final" and not ok
                 progress.change(running=-1, done=int(ok), failed=int(failed))
-                if out.kind == "left":
-                    self.left_tasks += 1
                 if failed:
                     progress.note(f"task {out.task.id} (line {out.task.line}): "
                                   f"{out.result.outcome}: {out.result.reason}")
@@ -692,7 +708,7 @@ class Batch:
                 self._flush_ordered()
             progress.stop()
             self.executor.close()
-        left = progress.left + self.left_tasks
+        left = progress.left  # tasks stopped by the batch count as left, not run
         elapsed = time.monotonic() - progress.started
         why = f" ({self.stopping})" if self.stopping and left else ""
         progress.note(f"batch: {len(self.tasks)} tasks: {progress.done + skipped} completed"
