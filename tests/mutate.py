@@ -77,6 +77,66 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "no value has type None, so this raises the same InvalidLine"),
     ("dsh.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    # dsh/ledger.py
+    ("dsh.ledger.x__now", "second != _SECOND[0]", "second != _SECOND[1]",
+     "compares the second with the cached string: always unequal, so the stamp is "
+     "recomputed each time, with the same result (only the cache is lost)"),
+    ("dsh.ledger.x__scan_fast", "search(data, 0, good)", "search(data, 1, good)",
+     "a line that parses starts with '{' at byte 0, so no escape can start there"),
+    ("dsh.ledger.x__scan_fast", 'data.find(b"\\n", min(', 'data.rfind(b"\\n", min(',
+     "only the chunking changes (the rest of the file in one chunk); every line is still "
+     "checked the same way"),
+    ("dsh.ledger.x_parse_line", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    ("dsh.ledger.x_parse_line", "nested too deeply to read", "LedgerError(None)",
+     "the second 'nested too deeply' (from dumps, marked no cover) is unreachable: loads "
+     "of the same line fails first"),
+    ("dsh.ledger.x_read_ledger_file", "os.read(fd, 1 << 20)", "2 << 20",
+     "the read size only: the loop reads until end of file either way"),
+    ("dsh.ledger.x_read_ledger_file", "os.read(fd, 1 << 20)", "1 << 21",
+     "the read size only: the loop reads until end of file either way"),
+    ("dsh.ledger.x_scan", "while pos < size:", "while pos <= size:",
+     "at pos == size the search finds no newline and returns (size, 0), as the loop's end "
+     "does"),
+    *[("dsh.ledger.x_sanitized", '("seq", "ts", "session", "extra")', after,
+       "seq is an int and ts is ASCII: cleaning them finds nothing")
+      for after in ('"XXseqXX"', '"SEQ"', '"XXtsXX"', '"TS"')],
+    *[("dsh.ledger.x_sanitized", '("seq", "ts", "session", "extra")', after,
+       "a session id with a surrogate is refused by JsonlStore.path (not printable), so "
+       "cleaning it finds nothing in any stored session")
+      for after in ('"XXsessionXX"', '"SESSION"')],
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", )',
+     "maxsplit only saves work: the first 64 pieces are the same lines"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", 65)',
+     "the first 64 pieces are the same lines either way"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'not line.strip() or b"\\n" in line',
+     'not line.strip() and b"\\n" in line',
+     "none of the first 64 pieces holds a newline; a blank line then fails parse_line, "
+     "which breaks the same way"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'or b"\\n" in line', 'b"XX\\nXX" in line',
+     "none of the first 64 pieces holds a newline, so the test is false either way"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'f"{path}:{lineno}"', "parse_line(line, codec, None,",
+     "where only names the error, and info() swallows the error"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
+     'last > 0 or info["turns"] > 1',
+     "with one turn the only turn/start is line 1, whose model the first pass already took"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
+     'info["turns"] >= 1',
+     "with one turn the only turn/start is line 1, whose model the first pass already took"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last >= 0 and",
+     "a ledger line starts with '{', so the tag is never at byte 0"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last > 1 and",
+     "the tag can start at byte 1 only in line 1, and with two turns the last tag is later"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
+     'data.rfind(b"\\n", None, last)', "a start of None is 0"),
+    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
+     'data.rfind(b"\\n", 1, last)',
+     "differs only for a newline at byte 0, and then the line read has a leading newline, "
+     "which JSON ignores"),
+    ("dsh.ledger.xǁJsonlStoreǁopen", "count = 0", "count = None",
+     "fresh() sets count to 0 before the first event is counted"),
+    ("dsh.ledger.xǁJsonlStoreǁopen", "count = 0", "count = 1",
+     "fresh() sets count to 0 before the first event is counted"),
     # dsh/runcontext.py
     ("dsh.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "
@@ -131,6 +191,9 @@ def _prepare(name: str, fresh: bool) -> tuple[Path, str, list[str]]:
         f"pytest_add_cli_args_test_selection = {json.dumps(selected)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
         "use_git_change_detection = false\n"
+        # a mutant that loops forever is stopped after 3x its tests' clean time (+2 s)
+        "timeout_multiplier = 3.0\n"
+        "timeout_constant = 2.0\n"
         'on_dependency_change = "rerun"\n'
         + PYTEST_INI
     )
@@ -195,7 +258,10 @@ def _equivalent(diffs: dict[str, str], module: str) -> tuple[dict[str, str], lis
 def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict[str, object]:
     work, source, selected = _prepare(name, fresh)
     print(f"== {name}: {source} against {' '.join(selected)}", flush=True)
-    # Child processes (CLI tests) import the same mutated tree as the tests themselves.
+    # Child processes (CLI tests) import the same mutated tree as the tests themselves. The
+    # folder must exist before mutmut starts, or Python caches it as missing and the tests'
+    # own `import tests...` fails on a first run.
+    (work / "mutants").mkdir(exist_ok=True)
     mutants = str(work / "mutants")
     path = os.environ.get("PYTHONPATH")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",

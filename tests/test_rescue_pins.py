@@ -5,6 +5,7 @@ fences, and hostile text that must never raise out of ``rescue_tool_calls``."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -190,6 +191,9 @@ def test_malformed_results_are_exact():
     assert got == Rescued("", (("f", {}),), "bare_json")
 
 
+#: Fewer generated examples under mutation testing, where these run once per mutant.
+SCALE = 8 if "MUTANT_UNDER_TEST" in os.environ else 1
+
 pieces = st.sampled_from([
     *MARKERS, "<|python_end|>", "</tool_call>", "</function>", "[ARGS]", "[CALL_ID]",
     "{", "}", "[", "]", "(", ")", '"', ":", ",", ";", "=", "\n", " ", "f", "get_time",
@@ -198,7 +202,7 @@ pieces = st.sampled_from([
 hostile = st.lists(pieces | st.text(max_size=4), max_size=40).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400 // SCALE, deadline=None)
 @given(hostile)
 def test_generated_hostile_text_never_raises(text: str):
     got = rescue_tool_calls(text, TOOLS)
@@ -207,13 +211,13 @@ def test_generated_hostile_text_never_raises(text: str):
         assert all(name in TOOLS and isinstance(args, dict) for name, args in got.calls)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 // SCALE, deadline=None)
 @given(st.text())
 def test_arbitrary_text_never_raises(text: str):
     rescue_tool_calls(text, TOOLS)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200 // SCALE, deadline=None)
 @given(hostile, st.lists(st.integers(1, 7), max_size=10))
 def test_the_gate_shows_exactly_the_content(text: str, cuts: list[int]):
     gate = StreamGate(TOOLS)
