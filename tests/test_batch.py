@@ -530,3 +530,50 @@ def test_dsh_run_does_not_import_the_batch_module(env: dict[str, Any]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env["env"], capture_output=True,
                           text=True)
     assert proc.stderr.strip().endswith("False"), proc.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Shared backoff on 429 (dsh.llm.http.RATE_GATE)
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_429_pauses_every_request_to_that_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run A gets a 429 with Retry-After: 1; run B, started after it on another thread,
+    reaches the server only once the pause is over (without the gate: at once)."""
+    import threading
+
+    from dsh.llm import http
+    from dsh.llm.openai import OpenAIModel
+    from dsh.llm.transport import send
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+    from tests.servers import ScriptedServer
+    from tests.servers import openai_completion
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-batch")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with ScriptedServer() as server:
+        server.script(Reply(429, {"error": {"message": "slow down"}},
+                            headers={"Retry-After": "1"}),
+                      Reply(body=openai_completion("a")), Reply(body=openai_completion("b")))
+        model = OpenAIModel("gpt-4o-mini", {"base_url": server.url + "/v1"})
+        req = ModelRequest(model="openai:gpt-4o-mini",
+                           messages=[Message(role="user", content="hi")])
+        answers: dict[str, str] = {}
+        a = threading.Thread(target=lambda: answers.setdefault("a", send(req, model=model).text))
+        a.start()
+        end = time.monotonic() + 5
+        while http.RATE_GATE.remaining(model.endpoint()) == 0 and time.monotonic() < end:
+            time.sleep(0.005)
+        assert http.RATE_GATE.remaining(model.endpoint()) > 0.5
+        start = time.monotonic()
+        b = threading.Thread(target=lambda: answers.setdefault("b", send(req, model=model).text))
+        b.start()
+        time.sleep(0.5)
+        assert len(server.received) == 1  # B is waiting, not sending
+        b.join(5)
+        a.join(5)
+        assert time.monotonic() - start >= 0.8
+        assert sorted(answers.values()) == ["a", "b"]
+        assert len(server.received) == 3

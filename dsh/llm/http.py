@@ -70,6 +70,32 @@ _CONTEXT_RE = re.compile(
 )
 
 
+class RateGate:
+    """A pause shared by every request of this process to one endpoint: a 429 pauses the
+    endpoint for the wait the retry takes (its ``Retry-After`` when given), and any request
+    about to go there first waits until the pause ends — so concurrent runs (``dsh batch``'s
+    workers, parallel sub-agents) slow down together instead of each spending its own 429."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def pause(self, endpoint: str, seconds: float) -> None:
+        until = time.monotonic() + seconds
+        with self._lock:
+            if until > self._until.get(endpoint, 0.0):
+                self._until[endpoint] = until
+
+    def remaining(self, endpoint: str) -> float:
+        """Seconds until requests to ``endpoint`` may go (0 when they may now)."""
+        until = self._until.get(endpoint)
+        return max(0.0, until - time.monotonic()) if until is not None else 0.0
+
+
+#: The process-wide gate :meth:`HTTPModel.complete` honours (issue 16).
+RATE_GATE = RateGate()
+
+
 class _CallbackFailed(BaseException):
     """Carries an exception raised by ``on_text`` past the adapter's own error handling."""
 
@@ -563,9 +589,17 @@ class HTTPModel(Model):
                     raise _CallbackFailed(exc) from exc
 
         attempt = 0
+        endpoint = self.endpoint()
         while True:
             if ctx is not None:
                 ctx.cancel.check()
+            paused = RATE_GATE.remaining(endpoint)
+            if paused > 0:  # a request of this process to the endpoint got a 429: wait too
+                if ctx is None:
+                    time.sleep(paused)
+                elif ctx.cancel.wait(paused):
+                    ctx.cancel.check()
+                continue
             try:
                 return self._once(client, content, headers, stream, emit)
             except _CallbackFailed as failed:
@@ -589,6 +623,8 @@ class HTTPModel(Model):
                     wait = min(after, self.http.max_retry_wait)
                 else:
                     wait = backoff(attempt, self.http.retry_base, self.http.retry_cap)
+                if err.status == 429:
+                    RATE_GATE.pause(endpoint, wait)
                 attempt += 1
                 log.info("%s; retry %d/%d in %.2fs", err, attempt, self.http.retries, wait)
             if ctx is None:
