@@ -577,3 +577,38 @@ def test_a_429_pauses_every_request_to_that_endpoint(monkeypatch: pytest.MonkeyP
         assert time.monotonic() - start >= 0.8
         assert sorted(answers.values()) == ["a", "b"]
         assert len(server.received) == 3
+
+
+# ------------------------------------------------------------------------------------------
+# Progress
+# ------------------------------------------------------------------------------------------
+
+
+def test_progress_on_a_terminal_stderr_never_on_stdout(env: dict[str, Any]) -> None:
+    import pty
+
+    m = model(env["dir"], {"text": "ok", "delay": 0.3,
+                           "usage": {"input_tokens": 100, "output_tokens": 5}})
+    write_tasks(env["dir"] / "tasks.jsonl", 6)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "dsh", "batch", "tasks.jsonl", "-m", m,
+                             "--workers", "2"], env=env["env"], cwd=env["dir"],
+                            stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
+    out, _ = proc.communicate(timeout=30)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(master)
+    assert proc.returncode == 0
+    assert len(out.splitlines()) == 6 and all(x.startswith('{"id":') for x in out.splitlines())
+    text = err.decode()
+    assert "\x1b[2K" in text and " running · " in text and "/s · ETA" in text
+    assert "tokens" in text
+    assert "dsh: batch: 6 tasks: 6 completed, 0 failed, 0 left; 630 tokens" in text
