@@ -268,7 +268,8 @@ class ResultsFile:
             return
         lines, _ = _read_lines(self.path)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             for item in lines:
                 if str(item.get("id")) not in keys:
                     f.write(_compact(item) + "\n")
@@ -611,7 +612,7 @@ class Batch:
                     attempt = self.journal.started(task, session.id,
                                                    session.ledger.projection.turn + 1)
                     result = session.send(task.text, limits=self.task_limits,
-                                          budget_parent=self.budget, cancel=self.cancel,
+                                          budget_parent=self.budget,
                                           context_hook=self._attach, approve=self.approve)
             kind = self.classify(task, result)
             if kind == "retry" and self.stopping:
@@ -640,7 +641,11 @@ class Batch:
         with self._lock:
             self._running.add(ctx)
             ctx.add_cleanup(lambda: self._detach(ctx))
-            if self.stopping:
+            # Not send(cancel=self.cancel): a child CancelToken registers a callback on its
+            # parent that stays for the parent's life, one per task (memory growing with N).
+            if self.cancel.cancelled:
+                ctx.abort(self.cancel.reason)
+            elif self.stopping:
                 ctx.stop()
 
     def _detach(self, ctx: RunContext) -> None:
@@ -655,8 +660,12 @@ class Batch:
                 ctx.stop()
 
     def abort(self, reason: str) -> None:
+        """Abort the running tasks now (in-flight model calls are closed)."""
         self.stop(reason)
         self.cancel.cancel(reason)
+        with self._lock:
+            for ctx in list(self._running):
+                ctx.abort(reason)
 
     def emit(self, out: Outcome) -> None:
         """Write ``out``'s result line (in input order with ``--ordered``), then journal
