@@ -595,7 +595,23 @@ class Batch:
             yield task
 
     def job(self, task: Task) -> Outcome:
-        """Run one attempt of ``task`` (retried here while retries are left). Never raises."""
+        """Run ``task`` (retried here while retries are left). Never raises: a journal that
+        cannot be written stops the batch, and the task is left for the next run."""
+        from dsh.app import RunResult
+
+        try:
+            return self._job(task)
+        except Exception as exc:
+            from dsh.redact import redact
+
+            reason = redact(f"{type(exc).__name__}: {exc}")
+            self.stop(f"error: {reason}")
+            agent = self.agent_for(task)
+            return Outcome(task, 0, RunResult(output="", session_id="", outcome="error",
+                                              reason=reason, error=exc),
+                           agent.name, agent.model_id, "left")
+
+    def _job(self, task: Task) -> Outcome:
         from dsh.app import RunResult
         from dsh.app import describe_error
 

@@ -265,7 +265,8 @@ def check_exactly_once(env: dict[str, Any], results: Path, n: int) -> None:
         starts = sum(1 for e in events if e["type"] == "turn/start")
         ends = [e for e in events if e["type"] == "turn/end"]
         assert len(ends) == starts
-        assert all(e["outcome"] in ("completed", "stopped") or "interrupted" in e["reason"]
+        assert all(e["outcome"] in ("completed", "stopped", "aborted")
+                   or "interrupted" in e["reason"]
                    or "in a parent run" in e["reason"] for e in ends), ends
 
 
@@ -612,3 +613,33 @@ def test_progress_on_a_terminal_stderr_never_on_stdout(env: dict[str, Any]) -> N
     assert "\x1b[2K" in text and " running · " in text and "/s · ETA" in text
     assert "tokens" in text
     assert "dsh: batch: 6 tasks: 6 completed, 0 failed, 0 left; 630 tokens" in text
+
+
+def test_sigterm_aborts_and_the_rerun_finishes(env: dict[str, Any]) -> None:
+    m = model(env["dir"], {"text": "slow", "delay": 0.4})
+    write_tasks(env["dir"] / "tasks.jsonl", 6)
+    args = ("tasks.jsonl", "--results", "r.jsonl", "-m", m, "--workers", "2")
+    proc = popen(env, *args)
+    wait_for_lines(env["dir"] / "r.jsonl.journal", 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130, err
+    assert "left" in err
+    final = batch(env, *args)
+    assert final.returncode == 0, final.stderr
+    check_exactly_once(env, env["dir"] / "r.jsonl", 6)
+
+
+def test_a_task_continues_its_session(env: dict[str, Any]) -> None:
+    m = model(env["dir"], {"text": "first"}, {"text": "second"})
+    run = subprocess.run([sys.executable, "-m", "dsh", "run", "--json", "-m", m, "hello"],
+                         env=env["env"], capture_output=True, text=True, check=True)
+    sid = json.loads(run.stdout)["session"]
+    (env["dir"] / "tasks.jsonl").write_text(
+        json.dumps({"id": "c", "prompt": "and then?", "session": sid}) + "\n")
+    proc = batch(env, "tasks.jsonl", "-m", m)
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads(proc.stdout)
+    assert line["session"] == sid and line["output"] == "second"
+    events = [json.loads(x) for x in Path(line["path"]).read_text().splitlines()]
+    assert [e["text"] for e in events if e["type"] == "user/message"] == ["hello", "and then?"]
