@@ -137,6 +137,23 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "fresh() sets count to 0 before the first event is counted"),
     ("dsh.ledger.xǁJsonlStoreǁopen", "count = 0", "count = 1",
      "fresh() sets count to 0 before the first event is counted"),
+    # dsh/llm/rescue.py
+    ("dsh.llm.rescue.x__fenced", "if m else", "if (m) or True else",
+     "_FENCE_OPEN matches at every fence (its language part may be empty): m is never None"),
+    *[("dsh.llm.rescue.x__fenced", 'if m else ("", pos + len(_FENCE))', after,
+       "the branch for m = None is unreachable: _FENCE_OPEN matches at every fence")
+      for after in ('("XXXX", pos + len(_FENCE))', '("", pos - len(_FENCE))')],
+    ("dsh.llm.rescue.x__fenced", "first = -1", "first = -2",
+     "a sentinel only ever tested for being negative"),
+    ("dsh.llm.rescue.x__fenced", "value = None", 'value = ""',
+     "an empty string is not call-shaped either: the fence is skipped the same way"),
+    ("dsh.llm.rescue.x__fenced", "pos = -1 if close < 0", "pos = -2 if close < 0",
+     "ends the loop (pos >= 0) the same way"),
+    *[("dsh.llm.rescue.x__fenced", "if close < 0 else", after,
+       "close is searched from after an opening fence, so it is never 0")
+      for after in ("if close <= 0 else", "if close < 1 else")],
+    ("dsh.llm.rescue.x__json_sequence", "llama = False", "llama = None",
+     "only ever or-ed with booleans and tested for truth"),
     # dsh/runcontext.py
     ("dsh.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "

@@ -149,6 +149,32 @@ def test_several_call_fences_and_prose_between():
         "A", (("f", {}), ("search", {"q": 1})), "fenced_json")
 
 
+def test_a_data_fence_before_a_call_fence_is_skipped():
+    text = ('```json\n{"city": "Paris"}\n```\nso:\n```json\n{"name": "f", "arguments": {}}\n```')
+    assert rescue_tool_calls(text, TOOLS) == Rescued(
+        '```json\n{"city": "Paris"}\n```\nso:', (("f", {}),), "fenced_json")
+
+
+def test_call_fences_from_the_first_byte():
+    text = ('```json\n{"name": "f", "arguments": {}}\n```\n'
+            '```json\n{"name": "get_time", "arguments": {}}\n```')
+    assert rescue_tool_calls(text, TOOLS) == Rescued(
+        "", (("f", {}), ("get_time", {})), "fenced_json")
+
+
+@pytest.mark.parametrize(("text", "calls", "source"), [
+    ('{"name": "f", "parameters": {}};{"name": "get_time", "parameters": {}}',
+     [("f", {}), ("get_time", {})], "llama_json"),
+    ('<|python_tag|>{"name": "f", "parameters": {}}\n{"name": "get_time", "parameters": {}}',
+     [("f", {}), ("get_time", {})], "llama_json"),
+    ('{"name": "f", "arguments": {}}\n{"other": 1}', [("f", {})], "bare_json"),
+    ('{"name": "f", "arguments": {}}\n[1, 2]', [("f", {})], "bare_json"),
+])
+def test_json_call_sequences(text: str, calls: list[Any], source: str):
+    got = rescue_tool_calls(text, TOOLS)
+    assert got is not None and (list(got.calls), got.source) == (calls, source)
+
+
 def test_a_call_shaped_fence_without_its_closing_fence_rejects_the_format():
     text = 'x\n```json\n{"name": "f", "arguments": {}} trailing words\n```'
     assert rescue_tool_calls(text, TOOLS) is None
