@@ -495,6 +495,7 @@ class Batch:
         self._pending: dict[int, Outcome | None] = {}  # --ordered: index → outcome
         self._next = 0
         self.stream = stream
+        self.failed_before = 0  # tasks whose failure an earlier run wrote, not retried now
 
     # -- before any task starts ---------------------------------------------------------
 
@@ -551,6 +552,7 @@ class Batch:
                     todo.append(task)
                 else:
                     skipped += 1
+                    self.failed_before += line.get("outcome") != OK
             else:
                 todo.append(task)
         self.results.drop(retry_keys)
@@ -736,14 +738,17 @@ class Batch:
         left = progress.left  # tasks stopped by the batch count as left, not run
         elapsed = time.monotonic() - progress.started
         why = f" ({self.stopping})" if self.stopping and left else ""
-        progress.note(f"batch: {len(self.tasks)} tasks: {progress.done + skipped} completed"
-                      f"{f' ({skipped} before)' if skipped else ''}, {progress.failed} failed, "
+        ok_before, failed_before = skipped - self.failed_before, self.failed_before
+        progress.note(f"batch: {len(self.tasks)} tasks: {progress.done + ok_before} completed"
+                      f"{f' ({ok_before} before)' if ok_before else ''}, "
+                      f"{progress.failed + failed_before} failed"
+                      f"{f' ({failed_before} before)' if failed_before else ''}, "
                       f"{left} left{why}; {progress.tokens()}; {elapsed:.1f}s")
         if self.interrupts:
             return 130
         if left and self.stopping.startswith("batch budget"):
             return 3
-        return 1 if progress.failed or left else 0
+        return 1 if progress.failed or failed_before or left else 0
 
 
 def result_from_ledger(store: Any, session: str, turn: int) -> RunResult | None:

@@ -403,6 +403,8 @@ def test_failed_tasks_are_retried_up_to_retries(env: dict[str, Any]) -> None:
     assert Counter(x["id"] for x in lines) == {"ok": 1, "ko": 1}
     # Rerun with the same --retries: nothing left to try.
     proc = batch(env, *args)
+    assert proc.returncode == 1
+    assert "1 completed (1 before), 1 failed (1 before), 0 left" in proc.stderr
     assert sum(1 for x in result_lines(env["dir"] / "r.jsonl.journal")
                if x["task"] == "ko" and "session" in x) == 3
     # One more retry allowed: one more attempt, and still one line per task.
