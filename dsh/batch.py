@@ -360,8 +360,8 @@ def get_executor(app: App, name: str) -> Executor:
         return found
     if name == "local":
         return LocalExecutor()
-    raise UsageError(f"--executor: no executor {name!r} (built in: local; plugins add others, "
-                     "e.g. dsh-ray adds ray)")
+    raise UsageError(f"--executor: no executor {name!r} (built in: local; plugins add others "
+                     "through the batch_executor hook)")
 
 
 # --------------------------------------------------------------------------------------------

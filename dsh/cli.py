@@ -431,7 +431,7 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
 @click.option("--retries", type=click.IntRange(min=0), default=0, show_default=True,
               help="Runs again a task that failed, up to N more times.")
 @click.option("--executor", default="local", show_default=True,
-              help="Where tasks run: local (threads), or a plugin's (ray).")
+              help="Where tasks run: local (threads), or an executor a plugin adds.")
 @click.option("--ordered", is_flag=True, help="Write result lines in input order.")
 @click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
 @pass_state
