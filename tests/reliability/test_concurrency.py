@@ -69,7 +69,7 @@ def test_second_dsh_run_on_a_session_in_use_is_refused(env: dict[str, str],
     # The scripted position is the number of assistant messages so far: 1, so response 1.
     script = tmp_path / "slow.json"
     script.write_text(json.dumps({"responses": [{"text": "unused"},
-                                                {"text": "slow answer", "delay": 1}]}))
+                                                {"text": "slow answer", "delay": 8}]}))
     slow = subprocess.Popen([*DSH, "run", "--session", sid, "-m", f"scripted:{script}",
                              "--events", "slow turn"], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,7 +92,10 @@ def test_second_dsh_run_on_a_session_in_use_is_refused(env: dict[str, str],
     finally:
         if slow.poll() is None:
             slow.kill()
-            slow.communicate()
+        for pipe in (slow.stdout, slow.stderr):  # closed whatever failed, no ResourceWarning
+            if pipe is not None and not pipe.closed:
+                slow.communicate()
+                break
     assert slow.returncode == 0, err
     result = json.loads(rest.splitlines()[-1])
     assert (result["outcome"], result["output"]) == ("completed", "slow answer")
