@@ -399,6 +399,7 @@ class Session:
                     self._close_turn(turn, outcome)
                 ledger.observer = None
                 cleanup_errors = ctx.run_cleanups()
+                ctx.cancel.detach()
                 if bound is not None:
                     transport.unbind(bound)
         if error is None and cleanup_errors:

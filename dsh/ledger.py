@@ -582,8 +582,8 @@ class JsonlStore:
         data = read_ledger_file(path)
         if not data.strip():
             raise LedgerError(f"{path} is empty (a run that ended before its first event)")
-        tag = b'"type":"turn/start"'
-        info: dict[str, Any] = {"id": session_id, "path": path, "turns": data.count(tag)}
+        starts = _turn_starts(data)
+        info: dict[str, Any] = {"id": session_id, "path": path, "turns": len(starts)}
         codec = self.codec
         for lineno, line in enumerate(data.split(b"\n", 64)[:64], 1):
             if not line.strip() or b"\n" in line:
@@ -602,18 +602,19 @@ class JsonlStore:
             elif isinstance(event, UserMessage):
                 info["first_prompt"] = event.text
                 break
-        last = data.rfind(tag)
-        if last > 0 and info["turns"] > 1:
-            start = data.rfind(b"\n", 0, last) + 1
-            end = data.find(b"\n", last)
-            line = data[start:end if end != -1 else len(data)]
+        # The model: the last turn/start that named one (null means unchanged), looking back
+        # over at most 64 turns so that a long session stays quick to list.
+        for start in (reversed(starts[-64:]) if len(starts) > 1 else ()):
+            stop = data.find(b"\n", start)
+            line = data[start:stop if stop != -1 else len(data)]
             try:
                 turn = codec.load(line)
-                if (isinstance(turn, TurnStarted) and turn.model
-                        and not _SURROGATE_ESCAPE.search(line)):
-                    info["model"] = turn.model
             except (LedgerError, RecursionError):
-                pass
+                continue
+            if (isinstance(turn, TurnStarted) and turn.model
+                    and not _SURROGATE_ESCAPE.search(line)):
+                info["model"] = turn.model
+                break
         return SessionInfo(**info)
 
     def sessions(self, on_skip: Callable[[Path, str], None] | None = None
@@ -648,6 +649,24 @@ def _owner_hint(path: Path, exc: OSError) -> str:
     if owner != os.geteuid():
         return f" (the file belongs to user id {owner}: was it made by `sudo dsh`?)"
     return ""
+
+
+_TURN_TAG = b'"type":"turn/start"'
+_TOP_LEVEL = re.compile(rb'\{(?:"v":\d+,)?\Z')
+
+
+def _turn_starts(data: bytes) -> list[int]:
+    """Offsets of the ``turn/start`` lines of a ledger, without parsing it: the tag counts
+    only where it is the line's first key (after ``v``); the same bytes inside a tool's
+    arguments do not. O(number of occurrences)."""
+    out = []
+    pos = data.find(_TURN_TAG)
+    while pos != -1:
+        start = data.rfind(b"\n", 0, pos) + 1
+        if _TOP_LEVEL.match(data, start, pos):
+            out.append(start)
+        pos = data.find(_TURN_TAG, pos + len(_TURN_TAG))
+    return out
 
 
 def _lock(fd: int, session_id: str, path: Path) -> None:

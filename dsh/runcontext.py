@@ -42,8 +42,15 @@ class CancelToken:
         self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self.reason = ""
+        self._detach: Callable[[], None] = lambda: None
         if parent is not None:
-            parent.on_cancel(lambda: self.cancel(parent.reason))
+            self._detach = parent.on_cancel(lambda: self.cancel(parent.reason))
+
+    def detach(self) -> None:
+        """Stop listening to the parent's signal (the run ended): a long-lived parent token,
+        such as a batch's or a chat's, must not keep a callback per finished child run."""
+        self._detach()
+        self._detach = lambda: None
 
     @property
     def cancelled(self) -> bool:

@@ -657,9 +657,6 @@ def test_info_of_a_session_that_never_named_a_model(tmp_path: Path):
     assert store.info(SID).model == ""
 
 
-@pytest.mark.xfail(strict=True, reason="dsh/ledger.py info(): when the last turn/start does not "
-                   "name a model (unchanged: null), the first turn's model is reported instead "
-                   "of the last one that named one")
 def test_info_model_is_the_last_turn_that_named_one(tmp_path: Path):
     store = JsonlStore(tmp_path)
     with store.create(SID) as ledger:
@@ -670,8 +667,6 @@ def test_info_model_is_the_last_turn_that_named_one(tmp_path: Path):
     assert store.info(SID).model == "B"
 
 
-@pytest.mark.xfail(strict=True, reason="dsh/ledger.py info() counts the bytes "
-                   "'\"type\":\"turn/start\"', which also occur inside tool arguments")
 def test_info_counts_turns_not_lookalikes_in_arguments(tmp_path: Path):
     store = JsonlStore(tmp_path)
     with store.create(SID) as ledger:

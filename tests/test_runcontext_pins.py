@@ -412,3 +412,27 @@ def test_an_observer_plugin_added_to_an_observed_run_is_taken_silently():
         warnings.simplefilter("error")
         _notice(ctx, ("p1",))
     assert ctx.observer_plugins == ("p1",)
+
+
+def test_a_finished_child_run_leaves_no_callback_on_its_parents_token() -> None:
+    from dsh.runcontext import CancelToken
+
+    parent = CancelToken()
+    for _ in range(100):
+        child = CancelToken(parent)
+        child.detach()
+    assert parent._callbacks == []
+    live = CancelToken(parent)
+    parent.cancel("stop")
+    assert live.cancelled and live.reason == "stop"
+
+
+def test_runs_detach_from_the_callers_token(make_app) -> None:  # type: ignore[no-untyped-def]
+    from dsh.runcontext import CancelToken
+
+    caller = CancelToken()
+    app = make_app(model="echo")
+    with app.session() as s:
+        for i in range(5):
+            assert s.send(f"m{i}", cancel=caller).outcome == "completed"
+    assert caller._callbacks == []

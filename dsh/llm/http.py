@@ -544,7 +544,6 @@ class HTTPModel(Model):
         key = self.api_key()
         stream = bool(request.stream and on_text is not None)
         body = type(self).build_body(self, request, stream)
-
         try:
             content = json.dumps(body, ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:
