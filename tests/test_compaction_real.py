@@ -52,16 +52,18 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def llama_server() -> Iterator[str]:
+def llama_server(tmp_path: Path) -> Iterator[str]:
     gguf = _gguf()
     if importlib.util.find_spec("llama_cpp.server") is None:
         pytest.skip("llama-cpp-python's server extra is not installed: "
                     "pip install 'llama-cpp-python[server]'")
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "512",
-         "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "llama-server.log"  # a file, not a pipe: an unread pipe would block it
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", "512",
+             "--host", "127.0.0.1", "--port", str(port), "--n_threads", "1"],
+            stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -74,7 +76,7 @@ def llama_server() -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"llama_cpp.server did not start: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+                pytest.fail(f"llama_cpp.server did not start: {log.read_text()[-2000:]}")
             time.sleep(0.5)
         yield url
     finally:
@@ -95,7 +97,7 @@ def _thirty_turns(tmp_path: Path, model: str, models: dict[str, object]) -> None
         assert done.returncode == 0, f"turn {i}: {done.stderr}"
         assert done.stdout.strip(), f"turn {i} gave no answer"
     sid = _dsh(["sessions", "list", "--json"], env)
-    session = json.loads(sid.stdout)[0]
+    session = next(s for s in json.loads(sid.stdout) if not s["parent"])  # not a summary's
     lines = [json.loads(x) for x in Path(session["path"]).read_text().splitlines()]
     assert session["turns"] == 30
     compactions = [d for d in lines if d["type"] == "context/compacted"]
