@@ -423,21 +423,26 @@ def wrapper_failure(pm: pluggy.PluginManager, exc: BaseException) -> PluginError
     if m is None:
         return None
     name, filename, line, what = m.group(1), m.group(2), int(m.group(3)), m.group(4)
+    for hook_name, impl, code in _impl_codes(pm):
+        if code.co_name == name and code.co_filename == filename and code.co_firstlineno == line:
+            verb = "yielded a second time" if what == "has second yield" else "did not yield"
+            return PluginError(
+                f"plugin {impl.plugin_name}: its {hook_name} wrapper {name}() {verb}; a "
+                "wrapper must yield exactly once (the inner layers run once)",
+                plugin=impl.plugin_name, hook=hook_name)
+    return None
+
+
+def _impl_codes(pm: pluggy.PluginManager) -> Iterable[tuple[str, Any, Any]]:
+    """``(hook name, hookimpl, code object)`` of every implementation that has code."""
     for hook_name in dir(pm.hook):
         caller = getattr(pm.hook, hook_name, None)
         if caller is None or not hasattr(caller, "get_hookimpls"):
             continue
         for impl in caller.get_hookimpls():
             code = getattr(impl.function, "__code__", None)
-            if (code is not None and code.co_name == name and code.co_filename == filename
-                    and code.co_firstlineno == line):
-                verb = "yielded a second time" if what == "has second yield" else (
-                    "did not yield")
-                return PluginError(
-                    f"plugin {impl.plugin_name}: its {hook_name} wrapper {name}() {verb}; a "
-                    "wrapper must yield exactly once (the inner layers run once)",
-                    plugin=impl.plugin_name, hook=hook_name)
-    return None
+            if code is not None:
+                yield hook_name, impl, code
 
 
 def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] | None:
@@ -446,15 +451,9 @@ def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] |
     Costs nothing until an error happens: it maps code objects of hook implementations to their
     plugins only then.
     """
-    codes: dict[Any, tuple[str, str]] = {}
-    for hook_name in dir(pm.hook):
-        caller = getattr(pm.hook, hook_name, None)
-        if caller is None or not hasattr(caller, "get_hookimpls"):
-            continue
-        for impl in caller.get_hookimpls():
-            code = getattr(impl.function, "__code__", None)
-            if code is not None and not impl.plugin_name.startswith("dsh."):
-                codes[code] = (impl.plugin_name, hook_name)
+    codes: dict[Any, tuple[str, str]] = {
+        code: (impl.plugin_name, hook_name) for hook_name, impl, code in _impl_codes(pm)
+        if not impl.plugin_name.startswith("dsh.")}
     tb = exc.__traceback__
     found = None
     while tb is not None:
