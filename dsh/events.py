@@ -14,7 +14,9 @@ from typing import ClassVar
 
 import attrs
 
+from dsh.messages import Attachment
 from dsh.messages import Message
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -76,6 +78,8 @@ class UserMessage(Event):
     type: ClassVar[str] = "user/message"
     text: str
     source: str = "user"
+    #: Files sent with the message: references by content hash (issue 17).
+    attachments: tuple[Attachment, ...] = ()
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -96,6 +100,8 @@ class AssistantMessage(Event):
     tool_call_source: str | None = None
     model: str | None = None
     stop_reason: str | None = None
+    #: Reasoning parts, replayed to the provider family that wrote them (issue 17).
+    reasoning: tuple[Reasoning, ...] = ()
 
 
 @attrs.frozen(kw_only=True, repr=False)

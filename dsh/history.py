@@ -30,7 +30,9 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
 from dsh.serialize import checked
+from dsh.serialize import raw_attachments
 from dsh.serialize import raw_messages
+from dsh.serialize import raw_reasoning
 from dsh.serialize import raw_tool_calls
 from dsh.serialize import raw_tools
 
@@ -95,11 +97,14 @@ class Projection:
         self.seq = event.seq
         t = type(event)
         if t is UserMessage:
-            self._messages.append(Message(role="user", content=event.text))  # type: ignore[attr-defined]
+            m: Any = event
+            self._messages.append(Message(role="user", content=m.text,
+                                          attachments=m.attachments))
         elif t is AssistantMessage:
             e: Any = event
             self._messages.append(
-                Message(role="assistant", content=e.text, tool_calls=e.tool_calls)
+                Message(role="assistant", content=e.text, tool_calls=e.tool_calls,
+                        reasoning=e.reasoning)
             )
             for call in e.tool_calls:
                 self.pending[call.id] = call
@@ -178,11 +183,13 @@ class Projection:
         if type(seq) is not int:
             checked(seq, int)
         if tag == "user/message":
-            self._messages.append(Message(role="user", content=checked(d["text"], str)))
+            self._messages.append(Message(role="user", content=checked(d["text"], str),
+                                          attachments=raw_attachments(d.get("attachments", ()))))
         elif tag == "assistant/message":
             calls = raw_tool_calls(d.get("tool_calls", []))
             self._messages.append(Message(role="assistant", content=checked(d.get("text", ""), str),
-                                          tool_calls=calls))
+                                          tool_calls=calls,
+                                          reasoning=raw_reasoning(d.get("reasoning", ()))))
             for call in calls:
                 self.pending[call.id] = call
             self.answers += 1

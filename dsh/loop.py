@@ -281,6 +281,7 @@ def _run_turn(turn: Turn) -> str:
             AssistantMessage, text=response.text, tool_calls=response.tool_calls,
             usage=response.usage, tool_call_source=response.tool_call_source,
             model=response.model or agent.model_id, stop_reason=response.stop_reason,
+            reasoning=response.reasoning,
         )
         turn.output = response.text
         not_run = None

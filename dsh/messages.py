@@ -156,8 +156,14 @@ class ToolCall:
 class Usage:
     """Token counts of one model response (zero when the provider reports none)."""
 
+    #: Every input token the provider processed for the request, cached ones included.
     input_tokens: int = 0
+    #: Tokens the model generated (reasoning included, when the provider counts it there).
     output_tokens: int = 0
+    #: The part of ``input_tokens`` read from the provider's prompt cache (billed cheaper).
+    cache_read_tokens: int = 0
+    #: The part of ``input_tokens`` written to the provider's prompt cache (billed dearer).
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -167,7 +173,59 @@ class Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )
+
+
+@attrs.frozen(kw_only=True)
+class Reasoning:
+    """One part of a model's reasoning, recorded so it can be replayed exactly as its provider
+    requires (issue 17). Never part of the answer: stdout does not show it.
+
+    ``kind`` is the provider's own name for the part: ``thinking`` (Anthropic: ``text`` and
+    ``signature``), ``redacted_thinking`` (Anthropic: opaque ``data``), ``reasoning_content``
+    (OpenAI-compatible servers: ``text``), ``reasoning`` (OpenAI Responses API: ``id``, a
+    summary in ``text``, encrypted content in ``data``). ``provider`` names the adapter family
+    that produced it (``anthropic``, ``openai``, ``openai-responses``); an adapter replays only
+    its own family's parts.
+    """
+
+    #: The provider's name for the part (see above).
+    kind: str
+    #: The adapter family that produced it; parts of another family are not sent.
+    provider: str
+    #: Readable reasoning text (or a summary of it); empty for opaque parts.
+    text: str = ""
+    #: Anthropic's signature over a ``thinking`` block, sent back unchanged.
+    signature: str | None = None
+    #: Opaque provider data (redacted or encrypted reasoning), sent back unchanged.
+    data: str | None = None
+    #: The provider's id of the part (OpenAI Responses reasoning items).
+    id: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Attachment:
+    """A file sent with a user message (issue 17): stored once by content hash beside the
+    ledger; the ledger records only this reference."""
+
+    #: Hex SHA-256 of the content: the name it is stored under.
+    sha256: str
+    #: MIME type, such as ``image/png`` or ``application/pdf``.
+    media_type: str
+    #: Size in bytes.
+    size: int
+    #: Where it came from (a file name or URL), for display only.
+    name: str | None = None
+
+
+def _reasoning(value: Iterable[Reasoning]) -> tuple[Reasoning, ...]:
+    return value if type(value) is tuple else tuple(value)
+
+
+def _attachments(value: Iterable[Attachment]) -> tuple[Attachment, ...]:
+    return value if type(value) is tuple else tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,6 +243,10 @@ class Message:
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    #: An assistant message's reasoning parts, replayed to the provider that wrote them.
+    reasoning: tuple[Reasoning, ...] = attrs.field(default=(), converter=_reasoning)
+    #: A user message's attachments (references; the bytes are in the session's store).
+    attachments: tuple[Attachment, ...] = attrs.field(default=(), converter=_attachments)
 
 
 @attrs.frozen(kw_only=True)
@@ -282,3 +344,5 @@ class ModelResponse:
     stop_reason: str | None = None
     tool_call_source: str | None = None
     model: str | None = None
+    #: Reasoning parts the provider returned (recorded on ``assistant/message``).
+    reasoning: tuple[Reasoning, ...] = attrs.field(default=(), converter=_reasoning)

@@ -21,7 +21,9 @@ from dsh.events import EVENT_TYPES
 from dsh.events import SCHEMA_VERSION
 from dsh.events import Event
 from dsh.events import UnknownEvent
+from dsh.messages import Attachment
 from dsh.messages import Message
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -39,6 +41,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
+    if type(value) is Usage:
+        return dump_usage(value)
     if attrs.has(type(value)):
         return {f.name: _plain(getattr(value, f.name)) for f in attrs.fields(type(value))}
     raise TypeError(f"cannot serialise {type(value).__name__}")
@@ -59,7 +63,9 @@ def _field_names(cls: type[Event]) -> tuple[str, ...]:
 _NESTED_DUMP = {
     "tuple[ToolCall, ...]":
         "[{{'id': c.id, 'name': c.name, 'arguments': c.arguments}} for c in e.{0}]",
-    "Usage": "{{'input_tokens': e.{0}.input_tokens, 'output_tokens': e.{0}.output_tokens}}",
+    "Usage": "_dump_usage(e.{0})",
+    "tuple[Reasoning, ...]": "_dump_reasoning(e.{0})",
+    "tuple[Attachment, ...]": "_dump_attachments(e.{0})",
     "tuple[ToolSpec, ...] | None":
         "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
         "'parameters': t.parameters}} for t in e.{0}]",
@@ -90,7 +96,9 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         else:
             _DUMPERS[cls] = _generic_dict
             return _generic_dict
-    names: dict[str, Any] = {"_dump_messages": dump_messages}
+    names: dict[str, Any] = {"_dump_messages": dump_messages, "_dump_usage": dump_usage,
+                             "_dump_reasoning": dump_reasoning,
+                             "_dump_attachments": dump_attachments}
     exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
     dumper = _DUMPERS[cls] = names["dump"]
     return dumper
@@ -228,12 +236,35 @@ def raw_tool_calls(v: Any) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
+def dump_usage(u: Usage) -> dict[str, int]:
+    """A usage object; the cache counts only when there are any (most lines have none)."""
+    d = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
+    if u.cache_read_tokens or u.cache_write_tokens:
+        d["cache_read_tokens"] = u.cache_read_tokens
+        d["cache_write_tokens"] = u.cache_write_tokens
+    return d
+
+
+def dump_reasoning(parts: tuple[Reasoning, ...]) -> list[dict[str, Any]]:
+    """Reasoning parts as JSON objects, every field written (they are replayed byte for
+    byte)."""
+    return [{"kind": r.kind, "provider": r.provider, "text": r.text, "signature": r.signature,
+             "data": r.data, "id": r.id} for r in parts]
+
+
+def dump_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, Any]]:
+    return [{"sha256": a.sha256, "media_type": a.media_type, "size": a.size, "name": a.name}
+            for a in parts]
+
+
 def dump_messages(messages: Any) -> list[dict[str, Any]]:
     """Messages as JSON objects (``context/compacted``), every field written."""
     return [{"role": m.role, "content": m.content,
              "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
                             for c in m.tool_calls],
-             "tool_call_id": m.tool_call_id, "name": m.name, "is_error": m.is_error}
+             "tool_call_id": m.tool_call_id, "name": m.name, "is_error": m.is_error,
+             "reasoning": dump_reasoning(m.reasoning),
+             "attachments": dump_attachments(m.attachments)}
             for m in messages]
 
 
@@ -250,15 +281,58 @@ def raw_messages(v: Any) -> tuple[Message, ...]:
         out.append(Message(role=d["role"], content=d.get("content", ""),
                            tool_calls=raw_tool_calls(d.get("tool_calls", [])),
                            tool_call_id=d.get("tool_call_id"), name=d.get("name"),
-                           is_error=d.get("is_error", False)))
+                           is_error=d.get("is_error", False),
+                           reasoning=raw_reasoning(d.get("reasoning", [])),
+                           attachments=raw_attachments(d.get("attachments", []))))
     return tuple(out)
 
 
 def _usage(v: Any) -> Usage:
     _check(type(v) is dict)
     i, o = v.get("input_tokens", 0), v.get("output_tokens", 0)
-    _check(type(i) is int and type(o) is int)
+    r, w = v.get("cache_read_tokens", 0), v.get("cache_write_tokens", 0)
+    _check(type(i) is int and type(o) is int and type(r) is int and type(w) is int)
+    if r or w:
+        return Usage(input_tokens=i, output_tokens=o, cache_read_tokens=r, cache_write_tokens=w)
     return Usage(input_tokens=i, output_tokens=o)
+
+
+_OPTIONAL_STR = (str, type(None))
+
+
+def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
+    """Reasoning parts from JSON, checking every field's type."""
+    if type(v) is not list:
+        _check(v == ())  # only the caller's default; JSON gives lists
+        return ()
+    if not v:
+        return ()
+    out = []
+    for r in v:
+        _check(type(r) is dict and type(r["kind"]) is str and type(r["provider"]) is str
+               and type(r.get("text", "")) is str
+               and type(r.get("signature")) in _OPTIONAL_STR
+               and type(r.get("data")) in _OPTIONAL_STR
+               and type(r.get("id")) in _OPTIONAL_STR)
+        out.append(Reasoning(kind=r["kind"], provider=r["provider"], text=r.get("text", ""),
+                             signature=r.get("signature"), data=r.get("data"), id=r.get("id")))
+    return tuple(out)
+
+
+def raw_attachments(v: Any) -> tuple[Attachment, ...]:
+    """Attachment references from JSON, checking every field's type."""
+    if type(v) is not list:
+        _check(v == ())  # only the caller's default; JSON gives lists
+        return ()
+    if not v:
+        return ()
+    out = []
+    for a in v:
+        _check(type(a) is dict and type(a["sha256"]) is str and type(a["media_type"]) is str
+               and type(a["size"]) is int and type(a.get("name")) in _OPTIONAL_STR)
+        out.append(Attachment(sha256=a["sha256"], media_type=a["media_type"], size=a["size"],
+                              name=a.get("name")))
+    return tuple(out)
 
 
 def raw_tools(v: Any) -> tuple[ToolSpec, ...] | None:
@@ -288,6 +362,8 @@ _PLAIN: dict[str, tuple[type, ...]] = {
 _NESTED: dict[str, Callable[[Any], Any]] = {
     "tuple[ToolCall, ...]": raw_tool_calls,
     "Usage": _usage,
+    "tuple[Reasoning, ...]": raw_reasoning,
+    "tuple[Attachment, ...]": raw_attachments,
     "tuple[ToolSpec, ...] | None": raw_tools,
     "tuple[Message, ...]": raw_messages,
 }

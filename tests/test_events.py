@@ -13,7 +13,9 @@ from dsh.events import EVENT_TYPES
 from dsh.events import AssistantMessage
 from dsh.events import Event
 from dsh.events import UnknownEvent
+from dsh.messages import Attachment
 from dsh.messages import Message
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -28,12 +30,18 @@ SAMPLES: dict[str, dict] = {
                                       parameters={"type": "object"}),),
                    "options": {"temperature": 0.5}},
     "step/start": {"turn": 1, "step": 0},
-    "user/message": {"text": "héllo \u2603", "source": "user"},
+    "user/message": {"text": "héllo \u2603", "source": "user",
+                     "attachments": (Attachment(sha256="ab" * 32, media_type="image/png",
+                                                size=3, name="p.png"),)},
     "context/injected": {"text": "ctx", "source": "ci"},
     "assistant/message": {"text": "ok", "tool_calls": (ToolCall(id="c", name="t",
                                                                 arguments={"x": [1, 2]}),),
-                          "usage": Usage(input_tokens=3, output_tokens=4),
-                          "tool_call_source": "hermes", "model": "m", "stop_reason": "tool_use"},
+                          "usage": Usage(input_tokens=3, output_tokens=4, cache_read_tokens=2),
+                          "tool_call_source": "hermes", "model": "m", "stop_reason": "tool_use",
+                          "reasoning": (Reasoning(kind="thinking", provider="anthropic",
+                                                  text="hmm", signature="sig=="),
+                                        Reasoning(kind="redacted_thinking", provider="anthropic",
+                                                  data="EncRyPtEd"))},
     "tool/call": {"call_id": "c", "name": "t", "arguments": {"x": 1}},
     "tool/result": {"call_id": "c", "name": "t", "status": "error", "output": "bad",
                     "duration_ms": 1.5},
@@ -46,7 +54,9 @@ SAMPLES: dict[str, dict] = {
         "summary_session": "20260101-000000.000-abcdef",
         "messages": (Message(role="user", content="<summary>…</summary>"),
                      Message(role="assistant", content="", tool_calls=(
-                         ToolCall(id="c", name="t", arguments={"x": 1}),)),
+                         ToolCall(id="c", name="t", arguments={"x": 1}),),
+                             reasoning=(Reasoning(kind="reasoning", provider="openai-responses",
+                                                  id="rs_1", data="enc"),)),
                      Message(role="tool", content="[omitted]", tool_call_id="c", name="t",
                              is_error=True))},
 }

@@ -20,6 +20,8 @@ from dsh.events import UnknownEvent
 from dsh.events import UserMessage
 from dsh.history import Projection
 from dsh.history import derive_messages
+from dsh.messages import Attachment
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -39,11 +41,18 @@ events = st.one_of(
               system=st.none() | text, tools=specs.map(lambda v: None if v is None else tuple(v)),
               options=st.none() | st.dictionaries(text, st.integers(), max_size=2)),
     st.builds(StepStarted, turn=st.integers(1, 9), step=st.integers(0, 9)),
-    st.builds(UserMessage, text=text, source=text),
+    st.builds(UserMessage, text=text, source=text, attachments=st.lists(st.builds(
+        Attachment, sha256=text, media_type=text, size=st.integers(0, 2**40),
+        name=st.none() | text), max_size=2).map(tuple)),
     st.builds(ContextInjected, text=text, source=text),
     st.builds(AssistantMessage, text=text, tool_calls=calls.map(tuple),
               usage=st.builds(Usage, input_tokens=st.integers(0, 99),
-                              output_tokens=st.integers(0, 99))),
+                              output_tokens=st.integers(0, 99),
+                              cache_read_tokens=st.integers(0, 99)),
+              reasoning=st.lists(st.builds(
+                  Reasoning, kind=text, provider=text, text=text,
+                  signature=st.none() | text, data=st.none() | text,
+                  id=st.none() | text), max_size=2).map(tuple)),
     st.builds(ToolCalled, call_id=ids, name=text, arguments=args),
     st.builds(ToolReturned, call_id=ids, name=text,
               status=st.sampled_from(["ok", "error", "interrupted"]), output=text),
