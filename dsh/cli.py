@@ -77,7 +77,8 @@ class State:
                                       f"{type(exc).__name__}: {exc}",
                                       plugin=impl.plugin_name, hook="register_commands") from exc
                 for name, cmd in scratch.commands.items():
-                    if name not in cli.commands:  # built-in commands always win
+                    if name not in cli.commands and name not in LAZY_COMMANDS:
+                        # built-in commands always win
                         table.setdefault(name, (impl.plugin_name, cmd))
             self._commands = table
         return self._commands
@@ -104,19 +105,34 @@ class Failure(click.ClickException):
         warn(f"error: {self.message}")
 
 
+#: Built-in commands defined in other modules (dsh/commands/), imported only when asked for
+#: by name or listed by ``dsh --help``: ``dsh run`` never imports them.
+LAZY_COMMANDS: dict[str, str] = {
+    "plugins": "dsh.commands.inventory:plugins",
+    "tools": "dsh.commands.inventory:tools",
+    "models": "dsh.commands.inventory:models",
+    "agents": "dsh.commands.inventory:agents",
+}
+
+
 class DshGroup(click.Group):
     """The root group: maps dsh errors to exit codes, quiet on a closed stdout, and looks up
     plugin commands only when a name is not built in."""
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in LAZY_COMMANDS:
+            import importlib
+
+            module, _, attr = LAZY_COMMANDS[cmd_name].partition(":")
+            cmd = getattr(importlib.import_module(module), attr)
         if cmd is None:
             found = _state(ctx).plugin_commands().get(cmd_name)
             cmd = found[1] if found else None
         return cmd
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        names = super().list_commands(ctx)
+        names = sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
         if os.environ.get("DSH_HELP_PLUGINS"):  # opt-in: plain `dsh --help` loads no plugin
             from dsh.errors import DshError
 
@@ -753,74 +769,6 @@ def sessions_rm(state: State, session_ids: tuple[str, ...]) -> None:
     for text in session_ids:
         path = state.app.store.remove(resolve_session(state.app, text))
         warn(f"removed {path}")
-
-
-# --------------------------------------------------------------------------------------------
-# dsh plugins / tools / models / agents
-# --------------------------------------------------------------------------------------------
-
-
-@cli.command()
-@click.option("--all", "show_all", is_flag=True, help="Include the built-in subsystems.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@pass_state
-def plugins(state: State, show_all: bool, as_json: bool) -> None:
-    """List plugins: distribution, hooks, agents using them, commands, load errors."""
-    from dsh.render import plugin_rows
-    from dsh.render import plugins_text
-
-    commands: dict[str, list[str]] = {}
-    for cmd, (plugin, _) in state.plugin_commands().items():
-        commands.setdefault(plugin, []).append(cmd)
-    rows = plugin_rows(state.app, commands, show_all)
-    if as_json:
-        _dump(rows)
-    elif rows:
-        click.echo(plugins_text(rows))
-    else:
-        warn("no plugins installed (--all shows the built-ins)")
-
-
-@cli.command()
-@click.option("-a", "--agent", help="Agent whose tools to list (default: the config's agent).")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@pass_state
-def tools(state: State, agent: str | None, as_json: bool) -> None:
-    """List the tools an agent can call, with their plugin and parameters."""
-    from dsh.render import tool_rows
-    from dsh.render import tools_text
-
-    rows = tool_rows(state.app.agent(agent).tools.values())
-    if as_json:
-        _dump(rows)
-    elif rows:
-        click.echo(tools_text(rows))
-    else:
-        warn("no tools")
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
-@pass_state
-def models(state: State, as_json: bool) -> None:
-    """List model adapters (use PREFIX:NAME) and the models configured in [models]."""
-    from dsh.render import models_report
-    from dsh.render import models_text
-
-    report = models_report(state.app)
-    _dump(report) if as_json else click.echo(models_text(report))
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@pass_state
-def agents(state: State, as_json: bool) -> None:
-    """List agents: model, plugins, tools, step limit and system prompt parts."""
-    from dsh.render import agent_rows
-    from dsh.render import agents_text
-
-    rows = agent_rows(state.app)
-    _dump(rows) if as_json else click.echo(agents_text(rows))
 
 
 # --------------------------------------------------------------------------------------------

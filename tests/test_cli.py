@@ -588,8 +588,11 @@ def test_config_validate_missing_file(dsh: Callable[..., Result], tmp_path: Path
 
 def _walk(cmd: click.Command, path: str = "dsh") -> list[tuple[str, click.Command]]:
     found = [(path, cmd)]
-    if isinstance(cmd, click.Group):
-        for name, sub in cmd.commands.items():
+    if isinstance(cmd, click.Group):  # list_commands: the lazily imported ones too
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None, f"{path} {name}"
             found += _walk(sub, f"{path} {name}")
     return found
 
