@@ -17,6 +17,7 @@ changes how tool calls are decided.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,9 +38,6 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import Usage
 from dsh.sanitize import nesting_depth
-
-caller_code = transport.caller_code
-
 
 class ModelCall:
     """The mutable envelope of one model request travelling through the ``request`` chain.
@@ -70,7 +68,7 @@ class ModelCall:
     @request.setter
     def request(self, value: ModelRequest) -> None:
         self._request = value
-        self.changed_by.append(("request", caller_code()))
+        self.changed_by.append(("request", sys._getframe(1).f_code))
 
     @property
     def model(self) -> Model:
@@ -79,7 +77,7 @@ class ModelCall:
     @model.setter
     def model(self, value: Model) -> None:
         self._model = value
-        self.changed_by.append(("model", caller_code()))
+        self.changed_by.append(("model", sys._getframe(1).f_code))
 
     def __repr__(self) -> str:
         return f"ModelCall(agent={self.agent!r}, model={self._model!r})"

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import sys
 import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -43,12 +42,14 @@ import attrs
 from dsh.errors import BudgetExceeded
 from dsh.errors import ConfigError
 from dsh.errors import InvariantViolation
+from dsh.messages import Attachment
 from dsh.messages import FrozenDict
 from dsh.messages import FrozenList
 from dsh.messages import Message
 from dsh.messages import MessageView
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
@@ -204,38 +205,32 @@ def unbind(token: Any) -> None:
 # -- the check --------------------------------------------------------------------------------
 
 
-def _plain(value: Any, where: str) -> Any:
-    """``value`` rebuilt from exact built-in types, for a comparison no subclass can fool."""
+#: The record types a request holds, compared field by field (every field, so a field added
+#: to one of them is compared too).
+_RECORDS = tuple((cls, tuple(f.name for f in attrs.fields(cls)))
+                 for cls in (Message, ToolCall, ToolSpec, Reasoning, Attachment))
+
+
+class _Odd(Exception):
+    """A value of a type a request cannot legitimately hold: the comparison says "differs"."""
+
+
+def _plain(value: Any) -> Any:
+    """``value`` rebuilt from exact built-in types, for a comparison no subclass can fool:
+    scalars as they are, mappings as dicts, sequences as lists, a record (message, tool call,
+    tool schema, reasoning part, attachment) as its class name and fields; any other type
+    raises :class:`_Odd`."""
     t = type(value)
     if value is None or t is str or t is int or t is float or t is bool:
         return value
     if t is dict or t is FrozenDict:
-        return {_plain(k, where): _plain(v, where) for k, v in dict.items(value)}
-    if t is list or t is FrozenList:
-        return [_plain(v, where) for v in list.__iter__(value)]
-    if t is tuple:
-        return [_plain(v, where) for v in tuple.__iter__(value)]
-    if t is Message:
-        return ("message", _plain(value.role, where), _plain(value.content, where),
-                _plain(value.tool_calls, where), _plain(value.tool_call_id, where),
-                _plain(value.name, where), _plain(value.is_error, where))
-    if t is ToolCall:
-        return ("call", _plain(value.id, where), _plain(value.name, where),
-                _plain(value.arguments, where))
-    if t is ToolSpec:
-        return ("tool", _plain(value.name, where), _plain(value.description, where),
-                _plain(value.parameters, where))
-    if t is MessageView:
-        return [_plain(m, where) for m in value]
-    return _bad(value, where)
-
-
-class _Odd(Exception):
-    pass
-
-
-def _bad(value: Any, where: str) -> Any:
-    raise _Odd(f"{where} holds a {type(value).__name__}")
+        return {_plain(k): _plain(v) for k, v in dict.items(value)}
+    if t is list or t is FrozenList or t is tuple or t is MessageView:
+        return [_plain(v) for v in value]
+    for cls, fields in _RECORDS:
+        if t is cls:
+            return (cls.__name__, *[_plain(getattr(value, name)) for name in fields])
+    raise _Odd
 
 
 def differences(request: Any, expected: ModelRequest) -> list[str]:
@@ -254,23 +249,23 @@ def _differences(request: Any, model: str, system: str, view: Any, tools: Any,
     problems = []
     msgs = request.messages
     if not (type(msgs) is MessageView and type(view) is MessageView and view.same_as(msgs)):
-        if _differ(msgs, view, "messages"):
+        if _differ(msgs, view):
             n = len(msgs) if hasattr(msgs, "__len__") else "?"
             problems.append(f"messages differ ({n} sent, {len(view)} in the ledger)")
-    if request.system is not system and _differ(request.system, system, "system"):
+    if request.system is not system and _differ(request.system, system):
         problems.append("system prompt differs")
-    if request.tools is not tools and _differ(request.tools, tools, "tools"):
+    if request.tools is not tools and _differ(request.tools, tools):
         problems.append("tool schemas differ")
-    if request.model is not model and _differ(request.model, model, "model"):
+    if request.model is not model and _differ(request.model, model):
         problems.append(f"model differs ({request.model!r} vs {model!r} recorded)")
-    if request.options is not options and _differ(request.options, options, "options"):
+    if request.options is not options and _differ(request.options, options):
         problems.append("model options differ")
     return problems
 
 
-def _differ(a: Any, b: Any, where: str) -> bool:
+def _differ(a: Any, b: Any) -> bool:
     try:
-        return bool(_plain(a, where) != _plain(b, where))
+        return bool(_plain(a) != _plain(b))
     except (_Odd, AttributeError, TypeError, RecursionError):
         return True
 
@@ -471,11 +466,3 @@ def plugin_of_code(pm: Any, code: Any) -> str:
                     and not impl.plugin_name.startswith("dsh."):
                 same_file = str(impl.plugin_name)
     return same_file
-
-
-def caller_code(depth: int = 2) -> Any:
-    """The code object of the function ``depth`` frames up (for naming who set what)."""
-    try:
-        return sys._getframe(depth).f_code
-    except ValueError:
-        return None
