@@ -112,6 +112,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "tools": "dsh.commands.inventory:tools",
     "models": "dsh.commands.inventory:models",
     "agents": "dsh.commands.inventory:agents",
+    "install": "dsh.commands.install:install",
+    "uninstall": "dsh.commands.install:uninstall",
 }
 
 
