@@ -25,6 +25,14 @@ DEMO = Path(__file__).parent / "data" / "dsh-demo-plugin"
 
 
 @pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    """A copy of the plugin's source (setuptools builds in the source tree)."""
+    import shutil
+
+    return Path(shutil.copytree(DEMO, tmp_path / "src" / DEMO.name))
+
+
+@pytest.fixture
 def venv(tmp_path: Path) -> Path:
     """A throwaway venv whose python is ``venv/bin/python``; returns the venv's root."""
     root = tmp_path / "venv"
@@ -51,8 +59,8 @@ def installed(venv: Path) -> list[str]:
 
 
 def test_install_shows_what_the_plugin_registers_then_uninstall_removes_it(
-        venv: Path, tmp_path: Path) -> None:
-    r = dsh(venv, "install", str(DEMO), cwd=tmp_path)
+        venv: Path, demo: Path, tmp_path: Path) -> None:
+    r = dsh(venv, "install", str(demo), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert installed(venv) == ["dsh_demo_plugin", "dsh_demo_plugin-0.1.0.dist-info"]
     lines = r.stdout.splitlines()
@@ -73,8 +81,8 @@ def test_install_shows_what_the_plugin_registers_then_uninstall_removes_it(
     assert dsh(venv, "demo-hello").returncode == 2  # no such command any more
 
 
-def test_install_names_a_plugin_that_fails_to_load(venv: Path, tmp_path: Path) -> None:
-    r = dsh(venv, "install", str(DEMO), env={"DSH_DEMO_BREAK": "1"}, cwd=tmp_path)
+def test_install_names_a_plugin_that_fails_to_load(venv: Path, demo: Path, tmp_path: Path) -> None:
+    r = dsh(venv, "install", str(demo), env={"DSH_DEMO_BREAK": "1"}, cwd=tmp_path)
     assert r.returncode == 1
     assert r.stdout == "plugin demo (dsh-demo-plugin 0.1.0): failed to load\n"
     assert ("dsh: error: plugin demo (dsh-demo-plugin 0.1.0) failed to load: RuntimeError: "
@@ -82,8 +90,9 @@ def test_install_names_a_plugin_that_fails_to_load(venv: Path, tmp_path: Path) -
     assert installed(venv)  # installed all the same: `dsh uninstall` removes it
 
 
-def test_install_reports_a_plugin_that_ends_the_interpreter(venv: Path, tmp_path: Path) -> None:
-    r = dsh(venv, "install", str(DEMO), env={"DSH_DEMO_EXIT": "7"}, cwd=tmp_path)
+def test_install_reports_a_plugin_that_ends_the_interpreter(venv: Path, demo: Path,
+                                                             tmp_path: Path) -> None:
+    r = dsh(venv, "install", str(demo), env={"DSH_DEMO_EXIT": "7"}, cwd=tmp_path)
     assert r.returncode == 1
     assert r.stdout == ""
     last = r.stderr.strip().splitlines()[-1]

@@ -25,6 +25,8 @@ from dsh.messages import freeze
 
 #: Called with each text delta while a response streams.
 TextCallback = Callable[[str], None]
+#: Called with each reasoning (thinking) delta while a response streams: never answer text.
+ReasoningCallback = Callable[[str], None]
 
 
 class Model:
@@ -107,7 +109,13 @@ class Model:
         settings of your own into it (options come recorded, in ``request.options``).
 
         When ``request.stream`` is true and ``on_text`` is given, call ``on_text(delta)`` with
-        each text delta as it arrives. Inside a run, honour ``dsh.context().cancel`` (close
+        each text delta as it arrives. An adapter that streams reasoning declares a third,
+        optional parameter ``on_reasoning: ReasoningCallback | None = None`` and calls it with
+        each reasoning delta (thinking text, ``reasoning_content``) — never ``on_text``:
+        reasoning is not the answer. The transport passes ``on_reasoning`` only to adapters
+        whose ``complete`` declares it (adapters written before it existed keep working);
+        :class:`~dsh.llm.http.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
+        ``parse_stream`` instead. Inside a run, honour ``dsh.context().cancel`` (close
         the in-flight request when it fires) and reuse the run's HTTP client.
         Raise :class:`~dsh.errors.ProviderError` for failures the user can act on.
         """

@@ -15,6 +15,7 @@ httpx is imported here and in the adapters only; ``import dsh`` never pays for i
 
 from __future__ import annotations
 
+import contextvars
 import email.utils
 import ipaddress
 import json
@@ -26,6 +27,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
@@ -102,6 +104,12 @@ class _CallbackFailed(BaseException):
     def __init__(self, error: Exception) -> None:
         super().__init__(error)
         self.error = error
+
+
+#: Where :meth:`HTTPModel.emit_reasoning` delivers, for the request being parsed (set by
+#: :meth:`HTTPModel.complete`; a context variable, so concurrent requests never mix).
+_reasoning_sink: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "dsh_reasoning_sink", default=None)
 
 
 class ProviderHTTPError(ProviderError):
@@ -537,7 +545,25 @@ class HTTPModel(Model):
         prefix = self.provider + ":"
         return request.model[len(prefix):] if request.model.startswith(prefix) else request.model
 
-    def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
+    def emit_reasoning(self, delta: str) -> None:
+        """Deliver a reasoning delta to the caller's ``on_reasoning`` (adapters call this from
+        :meth:`parse_stream`; nothing happens when nobody asked for reasoning)."""
+        sink = _reasoning_sink.get()
+        if sink is not None and delta:
+            try:
+                sink(delta)
+            except Exception as exc:  # the observer's own error: pass it through untouched
+                raise _CallbackFailed(exc) from exc
+
+    def complete(self, request: ModelRequest, on_text: TextCallback | None = None,
+                 on_reasoning: TextCallback | None = None) -> ModelResponse:
+        sink = _reasoning_sink.set(on_reasoning)
+        try:
+            return self._complete(request, on_text)
+        finally:
+            _reasoning_sink.reset(sink)
+
+    def _complete(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
         # Reached only through dsh.llm.transport (Model wraps complete): ``request`` is the
         # sealed one, and the body is built from it alone, by the class's own build_body (an
         # instance attribute patched by a plugin is not consulted).

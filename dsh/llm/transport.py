@@ -310,12 +310,22 @@ def guard(fn: Callable[..., ModelResponse]) -> Callable[..., ModelResponse]:
     if getattr(fn, "_dsh_transport", False):
         return fn
 
+    # ``on_reasoning`` goes only to adapters that declare it (older ones keep working)
+    takes_reasoning = _accepts(fn, "on_reasoning")
+
+    def call(self: Any, request: ModelRequest, on_text: TextCallback | None,
+             on_reasoning: TextCallback | None) -> ModelResponse:
+        if takes_reasoning:
+            return fn(self, request, on_text, on_reasoning=on_reasoning)
+        return fn(self, request, on_text)
+
     @functools.wraps(fn)
     def complete(self: Any, request: ModelRequest, on_text: TextCallback | None = None,
-                 ) -> ModelResponse:
+                 on_reasoning: TextCallback | None = None) -> ModelResponse:
         inside = _inside.get()
         if inside is not None and inside[0] is self and inside[1] is request:
-            return fn(self, request, on_text)  # the adapter's own super().complete(...)
+            # the adapter's own super().complete(...)
+            return call(self, request, on_text, on_reasoning)
         ticket = _ticket.get()
         if ticket is None or ticket[0] is not self or ticket[1] is not request:
             raise InvariantViolation(
@@ -327,12 +337,23 @@ def guard(fn: Callable[..., ModelResponse]) -> Callable[..., ModelResponse]:
         _ticket.set(None)  # single use (send resets it when the adapter returns)
         token = _inside.set(ticket)
         try:
-            return fn(self, request, on_text)
+            return call(self, request, on_text, on_reasoning)
         finally:
             _inside.reset(token)
 
     complete._dsh_transport = True  # type: ignore[attr-defined]
     return complete
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a keyword argument ``name`` (or any keyword, ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _outside(on_text: TextCallback) -> TextCallback:
@@ -349,23 +370,25 @@ def _outside(on_text: TextCallback) -> TextCallback:
 
 
 def _hand_over(model: Model, request: ModelRequest, on_text: TextCallback | None,
-               ) -> ModelResponse:
+               on_reasoning: TextCallback | None = None) -> ModelResponse:
     """Hand ``request`` to ``model`` (its class's guarded ``complete``), exactly once. Only
     :func:`send` calls this, after its checks."""
-    complete = type(model).complete
+    complete: Callable[..., ModelResponse] = type(model).complete  # guard(): on_reasoning too
     if not getattr(complete, "_dsh_transport", False):
         raise InvariantViolation(
             f"model adapter {type(model).__name__}: its complete() was replaced after the "
             "class was defined and no longer goes through dsh's transport; nothing was sent")
     token = _ticket.set((model, request))
     try:
-        return complete(model, request, _outside(on_text) if on_text is not None else None)
+        return complete(model, request, _outside(on_text) if on_text is not None else None,
+                        _outside(on_reasoning) if on_reasoning is not None else None)
     finally:
         _ticket.reset(token)
 
 
 def send(request: ModelRequest, on_text: TextCallback | None = None, *,
-         model: Model | None = None, call: Any = None) -> ModelResponse:
+         model: Model | None = None, call: Any = None,
+         on_reasoning: TextCallback | None = None) -> ModelResponse:
     """Send one request: the only way bytes reach a model (see the module docstring).
 
     Inside a run: ``request`` is checked against the ledger and the record, ``model`` (when
@@ -374,6 +397,8 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     :class:`~dsh.llm.builtin.ModelCall`) lets a violation name the plugin that swapped the
     request or the adapter. Outside a run: ``model`` is required and must not belong to an
     agent; ``request`` is sent as it is (there is no session to record it in).
+    ``on_reasoning`` receives reasoning deltas from adapters that stream them (never
+    ``on_text``: reasoning is not the answer).
     """
     ctx = _current.get(None)
     binding = _binding.get()
@@ -393,7 +418,7 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
                                      f"{type(request).__name__}")
         if ctx is not None:
             _reserve(ctx)
-        return _hand_over(model, request, on_text)
+        return _hand_over(model, request, on_text, on_reasoning)
     adapter = binding.model
     if model is not None and model is not adapter:
         who = _changer(call, "model", binding.pm)
@@ -423,7 +448,7 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     _set(sealed, "tools", rec.sent_tools)
     _set(sealed, "options", rec.sent_options)
     _set(sealed, "stream", request.stream is True)
-    return _hand_over(adapter, sealed, on_text)
+    return _hand_over(adapter, sealed, on_text, on_reasoning)
 
 
 _new = object.__new__
