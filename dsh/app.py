@@ -275,6 +275,7 @@ class Session:
         on_event: Callable[[Any], None] | None = None,
         on_text: Callable[[str], None] | None = None,
         limits: Limits | None = None,
+        on_reasoning: Callable[[str], None] | None = None,
         cancel: CancelToken | None = None,
         parent: RunContext | None = None,
         context_hook: Callable[[RunContext], None] | None = None,
@@ -293,6 +294,8 @@ class Session:
             default: observed when ``on_event``/``on_text`` is given or a plugin observes.
         :param on_event: receives every persistent event as written and every live event.
         :param on_text: receives text deltas as they stream.
+        :param on_reasoning: receives reasoning (thinking) deltas as they stream, from
+            adapters that stream them; never part of the answer (``on_text``, the output).
         :param cancel: the caller's cancellation signal, combined with the run's own.
         :param context_hook: called with the RunContext once it exists (to keep a handle for
             ``stop()`` / ``abort()`` from another thread or a signal handler).
@@ -312,7 +315,7 @@ class Session:
             return self._send(text, observe=observe, on_event=on_event, on_text=on_text,
                               limits=limits, cancel=cancel, parent=parent,
                               context_hook=context_hook, approve=approve,
-                              budget_parent=budget_parent)
+                              budget_parent=budget_parent, on_reasoning=on_reasoning)
         finally:
             self._busy.release()
 
@@ -320,14 +323,16 @@ class Session:
               on_text: Callable[[str], None] | None, limits: Limits | None,
               cancel: CancelToken | None, parent: RunContext | None,
               context_hook: Callable[[RunContext], None] | None, approve: bool,
-              budget_parent: Budget | None = None) -> RunResult:
+              budget_parent: Budget | None = None,
+              on_reasoning: Callable[[str], None] | None = None) -> RunResult:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm
         hook_observe = pm.hook.observe_event
         observers = tuple(i.plugin_name for i in hook_observe.get_hookimpls())
         watched = observe if observe is not None else (
-            on_event is not None or on_text is not None or bool(observers))
+            on_event is not None or on_text is not None or on_reasoning is not None
+            or bool(observers))
         emit = None
         if watched:
             # Tool calls of one step run in worker threads and emit tools/* events from there:
@@ -346,6 +351,11 @@ class Session:
                 emit_live("llm/stream", delta=delta)
                 if on_text is not None:
                     on_text(delta)
+
+            def stream_reasoning(delta: str) -> None:
+                emit_live("llm/reasoning", delta=delta)
+                if on_reasoning is not None:
+                    on_reasoning(delta)
 
         if parent is not None and parent.depth >= MAX_DEPTH:
             raise UsageError(f"sub-agents nested deeper than {MAX_DEPTH} levels")
@@ -366,6 +376,8 @@ class Session:
         turn = Turn(number, agent, ledger, self.inbox, ctx, agent.max_steps,
                     agent.app.config.max_continuations,
                     on_text=stream_text if watched else None)
+        if watched:
+            turn.on_reasoning = stream_reasoning
         outcome = "error"
         error: BaseException | None = None
         bound = None

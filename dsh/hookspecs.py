@@ -399,7 +399,7 @@ def observe_event(event: Any) -> None:
 
     :param event: a persistent :class:`dsh.events.Event` as it is written, or a
         :class:`dsh.recorder.LiveEvent` (``agent/pre-step``, ``agent/request``,
-        ``llm/stream``, ``tools/pre-execute``, ``tools/post-execute``,
+        ``llm/stream``, ``llm/reasoning``, ``tools/pre-execute``, ``tools/post-execute``,
         ``agent/turn-stopping``).
 
     Implementing this hook makes every run of the agent *observed*: live events are built and

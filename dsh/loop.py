@@ -205,6 +205,8 @@ class Turn:
     output: str = ""
     reason: str = ""
     on_text: Any = None
+    #: Receives reasoning deltas as they stream (``llm/reasoning``); None when unobserved.
+    on_reasoning: Any = None
 
     @property
     def pm(self) -> Any:
@@ -415,6 +417,7 @@ def _request(turn: Turn) -> Any:
         options=proj.options, stream=stream,
     )
     call = ModelCall(req, agent.model, agent.name, turn.on_text if stream else None, proj)
+    call.on_reasoning = turn.on_reasoning if stream else None
     response = agent.pm.hook.request(call=call)
     if response is None:
         from dsh.errors import PluginError

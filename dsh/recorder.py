@@ -24,6 +24,7 @@ LIVE_EVENTS = (
     "agent/pre-step",
     "agent/request",
     "llm/stream",
+    "llm/reasoning",
     "tools/pre-execute",
     "tools/post-execute",
     "agent/turn-stopping",

@@ -47,14 +47,18 @@ class ModelCall:
     transport refuses names the plugin that changed it (MISSION C3).
     """
 
-    __slots__ = ("_request", "_model", "agent", "on_text", "expected", "changed_by")
+    __slots__ = ("_request", "_model", "agent", "on_text", "expected", "changed_by",
+                 "on_reasoning")
 
     def __init__(self, request: ModelRequest, model: Model, agent: str = "",
-                 on_text: TextCallback | None = None, expected: Any = None) -> None:
+                 on_text: TextCallback | None = None, expected: Any = None,
+                 on_reasoning: TextCallback | None = None) -> None:
         self._request = request
         self._model = model
         self.agent = agent
         self.on_text = on_text
+        #: Receives reasoning deltas as they stream (None when nobody watches them).
+        self.on_reasoning = on_reasoning
         #: The projection the request was built from (informative: the transport checks
         #: against the session's own record, not against this).
         self.expected = expected
@@ -121,7 +125,9 @@ def request(call: ModelCall) -> ModelResponse:
             if shown:
                 user_cb(shown)
 
-    response = transport.send(req, on_text, model=call.model, call=call)
+    on_reasoning = getattr(call, "on_reasoning", None) if stream else None
+    response = transport.send(req, on_text, model=call.model, call=call,
+                              on_reasoning=on_reasoning)
     if gate is not None and call.on_text is not None:
         rest = gate.finish()
         if rest:
