@@ -386,9 +386,29 @@ def _hand_over(model: Model, request: ModelRequest, on_text: TextCallback | None
         _ticket.reset(token)
 
 
+#: The blob store a request's attachments are read from (issue 17), handed over with the
+#: request: the session's store inside a run, the caller's (``send(blobs=…)``) outside one.
+#: Adapters read it through :func:`dsh.attachments.payload`, which checks every byte against
+#: the hash the ledger records: what leaves is the record plus the bytes it names (C3).
+_blobs: contextvars.ContextVar[Any] = contextvars.ContextVar("dsh_blobs", default=None)
+
+
+def blobs() -> Any:
+    """The blob store of the request being handed over (None when there is none)."""
+    return _blobs.get()
+
+
+def _hand_over_with(blob_store: Any, *args: Any) -> ModelResponse:
+    token = _blobs.set(blob_store)
+    try:
+        return _hand_over(*args)
+    finally:
+        _blobs.reset(token)
+
+
 def send(request: ModelRequest, on_text: TextCallback | None = None, *,
          model: Model | None = None, call: Any = None,
-         on_reasoning: TextCallback | None = None) -> ModelResponse:
+         on_reasoning: TextCallback | None = None, blobs: Any = None) -> ModelResponse:
     """Send one request: the only way bytes reach a model (see the module docstring).
 
     Inside a run: ``request`` is checked against the ledger and the record, ``model`` (when
@@ -398,7 +418,8 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     request or the adapter. Outside a run: ``model`` is required and must not belong to an
     agent; ``request`` is sent as it is (there is no session to record it in).
     ``on_reasoning`` receives reasoning deltas from adapters that stream them (never
-    ``on_text``: reasoning is not the answer).
+    ``on_text``: reasoning is not the answer). ``blobs``: where a standalone request's
+    attachments are read from (inside a run: the session's store, whatever is passed).
     """
     ctx = _current.get(None)
     binding = _binding.get()
@@ -418,7 +439,7 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
                                      f"{type(request).__name__}")
         if ctx is not None:
             _reserve(ctx)
-        return _hand_over(model, request, on_text, on_reasoning)
+        return _hand_over_with(blobs, model, request, on_text, on_reasoning)
     adapter = binding.model
     if model is not None and model is not adapter:
         who = _changer(call, "model", binding.pm)
@@ -448,7 +469,7 @@ def send(request: ModelRequest, on_text: TextCallback | None = None, *,
     _set(sealed, "tools", rec.sent_tools)
     _set(sealed, "options", rec.sent_options)
     _set(sealed, "stream", request.stream is True)
-    return _hand_over(adapter, sealed, on_text, on_reasoning)
+    return _hand_over_with(ledger.blobs, adapter, sealed, on_text, on_reasoning)
 
 
 _new = object.__new__
