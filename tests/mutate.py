@@ -57,6 +57,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     )),
     "transport": ("dsh/llm/transport.py", (
         "tests/test_c3_transport.py",
+        "tests/test_transport_pins.py",
         "tests/test_openai.py",
         "tests/test_anthropic.py",
     )),
