@@ -114,6 +114,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "agents": "dsh.commands.inventory:agents",
     "install": "dsh.commands.install:install",
     "uninstall": "dsh.commands.install:uninstall",
+    "keys": "dsh.commands.keys:keys",
 }
 
 

@@ -471,12 +471,24 @@ class HTTPModel(Model):
 
     @property
     def key_source(self) -> str:
-        """Where the key comes from, for messages: an env var name or the ``api_key`` setting."""
+        """Where the key comes from, for messages: an env var name, the ``api_key`` setting
+        or a stored key (``dsh keys``)."""
         if self.settings.get("api_key"):
             return "the api_key setting"
-        return str(self.settings.get("api_key_env") or self.default_key_env)
+        env = str(self.settings.get("api_key_env") or self.default_key_env)
+        if not os.environ.get(env, "").strip() and getattr(self, "_stored_key", None):
+            return f"the stored key {self.key_name} (dsh keys)"
+        return env
+
+    @property
+    def key_name(self) -> str:
+        """The stored key's name: the ``api_key_name`` setting, else the provider's name."""
+        return str(self.settings.get("api_key_name") or self.provider)
 
     def api_key(self) -> str | None:
+        """The ``api_key`` setting, else the environment variable (``api_key_env``, else the
+        adapter's), else the stored key ``api_key_name`` (else the provider's name), read
+        once per model object and only when no variable holds a key (dsh/keys.py)."""
         literal = self.settings.get("api_key")
         if literal:
             return str(literal)
@@ -485,11 +497,21 @@ class HTTPModel(Model):
         key = os.environ.get(env, "").strip()
         if key:
             return key
-        if self.key_optional_on_loopback and not explicit and is_loopback(self.base_url):
+        named = self.settings.get("api_key_name")
+        if (self.key_optional_on_loopback and not explicit and not named
+                and is_loopback(self.base_url)):
             return None
+        stored: str | None = getattr(self, "_stored_key", None)
+        if stored is None:
+            from dsh.keys import get_key
+
+            stored = self._stored_key = get_key(self.key_name) or ""  # "": none stored
+        if stored:
+            return stored
         raise ProviderError(
-            f"{self.provider}: no API key — set the environment variable {env} "
-            "(or `api_key_env` / `api_key` in the model's settings)"
+            f"{self.provider}: no API key — set the environment variable {env}, or store one "
+            f"with `dsh keys set {self.key_name}` (or set `api_key_env` / `api_key_name` / "
+            "`api_key` in the model's settings)"
         )
 
     def check(self) -> None:
