@@ -485,7 +485,9 @@ def dsh_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> IsolatedEnv:
     variable (``DSH_CONFIG``, ``DSH_LOAD_PLUGINS``…) and every variable that looks like a
     credential or an endpoint (names ending in ``API_KEY``, ``_TOKEN``, ``_SECRET``,
     ``_PASSWORD``, ``_BASE_URL``…), so no test reads the developer's config or reaches a real
-    provider. Everything is restored after the test.
+    provider; sets ``DSH_KEYS_BACKEND=file``, so keys stored with ``dsh keys`` are read from
+    the empty config directory, never from the OS keyring. Everything is restored after the
+    test.
     """
     env = IsolatedEnv(tmp_path / "dsh")
     for name in list(os.environ):
@@ -497,6 +499,7 @@ def dsh_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> IsolatedEnv:
                        ("XDG_STATE_HOME", env.state_home)):
         path.mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(name, str(path))
+    monkeypatch.setenv("DSH_KEYS_BACKEND", "file")
     return env
 
 

@@ -381,6 +381,9 @@ def test_the_environment_is_isolated(dirty_environment: None, request: pytest.Fi
     assert app.sessions_dir.is_relative_to(tmp_path)
     shown = app.cli("config", "path")
     assert shown.exit_code == 0 and shown.stdout.strip().startswith(str(tmp_path))
+    keys = app.cli("keys", "path")  # stored keys: a file under tmp_path, never the OS keyring
+    assert keys.exit_code == 0 and str(tmp_path) in keys.stdout, keys.stdout + keys.stderr
+    assert "keyring" not in keys.stdout
 
 
 def test_prompt_result_repr_and_run(dsh_make_app: MakeApp) -> None:
