@@ -93,6 +93,11 @@ class Cancelled(DshError):
     exit_code = EXIT_INTERRUPTED
 
 
+class OutputSchemaError(DshError):
+    """The model's answer did not match the run's output schema, also after it was told why
+    (``dsh run --schema``)."""
+
+
 class ToolError(DshError):
     """Raised by a tool to return a clean error message to the model (no traceback)."""
 

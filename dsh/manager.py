@@ -41,6 +41,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "dsh.ledger",
     "dsh.scope",
     "dsh.compaction",
+    "dsh.schema",
     "dsh.budget",
     "dsh.tools:HookDispatch",
     "dsh.recorder",
