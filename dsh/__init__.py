@@ -1,7 +1,8 @@
 """dsh: run LLM agents as a tree of pluggy plugins.
 
 The public API is small and imported lazily, so that ``import dsh`` (and ``dsh --help``) stays
-cheap: ``hookimpl``, ``tool``, ``context``, ``App``, ``Agent``, the event base ``Event``.
+cheap: ``hookimpl``, ``tool``, ``context``, ``App``, ``Agent``, the event base ``Event``, the
+agent handle ``AgentHandle`` and plugin stashes ``Stash`` / ``StashKey``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ if TYPE_CHECKING:
     from dsh.hookspecs import hookimpl
     from dsh.runcontext import RunContext
     from dsh.runcontext import context
+    from dsh.scope import AgentHandle
+    from dsh.stash import Stash
+    from dsh.stash import StashKey
     from dsh.tools import tool
 
-__all__ = ["App", "Event", "RunContext", "__version__", "context", "hookimpl", "tool"]
+__all__ = ["AgentHandle", "App", "Event", "RunContext", "Stash", "StashKey", "__version__",
+           "context", "hookimpl", "tool"]
 
 _LAZY = {
     "App": "dsh.app",
@@ -29,6 +34,9 @@ _LAZY = {
     "Event": "dsh.events",
     "hookimpl": "dsh.hookspecs",
     "tool": "dsh.tools",
+    "AgentHandle": "dsh.scope",
+    "Stash": "dsh.stash",
+    "StashKey": "dsh.stash",
 }
 
 

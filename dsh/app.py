@@ -60,7 +60,8 @@ from dsh.runcontext import CancelToken
 from dsh.runcontext import Limits
 from dsh.runcontext import RunContext
 from dsh.runcontext import activate
-from dsh.scope import AgentInfo
+from dsh.scope import AgentHandle
+from dsh.stash import Stash
 from dsh.tools import ToolDef
 from dsh.tools import collect_tools
 
@@ -132,10 +133,11 @@ class Agent:
         self.compact_at: float = acfg.compact_at or cfg.compact_at
         self.context_window: int | None = acfg.context_window or cfg.context_window
         self.summary_model: str | None = acfg.summary_model or cfg.summary_model
-        self.info = AgentInfo(
+        #: What hooks reach as ``agent`` / ``.handle`` (issue 11); ``info`` is its old name.
+        self.handle = self.info = AgentHandle(
             name=name, model=self.model_id, settings=attrs.asdict(acfg),
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
-            all_plugin_settings=cfg.plugins,
+            all_plugin_settings=cfg.plugins, stash=app.agent_stash(name), app_stash=app.stash,
         )
         installed = [r.name for r in app.plugins if r.obj is not None]
         chosen = app.pm.hook.agent_plugins(agent=self.info, installed=installed)
@@ -229,6 +231,9 @@ class Session:
         self.ledger = ledger
         self.inbox = Inbox()
         self._busy = threading.Lock()
+        #: Session scope for plugins (``handle.session_stash``): in memory, as long as this
+        #: object lives; a resumed session in a new process starts with an empty one.
+        self.stash = Stash()
 
     @property
     def id(self) -> str:
@@ -365,6 +370,7 @@ class Session:
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else budget_parent),
             approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
+            session=self, handle=agent.info,
         )
         if context_hook is not None:
             context_hook(ctx)
@@ -375,7 +381,7 @@ class Session:
         number = proj.turn + 1
         turn = Turn(number, agent, ledger, self.inbox, ctx, agent.max_steps,
                     agent.app.config.max_continuations,
-                    on_text=stream_text if watched else None)
+                    on_text=stream_text if watched else None, session=self)
         if watched:
             turn.on_reasoning = stream_reasoning
         outcome = "error"
@@ -623,6 +629,14 @@ class App:
         self._models: dict[str, ModelEntry] | None = None
         self._store: Any = None
         self._default_model: DefaultModel | None = None
+        #: App scope for plugins (``handle.app_stash``): as long as this object lives.
+        self.stash = Stash()
+        self._agent_stashes: dict[str, Stash] = {}
+
+    def agent_stash(self, name: str) -> Stash:
+        """The agent-scope stash of agent ``name`` in this app (``handle.stash``): shared by
+        its variants with overrides (``agent(name, model=…)``), never by another app."""
+        return self._agent_stashes.setdefault(name, Stash())
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping[str, Any] | None = None) -> App:

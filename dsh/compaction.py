@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from dsh.history import Projection
     from dsh.ledger import Ledger
     from dsh.runcontext import RunContext
+    from dsh.scope import AgentHandle
 
 #: Strategies the built-in ``compact_context`` implementation knows.
 STRATEGIES = ("auto", "mask", "summarize", "off")
@@ -232,9 +233,13 @@ class Compaction:
     """What a strategy proposes: replace ``messages[start:end]`` of the projection by
     ``replacement``. Recorded as a ``context/compacted`` event before it takes effect."""
 
+    #: The first message replaced (an index into the projected history).
     start: int
+    #: One past the last message replaced.
     end: int
+    #: What the model reads instead of ``messages[start:end]``.
     replacement: tuple[Message, ...] = attrs.field(converter=_messages)
+    #: The strategy that proposed it (``mask``, ``summarize``, a plugin's name).
     strategy: str
     #: The sub-run that wrote a summary (its session id), when a model was asked.
     summary_session: str | None = None
@@ -242,33 +247,43 @@ class Compaction:
 
 @attrs.define(eq=False)
 class CompactionRequest:
-    """The envelope of one ``compact_context`` call (mutable, like ``ModelCall``).
+    """The envelope of one ``compact_context`` call (mutable, like ``ModelCall``)."""
 
-    :ivar agent: the :class:`dsh.app.Agent` whose session is compacted.
-    :ivar messages: the projected history (a read-only view).
-    :ivar window: the model's context window in tokens (``None`` when unknown).
-    :ivar used: the tokens the next request would carry.
-    :ivar target: compact to at most this many tokens.
-    :ivar reason: ``threshold`` (before a request), ``provider`` (after a context-length
-        error), ``manual`` (``dsh sessions compact``) or ``oversized``.
-    :ivar strategy: the agent's configured strategy (``auto``, ``mask``, ``summarize``, or a
-        name a plugin knows).
-    """
-
+    #: The :class:`dsh.app.Agent` whose session is compacted (``handle`` is its handle).
     agent: Any
+    #: The projected history (a read-only view).
     messages: Sequence[Message]
+    #: The model's context window in tokens (``None`` when unknown).
     window: int | None
+    #: The tokens the next request would carry.
     used: int
+    #: Compact to at most this many tokens.
     target: int
+    #: ``threshold`` (before a request), ``provider`` (after a context-length error),
+    #: ``manual`` (``dsh sessions compact``) or ``oversized``.
     reason: str
+    #: The agent's configured strategy (``auto``, ``mask``, ``summarize``, or a name a
+    #: plugin knows).
     strategy: str
+    #: The session's :class:`dsh.history.Projection` (what ``messages`` was taken from).
     projection: Any = None
+    #: The run's :class:`dsh.RunContext`, or None under ``dsh sessions compact``.
     ctx: Any = None
+    #: The session's token meter (what :meth:`estimate` counts with).
     meter: ContextMeter | None = None
     #: The session's ledger (its id links a summary's sub-run back to it).
     ledger: Any = None
 
+    @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent: settings, stashes, plugin events
+        (``session_stash`` only inside a run: not under ``dsh sessions compact``)."""
+        handle: AgentHandle = self.agent.info
+        return handle
+
     def estimate(self, messages: Sequence[Message]) -> int:
+        """A conservative token count of ``messages`` with the request's system prompt and
+        tools, as the meter counts them."""
         meter = self.meter or ContextMeter()
         return meter.estimate(self.projection, messages)
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dsh.loop import StepDraft
     from dsh.loop import Turn
     from dsh.messages import ModelResponse
-    from dsh.scope import AgentInfo
+    from dsh.scope import AgentHandle
     from dsh.tools import ToolInvocation
     from dsh.tools import ToolOutcome
 
@@ -58,10 +58,11 @@ def configure(app: App) -> None:
 
 
 @hookspec(firstresult=True)
-def agent_plugins(agent: AgentInfo, installed: list[str]) -> list[str] | None:
+def agent_plugins(agent: AgentHandle, installed: list[str]) -> list[str] | None:
     """Decide which installed (non built-in) plugins take part in ``agent``'s scope (A6).
 
-    :param agent: the agent being assembled (name, model, settings).
+    :param agent: the :class:`dsh.AgentHandle` of the agent being assembled (name, model,
+        settings).
     :param installed: the names of every installed plugin, in load order.
     :return: firstresult: the first non-None list of plugin names wins.
 
@@ -91,7 +92,7 @@ def register_models(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
+def register_tools(register: Callable[..., None], agent: AgentHandle) -> None:
     """Register tools for ``agent``.
 
     :param register: ``register(fn, *, name=None, description=None, sequential=False,
@@ -101,7 +102,9 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
         carries its own options. ``parameters`` gives the schema instead (``fn`` takes
         ``**kwargs``), ``validator(arguments) -> list of problems`` checks the arguments
         instead of :func:`dsh.tools.validate` (dsh-mcp: whole JSON Schema).
-    :param agent: the agent whose scope is being assembled.
+    :param agent: the :class:`dsh.AgentHandle` of the agent whose scope is being assembled
+        (``agent.plugin_settings(NAME)``, ``agent.stash``); the same object the agent's other
+        hooks reach as ``.handle``.
 
     Called once per agent at assembly, on that agent's plugin manager, so a tool registered by
     a plugin the agent does not enable never reaches it. A duplicate name is an error naming
@@ -112,13 +115,13 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
 
 
 @hookspec
-def register_prompt(register: Callable[..., None], agent: AgentInfo) -> None:
+def register_prompt(register: Callable[..., None], agent: AgentHandle) -> None:
     """Register fragments of the system prompt.
 
     :param register: ``register(text, *, order=100, name=None)``. Fragments are stitched after
         the agent's own ``system`` text, by ascending ``order``, then by registration order,
         separated by blank lines. Provenance (plugin, name, order) is kept for ``dsh agents``.
-    :param agent: the agent whose scope is being assembled.
+    :param agent: the :class:`dsh.AgentHandle` of the agent whose scope is being assembled.
 
     .. versionadded:: 0.1
     """
@@ -236,13 +239,17 @@ def pre_step(step: StepDraft) -> None:
     :param step: the draft: ``step.text`` (the user message, mutable; ``""`` on a step that
         only carries tool results), ``step.context`` (injected context items, mutable list),
         ``step.messages`` (the history so far, read only), ``step.index``, ``step.agent``
-        (the agent's name) and ``step.turn`` (the :class:`dsh.loop.Turn` it belongs to:
-        ``turn.agent.info.plugin_settings(NAME)`` gives a plugin its settings for this agent,
-        ``turn.number``, ``turn.ctx``; ``None`` only for a draft built outside the loop).
-        Call ``step.reject(reason)`` to refuse it.
+        (the agent's name), ``step.source`` (``user``, or ``plugin:NAME`` for a follow-up
+        from ``turn_stopping``), ``step.handle`` (the :class:`dsh.AgentHandle`:
+        ``step.handle.plugin_settings(NAME)`` gives a plugin its settings for this agent,
+        ``.stash`` / ``.session_stash`` / ``.run_stash`` its state) and ``step.turn`` (the
+        :class:`dsh.loop.Turn` it belongs to: ``turn.number``, ``turn.ctx``; ``None`` only
+        for a draft built outside the loop). Call ``step.reject(reason)`` to refuse it.
 
     Called before every step, before anything of the step is written to the ledger, so a
-    rewrite is what gets logged (C3). Text that is empty or only whitespace (what
+    rewrite is what gets logged (C3) — also before the step of a continuation message (a
+    follow-up a ``turn_stopping`` implementation asked for, ``step.source`` names it) and of
+    a message steered in during the turn. Text that is empty or only whitespace (what
     ``str.strip()`` removes) is no message: no step is attempted for it, so this is not
     called, and injected context alone waits in the inbox for a real message (B3).
 
@@ -258,6 +265,7 @@ def pre_step(step: StepDraft) -> None:
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``step.turn`` (dsh-hooks reads its per-agent settings there).
+    .. versionchanged:: 0.4 ``step.handle`` (issue 11).
     """
 
 
@@ -266,7 +274,8 @@ def request(call: ModelCall) -> ModelResponse | None:
     """The chat chain: send ``call.request`` to the model (``agent/request``).
 
     :param call: ``call.request`` (a deeply frozen :class:`dsh.messages.ModelRequest`),
-        ``call.model`` (the agent's adapter), ``call.agent``, ``call.on_text``.
+        ``call.model`` (the agent's adapter), ``call.agent`` (its name), ``call.handle``
+        (the :class:`dsh.AgentHandle`: settings and stashes), ``call.on_text``.
     :return: firstresult: the :class:`dsh.messages.ModelResponse`.
 
     The built-in implementation (``dsh.llm.builtin``, ``trylast``) hands the request to
@@ -293,7 +302,8 @@ def execute(call: ToolInvocation) -> ToolOutcome | None:
     """The tool chain: run one tool call.
 
     :param call: ``call.call`` (the model's :class:`dsh.messages.ToolCall`), ``call.tool``
-        (the registered tool, or None if unknown), ``call.arguments`` (mutable).
+        (the registered tool, or None if unknown), ``call.arguments`` (mutable),
+        ``call.handle`` (the :class:`dsh.AgentHandle`: settings and stashes).
     :return: firstresult: the :class:`dsh.tools.ToolOutcome`.
 
     The built-in implementation (``dsh.tools``, ``trylast``) validates the arguments against
@@ -334,12 +344,21 @@ def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
 def turn_stopping(turn: Turn) -> str | None:
     """No work is due and the turn is about to close (``agent/turn-stopping``, B2).
 
-    :param turn: the turn's state; ``turn.continuations`` and ``turn.max_continuations``
-        say whether an answer can still be taken, ``turn.steps`` how many steps ran (0 when
-        the turn's input was empty).
+    :param turn: the turn's state; ``turn.response`` is the final
+        :class:`dsh.messages.ModelResponse` of the turn (``text``, ``tool_calls``,
+        ``usage``, ``reasoning``; None when no step ran), ``turn.stopping_calls`` how many
+        times this hook has been called in this turn (1 on the first call),
+        ``turn.continuations`` and ``turn.max_continuations`` say whether an answer can still
+        be taken, ``turn.steps`` how many steps ran (0 when the turn's input was empty),
+        ``turn.handle`` is the :class:`dsh.AgentHandle`, ``turn.session`` the
+        :class:`dsh.app.Session`.
     :return: firstresult: a message to continue the turn with one more step (it is written to
         the ledger as a ``user/message`` whose ``source`` names the plugin), or None to let the
-        turn close.
+        turn close. The first implementation that answers wins and the others are not called
+        this time; all are called again at the next stop (after the follow-up's step), in
+        the same order, so several plugins each get their follow-up in, one stop at a time,
+        as long as each answers only once (an implementation that answers at every stop keeps
+        the ones after it from answering: count your answers in ``turn.handle.run_stash``).
 
     Called every time the turn is about to stop because no work is due — also when
     ``max_continuations`` is 0 or used up, so an observer or a plugin checking the result
@@ -367,9 +386,10 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
     as a ``context/compacted`` event *before* it takes effect, so the projection, a resumed
     session and the C3 check all see it; the original events stay in the ledger.
 
-    :param request: a :class:`dsh.compaction.CompactionRequest`: ``agent``, ``messages`` (the
-        projected history, read-only), ``window`` and ``used`` (tokens), ``target`` (tokens to
-        get under), ``reason``, ``strategy`` (the agent's ``compaction`` setting), and
+    :param request: a :class:`dsh.compaction.CompactionRequest`: ``agent``, ``handle`` (the
+        :class:`dsh.AgentHandle`), ``messages`` (the projected history, read-only),
+        ``window`` and ``used`` (tokens), ``target`` (tokens to get under), ``reason``,
+        ``strategy`` (the agent's ``compaction`` setting), and
         ``estimate(messages)`` for a conservative token count.
     :return: firstresult: a :class:`dsh.compaction.Compaction` replacing
         ``messages[start:end]`` by ``replacement`` (with the name of its ``strategy``), or

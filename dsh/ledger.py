@@ -144,6 +144,22 @@ class Ledger:
         #: Why the file can no longer be trusted to hold what was written (it was deleted
         #: during the run); set at the step boundary that noticed it.
         self.lost: str | None = None
+        self._blobs: Any = None
+
+    @property
+    def blobs(self) -> Any:
+        """Where this session's attachment bytes are kept (``put_attachment`` /
+        ``get_attachment``, issue 17): the session store that opened it, or memory for an
+        in-memory ledger; None for a store that keeps no attachments."""
+        if self._blobs is None and self.path is None:
+            from dsh.attachments import MemoryBlobs
+
+            self._blobs = MemoryBlobs()
+        return self._blobs
+
+    @blobs.setter
+    def blobs(self, value: Any) -> None:
+        self._blobs = value
 
     @property
     def closed(self) -> bool:
@@ -482,7 +498,9 @@ class JsonlStore:
                 raise LedgerError(f"cannot create session ledger {path}: "
                                   f"{_reason(exc)}") from exc
             raise
-        return Ledger(session_id, path, fd=fd, fsync=self.fsync, created=True)
+        ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync, created=True)
+        ledger.blobs = self
+        return ledger
 
     def open(self, session_id: str) -> Ledger:
         """Open an existing session for appending: lock, load, repair, project."""
@@ -500,6 +518,7 @@ class JsonlStore:
             _check_regular(fd, path)
             _lock(fd, session_id, path)
             ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync)
+            ledger.blobs = self
             count = 0
 
             def fresh(raw: bool = False) -> Callable[[Any], None]:
@@ -630,6 +649,85 @@ class JsonlStore:
                     on_skip(self.directory / f"{sid}.jsonl", str(exc))
                 continue
 
+    # -- attachments (issue 17): bytes by content hash, shared by the store's sessions ------
+
+    def attachment_path(self, sha256: str) -> Path:
+        """``<dir>/attachments/<sha256>``; anything but 64 lower-case hex digits is refused
+        (a hash read from a ledger names no other file)."""
+        if not _SHA256.fullmatch(sha256):
+            raise LedgerError(f"invalid attachment hash {sha256[:80]!r}")
+        return self.directory / "attachments" / sha256
+
+    def put_attachment(self, data: bytes) -> str:
+        """Store ``data`` under its SHA-256 (once: a file already there with the right bytes
+        is kept) and return the hash. Written atomically — a ``0600`` temporary file in the
+        same folder, fsynced, renamed — so a crash never leaves a partial blob under a hash;
+        a file there whose bytes do not match (altered) is replaced."""
+        import hashlib
+
+        sha = hashlib.sha256(data).hexdigest()
+        path = self.attachment_path(sha)
+        folder = path.parent
+        with contextlib.suppress(LedgerError, OSError):
+            if hashlib.sha256(self._read_blob(path)).hexdigest() == sha:
+                return sha
+        tmp = folder / f".tmp-{os.getpid()}-{os.urandom(6).hex()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            dfd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise LedgerError(f"cannot store attachment in {folder}: {_reason(exc)}") from None
+        return sha
+
+    def get_attachment(self, sha256: str) -> bytes:
+        """The bytes stored under ``sha256`` (the caller checks them against the hash:
+        :func:`dsh.attachments.verified`). Missing: :class:`dsh.attachments.AttachmentMissing`.
+        """
+        from dsh.attachments import AttachmentMissing
+
+        path = self.attachment_path(sha256)
+        try:
+            return self._read_blob(path)
+        except FileNotFoundError:
+            raise AttachmentMissing(f"no attachment file {path}") from None
+
+    @staticmethod
+    def _read_blob(path: Path) -> bytes:
+        """A blob file's bytes: a regular file (a symlink planted there is not followed),
+        read up to the largest attachment plus one byte."""
+        from dsh.attachments import READ_CAP
+
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            _check_regular(fd, path)
+            chunks = []
+            total = 0
+            while total <= READ_CAP:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def latest(self, agent: str | None = None) -> str | None:
         """The newest session (of ``agent``) with at least one readable event."""
         for info in self.sessions():
@@ -651,6 +749,7 @@ def _owner_hint(path: Path, exc: OSError) -> str:
     return ""
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _TURN_TAG = b'"type":"turn/start"'
 _TOP_LEVEL = re.compile(rb'\{(?:"v":\d+,)?\Z')
 

@@ -48,13 +48,21 @@ from dsh.tools import ToolOutcome
 
 if TYPE_CHECKING:
     from dsh.app import Agent
+    from dsh.app import Session
     from dsh.ledger import Ledger
+    from dsh.messages import ModelResponse
+    from dsh.scope import AgentHandle
 
 
 @attrs.frozen
 class InboxItem:
+    """One input waiting in the inbox: a user message or injected context."""
+
+    #: The text of the message or context item.
     text: str
-    kind: str = "user"  # "user" wakes the loop; "context" waits for the next user message
+    #: ``user`` wakes the loop; ``context`` waits for the next user message.
+    kind: str = "user"
+    #: Where it came from: ``user``, ``api``, ``plugin:NAME``, ``fork:SESSION``, …
     source: str = "user"
 
 
@@ -164,12 +172,22 @@ class Inbox:
 class StepDraft:
     """What ``pre_step`` sees and may change before anything of the step is logged."""
 
+    #: The step's number in the turn, from 0.
     index: int
+    #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
     agent: str
+    #: The user message the step will send (``""`` on a step that only carries tool
+    #: results); rewrite it here, and the rewrite is what is recorded.
     text: str
+    #: Injected context items recorded before the message (``context/injected``); add or
+    #: remove items here.
     context: list[InboxItem]
+    #: The history so far (the ledger's projection; a read-only view).
     messages: Sequence[Message]
+    #: Who wrote the message: ``user``, or ``plugin:NAME`` for a ``turn_stopping`` follow-up
+    #: (``pre_step`` also runs for those).
     source: str = "user"
+    #: The reason given to :meth:`reject`, once the step is refused.
     rejected: str | None = None
     #: The registered name of the plugin whose ``pre_step`` rejected the step or emptied its
     #: message, set by the loop (never by the plugin itself).
@@ -177,6 +195,13 @@ class StepDraft:
     #: The turn this step belongs to (``turn.agent``, ``turn.number``, ``turn.ctx``), so a
     #: plugin reaches the agent's settings (``turn.agent.info.plugin_settings(NAME)``).
     turn: Turn | None = attrs.field(default=None, repr=False)
+
+    @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent: settings, stashes, plugin events."""
+        if self.turn is None:
+            raise AttributeError("this StepDraft was built outside a turn: it has no handle")
+        return self.turn.agent.info
 
     def reject(self, reason: str, plugin: str | None = None) -> None:
         """Refuse the step with ``reason``. The loop records which plugin called this from
@@ -193,24 +218,50 @@ class StepDraft:
 class Turn:
     """The state of one turn, handed to ``run_turn`` and ``turn_stopping``."""
 
+    #: The turn's number in the session, from 1.
     number: int
+    #: The assembled :class:`dsh.app.Agent` (``handle`` is what plugins need of it).
     agent: Agent
+    #: The session's ledger (append-only; ``ledger.projection`` is the history).
     ledger: Ledger
+    #: Where input waits (user messages, injected context).
     inbox: Inbox
+    #: The run's :class:`dsh.RunContext`.
     ctx: RunContext
+    #: The step limit of the turn (``max_steps``).
     max_steps: int
+    #: How many ``turn_stopping`` follow-ups the turn takes at most.
     max_continuations: int = 3
+    #: How many steps have run (0 when the turn's input was empty).
     steps: int = 0
+    #: How many ``turn_stopping`` follow-ups have been taken.
     continuations: int = 0
+    #: The text of the latest model answer (the run's output).
     output: str = ""
+    #: Why the turn ended, recorded on ``turn/end`` (set by whoever ends it).
     reason: str = ""
+    #: Receives text deltas as they stream (None when nobody watches).
     on_text: Any = None
     #: Receives reasoning deltas as they stream (``llm/reasoning``); None when unobserved.
     on_reasoning: Any = None
 
+    #: The :class:`dsh.app.Session` the turn runs in (None for a turn built by hand).
+    session: Session | None = attrs.field(default=None, repr=False)
+    #: The latest step's final :class:`dsh.messages.ModelResponse` (text, tool calls, usage,
+    #: reasoning); None while no step has run.
+    response: ModelResponse | None = attrs.field(default=None, repr=False)
+    #: How many times ``turn_stopping`` has been called in this turn, this call included.
+    stopping_calls: int = 0
+
     @property
     def pm(self) -> Any:
+        """The agent's plugin manager."""
         return self.agent.pm
+
+    @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent: settings, stashes, plugin events."""
+        return self.agent.info
 
 
 @hookimpl(trylast=True)
@@ -286,6 +337,7 @@ def _run_turn(turn: Turn) -> str:
             reasoning=response.reasoning,
         )
         turn.output = response.text
+        turn.response = response
         not_run = None
         if response.tool_calls:
             # Budgets are checked after each model call resolves (D8): a call that used up
@@ -324,6 +376,7 @@ def stopping(turn: Turn) -> tuple[list[InboxItem], InboxItem] | None:
     next turn.
     """
     emit("agent/turn-stopping", steps=turn.steps)
+    turn.stopping_calls += 1
     follow = ask_to_continue(turn)
     if follow is not None and turn.continuations < turn.max_continuations:
         turn.continuations += 1
@@ -416,7 +469,8 @@ def _request(turn: Turn) -> Any:
         model=proj.model, system=proj.system, messages=proj.view(), tools=proj.tools,
         options=proj.options, stream=stream,
     )
-    call = ModelCall(req, agent.model, agent.name, turn.on_text if stream else None, proj)
+    call = ModelCall(req, agent.model, agent.name, turn.on_text if stream else None, proj,
+                     agent.info)
     call.on_reasoning = turn.on_reasoning if stream else None
     response = agent.pm.hook.request(call=call)
     if response is None:
@@ -445,7 +499,7 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
         ledger.append(ToolCalled, call_id=call.id, name=call.name, arguments=call.arguments,
                       child_session=child)
         invocations.append(ToolInvocation(call, tool, thaw(call.arguments), agent.name,
-                                          child_session=child))
+                                          child_session=child, handle=agent.info))
     refusals = [budget.reserve(tool_calls=1) for _ in invocations]
     first_refusal = next((r for r in refusals if r), None)
     to_run = [inv for inv, r in zip(invocations, refusals, strict=True) if not r]

@@ -146,8 +146,11 @@ def _specs(value: Iterable[ToolSpec]) -> tuple[ToolSpec, ...]:
 class ToolCall:
     """One call the model asked for. ``arguments`` is the decoded JSON object."""
 
+    #: The call's id (the provider's, or one dsh made for a rescued call).
     id: str
+    #: The tool's name.
     name: str
+    #: The decoded JSON arguments, deeply frozen.
     arguments: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
                                                hash=False)
 
@@ -167,6 +170,7 @@ class Usage:
 
     @property
     def total_tokens(self) -> int:
+        """``input_tokens + output_tokens``."""
         return self.input_tokens + self.output_tokens
 
     def __add__(self, other: Usage) -> Usage:
@@ -237,11 +241,17 @@ class Message:
     failed tool result.
     """
 
+    #: ``user``, ``assistant`` or ``tool``.
     role: str
+    #: The text (a tool message: the tool's output).
     content: str = ""
+    #: An assistant message's tool calls.
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
+    #: A tool message: the id of the call it answers.
     tool_call_id: str | None = None
+    #: A tool message: the tool's name.
     name: str | None = None
+    #: A tool message: the tool failed (its output is the error).
     is_error: bool = False
     #: An assistant message's reasoning parts, replayed to the provider that wrote them.
     reasoning: tuple[Reasoning, ...] = attrs.field(default=(), converter=_reasoning)
@@ -253,8 +263,11 @@ class Message:
 class ToolSpec:
     """What the model is told about a tool: name, description and a JSON Schema object."""
 
+    #: The tool's name, as the model calls it.
     name: str
+    #: What the tool does, for the model.
     description: str = ""
+    #: The JSON Schema object of its arguments (deeply frozen).
     parameters: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
                                                 hash=False)
 
@@ -324,12 +337,18 @@ class ModelRequest:
     :class:`dsh.llm.ModelCall` with ``attrs.evolve`` — and then the transport refuses to send
     it unless the change is in the ledger (MISSION C3, ``dsh.llm.transport``)."""
 
+    #: The model id recorded on ``turn/start`` (the adapter's effective id).
     model: str
+    #: The system prompt (the agent's ``system`` text and the plugins' fragments).
     system: str = ""
+    #: The history the model reads: the ledger's projection (a read-only view).
     messages: Sequence[Message] = attrs.field(default=(), converter=_messages)
+    #: The tools the model may call.
     tools: tuple[ToolSpec, ...] = attrs.field(default=(), converter=_specs)
+    #: Model options (temperature, max_tokens, …) as recorded on ``turn/start``.
     options: Mapping[str, Any] = attrs.field(factory=FrozenDict, converter=_freeze_args,
                                              hash=False)
+    #: Stream the answer (only when someone observes the run).
     stream: bool = False
 
 
@@ -338,11 +357,17 @@ class ModelResponse:
     """One resolved model answer. ``tool_call_source`` says how tool calls were found:
     ``native`` (the provider's own fields), a rescue format name, or ``None`` without calls."""
 
+    #: The answer's text (with a rescued tool call taken out of it).
     text: str = ""
+    #: The tool calls the model asked for.
     tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=_calls)
+    #: Tokens of this request and answer.
     usage: Usage = Usage()
+    #: The provider's reason for stopping (``stop``, ``tool_calls``, ``length``, …).
     stop_reason: str | None = None
+    #: How the tool calls were found: ``native``, a rescue format's name, or None.
     tool_call_source: str | None = None
+    #: The model that answered, as the provider names it (None when it does not say).
     model: str | None = None
     #: Reasoning parts the provider returned (recorded on ``assistant/message``).
     reasoning: tuple[Reasoning, ...] = attrs.field(default=(), converter=_reasoning)

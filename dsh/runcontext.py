@@ -21,9 +21,12 @@ import attrs
 
 from dsh.errors import Cancelled
 from dsh.errors import NoRunContext
+from dsh.stash import Stash
 
 if TYPE_CHECKING:
+    from dsh.app import Session
     from dsh.ledger import Ledger
+    from dsh.scope import AgentHandle
 
 class UnobservedRunWarning(UserWarning):
     """An observer was added to a run that was started without observation."""
@@ -241,16 +244,23 @@ class Budget:
 class RunContext:
     """The state of one run. Obtain it with :func:`dsh.context` inside the run."""
 
+    #: A random id of this run (not recorded).
     run_id: str
+    #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
     agent: str
+    #: The session's ledger.
     ledger: Ledger
+    #: The run's cancellation signal: ``cancel.on_cancel(callback)`` to stop your work.
     cancel: CancelToken = attrs.Factory(CancelToken)
+    #: The run's counters and limits (chained to a parent run's).
     budget: Budget = attrs.Factory(Budget)
     #: Called with every live event when the run is observed (D7); None when nobody watches.
     emit: Callable[[Any], None] | None = None
+    #: A dict for per-run state of your own (prefer ``handle.run_stash``: typed, no clashes).
     data: dict[str, Any] = attrs.Factory(dict)
     #: Resources shared by the run's steps (the HTTP client lives here), closed on cleanup.
     resources: dict[str, Any] = attrs.Factory(dict)
+    #: Set by :meth:`stop`: the run ends after the current step.
     stop_requested: bool = False
     #: Tool calls that need approval are approved without asking (``dsh run --yes``).
     approve_all: bool = False
@@ -266,6 +276,19 @@ class RunContext:
     # A tuple, replaced (never mutated) by observe(): another thread may add an observer
     # while events are delivered.
     _observers: tuple[Callable[[Any], None], ...] = ()
+    #: Run scope for plugins (``handle.run_stash``): lives as long as this run.
+    stash: Stash = attrs.Factory(Stash)
+    #: The :class:`dsh.app.Session` this run belongs to (None for a context built by hand).
+    session: Session | None = attrs.field(default=None, repr=False)
+    # The agent's handle (passed as ``handle=``): what ``handle.session_stash`` looks for.
+    _handle: AgentHandle | None = attrs.field(default=None, repr=False)
+
+    @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent this run is for."""
+        if self._handle is None:
+            raise NoRunContext(f"run {self.run_id} was built without an agent handle")
+        return self._handle
 
     def observe(self, callback: Callable[[Any], None]) -> None:
         """Receive this run's events from now on (persistent and live).
@@ -301,6 +324,7 @@ class RunContext:
 
     @property
     def observed(self) -> bool:
+        """True when the run builds live events (someone observes it, D7)."""
         return self.emit is not None
 
     @property
@@ -310,6 +334,7 @@ class RunContext:
 
     @property
     def session_id(self) -> str:
+        """The id of the session the run writes to."""
         return self.ledger.session_id
 
     def add_cleanup(self, callback: Callable[[], None]) -> None:

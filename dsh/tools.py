@@ -19,6 +19,7 @@ import typing
 import weakref
 from collections.abc import Callable
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -30,6 +31,9 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import freeze
 from dsh.messages import thaw
+
+if TYPE_CHECKING:
+    from dsh.scope import AgentHandle
 
 _TOOL_OPTIONS = "__dsh_tool__"
 _current_call: contextvars.ContextVar[ToolInvocation] = contextvars.ContextVar("dsh_tool_call")
@@ -70,12 +74,19 @@ def tool(
 class ToolDef:
     """A registered tool: the function, its schema and where it came from."""
 
+    #: The tool's name, as the model calls it.
     name: str
+    #: What the tool does, for the model (from the docstring by default).
     description: str
+    #: The JSON Schema object of its arguments (from the type hints by default).
     parameters: dict[str, Any] = attrs.field(hash=False)
+    #: The Python function called with the arguments.
     fn: Callable[..., Any] = attrs.field(eq=False, hash=False, repr=False)
+    #: The plugin that registered it.
     plugin: str = ""
+    #: Never run concurrently with other calls of the same step.
     sequential: bool = False
+    #: Seconds before a call is abandoned with an error result (None: no limit).
     timeout: float | None = None
     #: For a sub-agent tool: the agent it runs (each call gets a child session).
     subagent: str | None = None
@@ -86,6 +97,7 @@ class ToolDef:
 
     @property
     def spec(self) -> ToolSpec:
+        """What the model is told about the tool."""
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
 
 
@@ -306,8 +318,11 @@ def _json_type(value: Any) -> str:
 class ToolOutcome:
     """A tool's result, mutable until it is logged: ``status`` is ``ok`` or ``error``."""
 
+    #: ``ok`` or ``error`` (``budget`` and ``interrupted`` are set by dsh for calls not run).
     status: str = "ok"
+    #: The text the model will read (recorded on ``tool/result``, redacted there).
     output: str = ""
+    #: How long the call took, in milliseconds (None when it did not run).
     duration_ms: float | None = None
 
 
@@ -315,14 +330,29 @@ class ToolOutcome:
 class ToolInvocation:
     """One tool call travelling through the ``execute`` chain."""
 
+    #: The model's call as recorded on ``tool/call`` (frozen: id, name, arguments).
     call: ToolCall
+    #: The registered tool, or None when the model named a tool the agent does not have.
     tool: ToolDef | None
+    #: A plain copy of the call's arguments: change it in ``pre_execute`` to rewrite them.
     arguments: dict[str, Any]
+    #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
     agent: str = ""
+    #: The reason given to :meth:`block`, when the call was refused.
     blocked: str | None = None
+    #: The plugin that blocked the call (as passed to :meth:`block`).
     blocked_by: str | None = None
     #: For a sub-agent tool: the child session id, chosen before ``tool/call`` is written.
     child_session: str | None = None
+    # The agent's handle (passed as ``handle=``), read through the ``handle`` property.
+    _handle: AgentHandle | None = attrs.field(default=None, repr=False)
+
+    @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent: settings, stashes, plugin events."""
+        if self._handle is None:
+            raise AttributeError("this ToolInvocation was built outside a turn: no handle")
+        return self._handle
 
     def block(self, reason: str, plugin: str | None = None) -> None:
         """Refuse the call: the model receives an error result with ``reason``."""

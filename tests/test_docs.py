@@ -89,3 +89,134 @@ def test_events_md_lists_every_outcome_and_live_event():
     section = text.split("## Live events")[1].split("\n## ")[0]
     live_rows = set(re.findall(r"^\| `([a-z]+/[a-z-]+)` \|", section, re.M))
     assert live_rows == set(LIVE_EVENTS)
+
+
+# -- reference tables of the objects hooks receive (issue 11) ---------------------------------
+
+_NOT_CLASSES = {"Any", "Callable", "None", "str", "int", "list", "tuple", "dict", "bool",
+                "click", "Group"}
+
+
+def _names(annotation: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", annotation)) - _NOT_CLASSES
+
+
+def test_reference_covers_every_class_a_hook_receives_or_returns():
+    import inspect
+
+    from dsh import hookspecs
+
+    gen = _gen_hooks()
+    documented = {public.rsplit(".", 1)[1] for public, _ in gen.REFERENCE}
+    named: set[str] = set()
+    for name in dir(make_plugin_manager().hook):
+        if name.startswith("_"):
+            continue
+        sig = inspect.signature(getattr(hookspecs, name))
+        named |= _names(str(sig.return_annotation))
+        for p in sig.parameters.values():
+            named |= _names(str(p.annotation))
+    missing = named - documented - set(gen.NOT_DOCUMENTED)
+    assert not missing, f"hook objects without a reference table in gen_hooks.REFERENCE: {missing}"
+    assert {"StepDraft", "ModelCall", "ModelRequest", "ModelResponse", "ToolInvocation",
+            "ToolOutcome", "Turn", "AgentHandle", "RunContext", "CompactionRequest",
+            "Compaction", "Usage", "ToolCall", "Message"} <= documented
+
+
+def test_reference_covers_the_attrs_classes_its_attributes_name():
+    """A new attrs class reachable from a hook object (``ModelResponse.reasoning`` ->
+    ``Reasoning``) gets a table, or a reason in ``NOT_DOCUMENTED``."""
+    import importlib
+    import pkgutil
+
+    import dsh
+
+    gen = _gen_hooks()
+    attrs_classes: dict[str, type] = {}
+    for mod in pkgutil.walk_packages(dsh.__path__, "dsh."):
+        if mod.name == "dsh.__main__":
+            continue
+        try:
+            module = importlib.import_module(mod.name)
+        except ImportError:  # an optional provider dependency
+            continue
+        for value in vars(module).values():
+            if isinstance(value, type) and attrs.has(value) and value.__module__ == mod.name:
+                attrs_classes[value.__name__] = value
+    documented = {public.rsplit(".", 1)[1] for public, _ in gen.REFERENCE}
+    for public, spec in gen.REFERENCE:
+        for row in gen.rows(gen._resolve(spec)):
+            for name in _names(row.type) & set(attrs_classes):
+                assert name in documented or name in gen.NOT_DOCUMENTED, (
+                    f"{public}.{row.name} is a {name}, which has no reference table")
+
+
+def test_reference_tables_list_every_public_attribute(tmp_path, monkeypatch):
+    """The generator reads attributes from the class itself: a new field shows up without
+    touching the generator, and one without a ``#:`` comment fails loudly."""
+    (tmp_path / "dsh_refcheck.py").write_text('''
+from __future__ import annotations
+import attrs
+
+@attrs.frozen
+class Documented:
+    """A value."""
+
+    #: The first.
+    first: int
+    second: str = ""  #: The second, commented on its line.
+    _private: int = 0
+
+    @property
+    def both(self) -> str:
+        """Both, as text."""
+        return f"{self.first}{self.second}"
+
+@attrs.define
+class Mutable:
+    """A box."""
+
+    #: Set me.
+    value: int = 0
+    forgotten: int = 0
+
+class Slots:
+    """Plain."""
+
+    __slots__ = ("name", "_hidden")
+
+    def __init__(self, name: str) -> None:
+        #: Its name.
+        self.name = name
+        self._hidden = 1
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import dsh_refcheck
+
+    gen = _gen_hooks()
+    rows = gen.rows(dsh_refcheck.Documented)
+    assert [(r.name, r.type, r.mutability, r.meaning) for r in rows] == [
+        ("first", "int", "frozen", "The first."),
+        ("second", "str", "frozen", "The second, commented on its line."),
+        ("both", "str", "read-only property", "Both, as text."),
+    ]
+    assert [(r.name, r.type, r.mutability) for r in gen.rows(dsh_refcheck.Slots)] == [
+        ("name", "str", "mutable")]
+    import pytest
+
+    with pytest.raises(gen.UndocumentedAttribute, match=r"Mutable: public attribute\(s\) "
+                                                        r"forgotten have no meaning"):
+        gen.rows(dsh_refcheck.Mutable)
+
+
+def test_hooks_md_has_a_table_per_reference_class_with_every_attribute():
+    gen = _gen_hooks()
+    text = (DOCS / "hooks.md").read_text()
+    for public, spec in gen.REFERENCE:
+        section = text.split(f"### `{public}`\n", 1)[1].split("\n### ", 1)[0]
+        listed = re.findall(r"^\| `([^`]+)` \|", section, re.M)
+        cls = gen._resolve(spec)
+        if attrs.has(cls):
+            public_fields = [f.name for f in attrs.fields(cls) if not f.name.startswith("_")]
+            assert listed[:len(public_fields)] == public_fields, public
+        assert listed, public

@@ -71,10 +71,12 @@ def recorder_class() -> type[Model]:
         def __init__(self, name: str, settings: Any = None) -> None:
             super().__init__(name, settings)
             self.got: list[ModelRequest] = []
+            self.stores: list[Any] = []
             self.script = list((settings or {}).get("script", ()))
 
         def complete(self, request: ModelRequest, on_text: Any = None) -> ModelResponse:
             self.got.append(request)
+            self.stores.append(transport.blobs())
             step = self.script.pop(0) if self.script else "ok"
             if step == "call":
                 return ModelResponse(tool_calls=(ToolCall(id=f"c{len(self.got)}", name="weather",
@@ -585,7 +587,9 @@ def test_what_the_adapter_gets_is_the_record(tmp_path, plugin_module):
     with app.session() as s:
         result = s.send("weather?")
         assert result.outcome == "completed", result.reason
-        got = s.agent.model.got
+        got, stores = s.agent.model.got, s.agent.model.stores
+        assert stores == [s.ledger.blobs] * 2 and stores[0] is not None  # the session's
+    assert transport.blobs() is None
     assert len(got) == 2
     start = lines(result.path)[0]
     for req in got:
@@ -821,3 +825,105 @@ def test_a_recorded_schema_is_sent_from_a_private_copy_made_once(tmp_path, plugi
     assert got[0].options == options and got[0].options is not options
     assert got[1].tools is got[0].tools is got[2].tools
     assert got[1].options is got[0].options is got[2].options
+
+
+# -- more of what the comparison and the attribution must get right ------------------------------
+
+
+def test_an_unhashable_key_after_rebuilding_is_a_difference_not_a_crash():
+    req = base_request()
+    hostile = deep_copy_request(req)
+    object.__setattr__(hostile, "options", {**req.options, ("a", "b"): 1})  # a tuple key
+    assert transport.differences(hostile, req) == ["model options differ"]
+
+
+def test_a_changed_system_prompt_is_found_without_walking_the_history(monkeypatch):
+    """Only the fields that are not the recorded objects are compared by value: the history
+    (a view of the same list) is not walked, whatever its length."""
+    proj = Projection()
+    proj.system = "Be brief."
+    seen: list[type] = []
+    real = transport._plain
+
+    def spy(value: Any) -> Any:
+        seen.append(type(value))
+        return real(value)
+
+    monkeypatch.setattr(transport, "_plain", spy)
+    view = proj.view()
+    req = ModelRequest(model=proj.model, system="Be long.", messages=proj.view(),
+                       tools=proj.tools, options=proj.options)
+    assert req.messages is not view and req.messages.same_as(view)
+    expected = ModelRequest(model=proj.model, system=proj.system, messages=view,
+                            tools=proj.tools, options=proj.options)
+    assert transport.differences(req, expected) == ["system prompt differs"]
+    assert seen == [str, str]
+
+
+#: A helper library (no plugin lives in its file) that changes the request for its caller.
+LIBRARY = """
+def tweak(call, system):
+    call.request = attrs.evolve(call.request, system=system)
+"""
+
+
+def test_a_change_made_by_code_outside_every_plugin_names_none(tmp_path, plugin_module):
+    ns: dict[str, Any] = {"attrs": attrs}
+    exec(compile(LIBRARY, "<a helper library>", "exec"), ns)
+    name = plugin_module(request=wrapper(lambda call: ns["tweak"](call, "psst")))
+    app = make_app(tmp_path, plugin_module, name)
+    with app.session() as s:
+        result = s.send("hi")
+        assert s.agent.model.got == []
+    assert result.outcome == "error"
+    assert isinstance(result.error, InvariantViolation) and result.error.plugin == ""
+    assert str(result.error) == HEAD + "system prompt differs" + tail()
+
+
+def test_callbacks_and_the_blob_store_reach_the_adapter_and_nothing_else():
+    """``on_reasoning`` goes to adapters that take it (by name or ``**kwargs``), never to
+    older ones; both callbacks run outside the adapter's dispatch (calling the adapter from
+    one is refused); the blob store passed to a standalone send is the adapter's for the
+    call only."""
+    req = ModelRequest(model="m", messages=(Message(role="user", content="hi"),))
+    got: list[Any] = []
+
+    class Thinks(Model):
+        def complete(self, request: ModelRequest, on_text: Any = None,
+                     on_reasoning: Any = None) -> ModelResponse:
+            got.append(transport.blobs())
+            on_reasoning("hm")
+            on_text("answer")
+            return ModelResponse(text="answer")
+
+    class TakesAny(Model):
+        def complete(self, request: ModelRequest, on_text: Any = None,
+                     **more: Any) -> ModelResponse:
+            more["on_reasoning"]("any")
+            return ModelResponse(text="any")
+
+    class Older(Model):
+        def complete(self, request: ModelRequest, on_text: Any = None) -> ModelResponse:
+            got.append(transport.blobs())
+            return ModelResponse(text="older")
+
+    def reenter(log: list[str], model: Model) -> Callable[[str], None]:
+        def deliver(delta: str) -> None:
+            log.append(delta)
+            with pytest.raises(InvariantViolation, match="outside dsh's transport"):
+                model.complete(req)
+        return deliver
+
+    store = object()
+    text: list[str] = []
+    thoughts: list[str] = []
+    thinks = Thinks("x")
+    answer = transport.send(req, reenter(text, thinks), model=thinks,
+                            on_reasoning=reenter(thoughts, thinks), blobs=store)
+    assert (answer.text, text, thoughts, got) == ("answer", ["answer"], ["hm"], [store])
+    assert transport.blobs() is None
+    anything: list[str] = []
+    assert transport.send(req, model=TakesAny("x"), on_reasoning=anything.append).text == "any"
+    assert anything == ["any"]
+    assert transport.send(req, model=Older("x"), on_reasoning=anything.append).text == "older"
+    assert anything == ["any"] and got[-1] is None

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
@@ -39,6 +40,10 @@ from dsh.messages import ToolCall
 from dsh.messages import Usage
 from dsh.sanitize import nesting_depth
 
+if TYPE_CHECKING:
+    from dsh.scope import AgentHandle
+
+
 class ModelCall:
     """The mutable envelope of one model request travelling through the ``request`` chain.
 
@@ -47,18 +52,22 @@ class ModelCall:
     transport refuses names the plugin that changed it (MISSION C3).
     """
 
-    __slots__ = ("_request", "_model", "agent", "on_text", "expected", "changed_by",
+    __slots__ = ("_request", "_model", "agent", "on_text", "expected", "changed_by", "_handle",
                  "on_reasoning")
 
     def __init__(self, request: ModelRequest, model: Model, agent: str = "",
                  on_text: TextCallback | None = None, expected: Any = None,
+                 handle: AgentHandle | None = None,
                  on_reasoning: TextCallback | None = None) -> None:
         self._request = request
         self._model = model
+        #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
         self.agent = agent
+        #: Receives text deltas as they stream (None when nobody watches: no streaming).
         self.on_text = on_text
         #: Receives reasoning deltas as they stream (None when nobody watches them).
         self.on_reasoning = on_reasoning
+        self._handle = handle
         #: The projection the request was built from (informative: the transport checks
         #: against the session's own record, not against this).
         self.expected = expected
@@ -66,7 +75,15 @@ class ModelCall:
         self.changed_by: list[tuple[str, Any]] = []
 
     @property
+    def handle(self) -> AgentHandle:
+        """The :class:`dsh.AgentHandle` of the agent: settings, stashes, plugin events."""
+        if self._handle is None:
+            raise AttributeError("this ModelCall was built outside a turn: it has no handle")
+        return self._handle
+
+    @property
     def request(self) -> ModelRequest:
+        """The deeply frozen request; swap it with ``attrs.evolve`` (recorded first, C3)."""
         return self._request
 
     @request.setter
@@ -76,6 +93,7 @@ class ModelCall:
 
     @property
     def model(self) -> Model:
+        """The agent's adapter (:class:`dsh.llm.base.Model`); replacing it does not skip C3."""
         return self._model
 
     @model.setter
