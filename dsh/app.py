@@ -16,6 +16,7 @@ import os
 import threading
 from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from dsh.manager import discover
 from dsh.manager import make_plugin_manager
 from dsh.manager import plugin_of
 from dsh.manager import wrapper_failure
+from dsh.messages import Attachment
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.prompt import collect_prompt
@@ -234,10 +236,46 @@ class Session:
         #: Session scope for plugins (``handle.session_stash``): in memory, as long as this
         #: object lives; a resumed session in a new process starts with an empty one.
         self.stash = Stash()
+        #: Attachments stored for the next message sent (:meth:`attach`).
+        self._attached: list[Any] = []
 
     @property
     def id(self) -> str:
         return self.ledger.session_id
+
+    def attach(self, *sources: Any) -> tuple[Attachment, ...]:
+        """Read, check and store attachments that go with the next message :meth:`send`
+        sends (issue 17; docs/attachments.md).
+
+        A source is a file path (``str`` or ``os.PathLike``), an ``http(s)`` URL (downloaded
+        once, now), ``"-"`` (stdin), ``bytes``, ``(bytes, media_type)`` or a
+        :class:`dsh.attachments.Input`. The media type is sniffed from the bytes (PNG, JPEG,
+        GIF, WebP, PDF), sizes are capped (:data:`dsh.attachments.MAX_BYTES`), and the bytes
+        are stored by content hash in the session's store; the ``user/message`` records the
+        references.
+
+        :return: the references stored.
+        :raises dsh.attachments.AttachmentError: a source that cannot be attached (named).
+        :raises dsh.attachments.NotAccepted: the agent's model takes no such attachment
+            (named); nothing was stored or sent.
+        """
+        from dsh import attachments as att
+
+        items = [att.load(s) for s in sources]
+        att.check_model(self.agent.model, self.agent.model_id, items)
+        refs = att.store(self.ledger.blobs, items)
+        self._attached.extend(refs)
+        return refs
+
+    def check_attachments(self) -> None:
+        """Refuse, naming the model, an agent whose model cannot take the attachments in
+        this session's history (a session resumed with another model): before anything is
+        sent. O(messages); imports nothing when the history has none."""
+        for m in self.ledger.projection.view():
+            if m.attachments:
+                from dsh.attachments import check_model
+
+                check_model(self.agent.model, self.agent.model_id, m.attachments)
 
     def inject(self, text: str, source: str = "api") -> None:
         """Queue context for the next user message; it never starts a turn by itself (B3).
@@ -286,6 +324,7 @@ class Session:
         context_hook: Callable[[RunContext], None] | None = None,
         approve: bool = False,
         budget_parent: Budget | None = None,
+        attachments: Sequence[Any] | None = None,
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
 
@@ -310,7 +349,12 @@ class Session:
             to when there is no ``parent`` run (``dsh batch`` shares one across its tasks:
             every count is added to it too, and its limits hold over all of them). Ignored
             when ``parent`` is given (the parent run's budget is the chain's).
+        :param attachments: images and PDFs sent with ``text`` (see :meth:`attach` for what
+            a source may be); they are read, checked and stored before the turn starts.
         """
+        if attachments:
+            self.attach(*attachments)
+        self.check_attachments()
         # One turn at a time per session: a second thread sending on the same Session would
         # interleave two turns in one ledger (another process is kept out by the file lock).
         if not self._busy.acquire(blocking=False):
@@ -375,7 +419,8 @@ class Session:
         if context_hook is not None:
             context_hook(ctx)
         ledger.observer = emit
-        self.inbox.put(text)
+        attached, self._attached = tuple(self._attached), []
+        self.inbox.put(text, attachments=attached)
         self.inbox.open()  # from now on a steered message is taken by this turn
         proj = ledger.projection
         number = proj.turn + 1

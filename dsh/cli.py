@@ -338,6 +338,10 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
               help="Allow only this tool (repeatable, or comma-separated).")
 @click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@click.option("--attach", metavar="FILE|URL|-", multiple=True, expose_value=False,
+              callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.attach", value),
+              help="Attach an image (PNG, JPEG, GIF, WebP) or a PDF: a file, an http(s) URL "
+                   "(downloaded once) or - for stdin (repeatable; docs/attachments.md).")
 @pass_state
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
@@ -360,7 +364,14 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     if no_save and (continue_ or session_id):
         raise click.UsageError("--no-save cannot resume a session")
     budget = parse_limits(limits)
-    text = read_prompt(prompt)  # as given: its user/message records what was sanitised
+    attach: tuple[str, ...] = click.get_current_context().meta.get("dsh.attach", ())
+    if "-" in attach:  # stdin is the attachment: the prompt is the argument alone
+        if attach.count("-") > 1 or not prompt:
+            raise click.UsageError("--attach - reads one attachment from stdin: give it once, "
+                                   "and give PROMPT as an argument")
+        text = prompt
+    else:
+        text = read_prompt(prompt)  # as given: its user/message records what was sanitised
     overrides = agent_overrides(model, system, max_steps, options)
     from dsh.errors import DshError
     from dsh.terminal import RunOutput
@@ -371,7 +382,18 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         app = state.app
         assembled, overrides = assemble_agent(app, agent, overrides, tools)
         resume = session_to_resume(app, assembled, continue_, session_id)
+        if attach:  # read (and download) before a session exists: a bad one creates nothing
+            from dsh.attachments import load as load_attachment
+
+            inputs = [load_attachment(a) for a in attach]
         session = app.open_session(assembled, resume, save=not no_save)
+        try:
+            if attach:
+                session.attach(*inputs)
+            session.check_attachments()  # a resumed session's, for this model
+        except BaseException:
+            session.close()
+            raise
     except DshError as exc:
         from dsh.redact import redact
 

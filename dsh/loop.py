@@ -36,6 +36,7 @@ from dsh.hookspecs import hookimpl
 from dsh.ledger import new_session_id
 from dsh.llm.builtin import ModelCall
 from dsh.manager import call_impl
+from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ToolCall
@@ -64,6 +65,8 @@ class InboxItem:
     kind: str = "user"
     #: Where it came from: ``user``, ``api``, ``plugin:NAME``, ``fork:SESSION``, …
     source: str = "user"
+    #: A user message's attachments, already stored (references, issue 17).
+    attachments: tuple[Attachment, ...] = ()
 
 
 class Inbox:
@@ -83,13 +86,15 @@ class Inbox:
         self._taking = False  # a running turn takes messages at its step boundaries
         self._taken: list[InboxItem] = []  # taken, not yet recorded: see restore()
 
-    def put(self, text: str, source: str = "user") -> bool:
+    def put(self, text: str, source: str = "user",
+            attachments: tuple[Attachment, ...] = ()) -> bool:
         """Queue a user message. Returns True when a running turn will take it at its next
-        step boundary, False when it waits for the next turn (or, blank, was not queued)."""
-        if not text.strip():
+        step boundary, False when it waits for the next turn (or, blank, was not queued).
+        A message with attachments is a message even when its text is blank."""
+        if not text.strip() and not attachments:
             return False
         with self._lock:
-            self._items.append(InboxItem(text, "user", source))
+            self._items.append(InboxItem(text, "user", source, tuple(attachments)))
             self._messages += 1
             return self._taking
 
@@ -195,6 +200,9 @@ class StepDraft:
     #: The turn this step belongs to (``turn.agent``, ``turn.number``, ``turn.ctx``), so a
     #: plugin reaches the agent's settings (``turn.agent.info.plugin_settings(NAME)``).
     turn: Turn | None = attrs.field(default=None, repr=False)
+    #: The message's attachments (references to stored bytes, issue 17); recorded with it.
+    #: A plugin may remove some; emptying ``text`` drops them with it (a rejection).
+    attachments: tuple[Attachment, ...] = ()
 
     @property
     def handle(self) -> AgentHandle:
@@ -287,6 +295,7 @@ def _run_turn(turn: Turn) -> str:
             return "completed"
         context_items, message = follow
     text, source = message.text, message.source
+    attachments: tuple[Attachment, ...] = message.attachments
     while True:
         ctx.cancel.check()
         if ctx.stop_requested:
@@ -301,7 +310,8 @@ def _run_turn(turn: Turn) -> str:
             return "budget"
 
         draft = StepDraft(turn.steps, agent.name, text, list(context_items),
-                          ledger.projection.view(), source, turn=turn)
+                          ledger.projection.view(), source, turn=turn,
+                          attachments=attachments)
         emit("agent/pre-step", step=draft.index, text=draft.text)
         call_pre_step(agent.pm, draft)
         if draft.rejected is not None:
@@ -319,10 +329,12 @@ def _run_turn(turn: Turn) -> str:
         ledger.append(StepStarted, turn=turn.number, step=draft.index)
         for item in draft.context:
             ledger.append(ContextInjected, text=item.text, source=item.source)
-        if draft.has_input:
-            ledger.append(UserMessage, text=draft.text, source=draft.source)
+        if draft.has_input or draft.attachments:
+            ledger.append(UserMessage, text=draft.text, source=draft.source,
+                          attachments=tuple(draft.attachments))
         turn.inbox.commit()
         context_items, text, source = [], "", "user"
+        attachments = ()
         turn.steps += 1
 
         try:
@@ -363,6 +375,7 @@ def _run_turn(turn: Turn) -> str:
             context_items, message = follow
         if message is not None:
             text, source = message.text, message.source
+            attachments = message.attachments
 
 
 def stopping(turn: Turn) -> tuple[list[InboxItem], InboxItem] | None:

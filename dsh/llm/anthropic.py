@@ -25,6 +25,7 @@ from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
 from dsh.llm.sse import SSEEvent
+from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -54,10 +55,23 @@ def _blocks(m: Message) -> tuple[str, list[dict[str, Any]]]:
         raise ProviderError(f"anthropic: cannot send a message with role {m.role!r}")
     # the API rejects empty text blocks
     blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    if m.attachments:  # before the text, as Anthropic's docs advise
+        blocks[:0] = [attachment_block(a) for a in m.attachments]
     blocks.extend(
         {"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments} for c in m.tool_calls
     )
     return m.role, blocks
+
+
+def attachment_block(att: Attachment) -> dict[str, Any]:
+    """One recorded attachment as a Messages API content block: ``image`` or, for a PDF,
+    ``document``, with a base64 source (issue 17)."""
+    from dsh.attachments import PDF
+    from dsh.attachments import base64_of
+
+    return {"type": "document" if att.media_type == PDF else "image",
+            "source": {"type": "base64", "media_type": att.media_type,
+                       "data": base64_of(att)}}
 
 
 def map_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -96,6 +110,9 @@ class AnthropicModel(HTTPModel):
     default_base_url = "https://api.anthropic.com"
     path = "/v1/messages"
     not_found_hint = " (it should not include /v1/messages)"
+    #: ``image`` and ``document`` (PDF) blocks (issue 17).
+    attachment_types = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp",
+                                  "application/pdf"})
 
     def endpoint(self) -> str:
         # tolerate a base_url that already ends in /v1, a common slip

@@ -43,6 +43,9 @@ class Model:
     #: Keys ``options`` may not set (beyond :data:`dsh.llm.transport.PROTOCOL_KEYS`): the
     #: adapter's own protocol fields. Checked when the agent's options are merged.
     reserved_options: frozenset[str] = frozenset()
+    #: Media types the adapter can send as attachments (issue 17); empty: it takes none, and
+    #: a message with attachments is refused before anything is sent, naming the model.
+    attachment_types: frozenset[str] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every adapter's complete() goes through dsh's transport, whoever wrote it (C3): it
@@ -95,6 +98,17 @@ class Model:
         self._tools_memo = (tools, converted)
         self.tool_conversions += 1
         return converted
+
+    def accepts_attachment(self, media_type: str) -> bool:
+        """Whether this model may be sent an attachment of ``media_type``: the adapter
+        declares the type (:attr:`attachment_types`) and the model's settings allow it —
+        ``attachments = false`` refuses every one, a list of media types all but those."""
+        allowed = self.settings.get("attachments", True)
+        if allowed is False:
+            return False
+        if isinstance(allowed, list | tuple) and media_type not in allowed:
+            return False
+        return media_type in self.attachment_types
 
     def check(self) -> None:
         """Validate what can be validated before any request (a missing API key, a missing

@@ -21,6 +21,7 @@ from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
 from dsh.llm.sse import SSEEvent
+from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -53,7 +54,28 @@ def map_message(m: Message) -> dict[str, Any]:
                 for c in m.tool_calls
             ],
         }
+    if m.attachments:
+        return {"role": m.role, "content": content_parts(m)}
     return {"role": m.role, "content": m.content}
+
+
+def attachment_part(att: Attachment) -> dict[str, Any]:
+    """One recorded attachment as a chat completions content part: an image as
+    ``image_url`` with a ``data:`` URL, a PDF as ``file`` with ``file_data`` (issue 17)."""
+    from dsh.attachments import PDF
+    from dsh.attachments import data_url
+
+    if att.media_type == PDF:
+        return {"type": "file", "file": {"filename": att.name or f"{att.sha256[:12]}.pdf",
+                                         "file_data": data_url(att)}}
+    return {"type": "image_url", "image_url": {"url": data_url(att)}}
+
+
+def content_parts(m: Message) -> list[dict[str, Any]]:
+    """A user message with attachments: its text part, then one part per attachment."""
+    parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    parts.extend(attachment_part(a) for a in m.attachments)
+    return parts
 
 
 def map_tool(t: ToolSpec) -> dict[str, Any]:
@@ -98,6 +120,10 @@ class OpenAIModel(HTTPModel):
     #: Protocol fields of chat completions that options must not set: ``stream_options``
     #: follows ``stream``; ``functions`` is the legacy name of ``tools``.
     reserved_options = frozenset({"stream_options", "functions"})
+    #: Images as ``image_url`` parts, PDFs as ``file`` parts (issue 17); a server that takes
+    #: neither is configured ``attachments = false`` (or a list of the types it takes).
+    attachment_types = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp",
+                                  "application/pdf"})
 
     def probe_context_window(self) -> int | None:
         """The context size a local server reports (llama.cpp's ``GET /props``), asked once,
