@@ -8,8 +8,10 @@ This module uses the fixtures the way a plugin's tests do: pytest finds them thr
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -392,3 +394,60 @@ def test_prompt_result_repr_and_run(dsh_make_app: MakeApp) -> None:
     assert isinstance(result, PromptResult)
     assert repr(result).startswith("PromptResult(outcome='completed', output='fine'")
     assert result.run.check() is result.run
+
+
+# --------------------------------------------------------------------------------------------
+# docs/testing-plugins.md
+# --------------------------------------------------------------------------------------------
+
+DOC = REPO / "docs" / "testing-plugins.md"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), re.S | re.M)
+
+
+def test_the_examples_of_the_docs_pass(example_env: tuple[Path, Path], tmp_path: Path) -> None:
+    """Every Python block of the page runs, as tests, with the page's conftest.py and
+    dsh-example installed."""
+    python, _ = example_env
+    blocks = _python_blocks()
+    [config] = [b for b in blocks if "def dsh_config" in b]
+    tests = [b for b in blocks if b is not config]
+    (tmp_path / "conftest.py").write_text("import pytest\n\n\n" + config)
+    (tmp_path / "test_doc_examples.py").write_text(
+        "import pytest\n\nimport dsh\nfrom dsh.errors import ConfigError\n"
+        "from dsh.events import PluginEvent\nfrom dsh.events import ToolReturned\n\n\n"
+        + "\n\n".join(tests))
+    count = sum(len(re.findall(r"^def test_", b, re.M)) for b in tests)
+    assert count >= 7
+    proc = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error"],
+        cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().splitlines()[-1].startswith(f"{count} passed"), proc.stdout
+
+
+def _public(cls: type) -> set[str]:
+    """The public attributes of a class: its methods and properties, and what ``__init__``
+    sets on ``self``."""
+    names = {n for n in vars(cls) if not n.startswith("_")}
+    init = vars(cls).get("__init__")
+    if init is not None:
+        names |= set(re.findall(r"self\.([a-z]\w*)(?::[^=\n]+)? = ", inspect.getsource(init)))
+    return names
+
+
+def test_the_docs_name_every_fixture_and_attribute() -> None:
+    text = DOC.read_text()
+    fixtures = sorted(n for n, v in vars(dsh.testing).items()
+                      if n.startswith("dsh_") and callable(v))
+    assert len(fixtures) == 8
+    for name in fixtures:
+        assert f"### `{name}`" in text or f"### `dsh_config` and `{name}`" in text, name
+    for name in dsh.testing.__all__:
+        assert f"`{name}" in text or f"{name}`" in text, name
+    for cls in (dsh.testing.Result, dsh.testing.PromptResult, dsh.testing.CliResult,
+                dsh.testing.Script, dsh.testing.ScriptedApp, dsh.testing.IsolatedEnv):
+        for name in _public(cls):
+            assert re.search(rf"`{name}\b", text), f"{cls.__name__}.{name} is not documented"
