@@ -59,36 +59,6 @@ SUMMARY_SYSTEM = (
     "or short bullet points, no preamble."
 )
 
-#: Context windows (tokens) of common models, by name prefix; the longest matching prefix
-#: wins. A config's ``context_window`` (agent or ``[models.ID]``) always overrides this table.
-KNOWN_WINDOWS: dict[str, int] = {
-    "gpt-5": 400_000,
-    "gpt-4.1": 1_047_576,
-    "gpt-4o": 128_000,
-    "gpt-4-turbo": 128_000,
-    "gpt-4": 8_192,
-    "gpt-3.5-turbo": 16_385,
-    "o1": 200_000,
-    "o3": 200_000,
-    "o4-mini": 200_000,
-    "claude-": 200_000,
-    "claude-sonnet-4": 200_000,
-    "claude-opus-4": 200_000,
-    "llama3.1": 131_072,
-    "llama3.2": 131_072,
-    "llama3.3": 131_072,
-    "llama3": 8_192,
-    "qwen2.5": 32_768,
-    "qwen3": 40_960,
-    "mistral": 32_768,
-    "mixtral": 32_768,
-    "gemma2": 8_192,
-    "gemma3": 131_072,
-    "phi3": 4_096,
-    "smollm2": 8_192,
-    "deepseek-r1": 131_072,
-    "deepseek-chat": 131_072,
-}
 
 #: Numbers that providers put in their context-length errors (OpenAI, llama.cpp, vLLM,
 #: llama-cpp-python): "maximum context length is 8192 tokens", "context window of 512".
@@ -103,14 +73,12 @@ _WINDOW_IN_ERROR = re.compile(
 
 
 def window_from_table(model_name: str) -> int | None:
-    """The window of ``model_name`` (``gpt-4o-mini``, ``openai:gpt-4o``…) from
-    :data:`KNOWN_WINDOWS`, by longest prefix of the name after any ``adapter:`` part."""
-    name = model_name.rpartition(":")[2].rpartition("/")[2].lower()
-    best = ""
-    for prefix in KNOWN_WINDOWS:
-        if name.startswith(prefix) and len(prefix) > len(best):
-            best = prefix
-    return KNOWN_WINDOWS[best] if best else None
+    """The window of ``model_name`` (``gpt-4o-mini``, ``openai:gpt-4o``…) from dsh's model
+    data file (:func:`dsh.modeldata.lookup`: the longest matching id, after any ``adapter:``
+    and ``vendor/`` part), read only now, when nothing else gave a window."""
+    from dsh.modeldata import window
+
+    return window(model_name)
 
 
 def window_in_error(message: str) -> int | None:
@@ -124,7 +92,8 @@ def window_for(agent: Agent) -> int | None:
 
     In order: the agent's ``context_window`` setting, the model's (``[models.ID]
     context_window``), what the adapter reports (``Model.context_window``, e.g. a local
-    model's ``n_ctx``, or a size learnt from an earlier context-length error), the table.
+    model's ``n_ctx``, or a size learnt from an earlier context-length error), the model
+    data file (:mod:`dsh.modeldata`).
     """
     explicit = getattr(agent, "context_window", None)
     if explicit:
