@@ -110,7 +110,7 @@ class AgentHandle:
             run = run.parent
         if run is None:
             where = ("outside any run" if ctx is None
-                     else f"in a run of another agent ({ctx.agent!r})")
+                     else f"in a run of another agent or App (agent {ctx.agent!r})")
             raise NotInRun(
                 f"agent {self.name!r}: {what} is only available during a run of this agent, "
                 f"and was used {where}; keep app- or agent-wide state in app_stash or stash "

@@ -268,7 +268,7 @@ def test_run_stash_and_session_stash_outside_a_run_are_clear_errors(
     handle = app2.agent("a").handle
     result = app2.run("hi", agent="b")
     assert result.outcome == "completed", result.reason
-    assert errors and "in a run of another agent ('b')" in errors[0]
+    assert errors and "in a run of another agent or App (agent 'b')" in errors[0]
 
 
 def test_a_handle_from_a_thread_without_the_run_context_says_how_to_fix_it(
@@ -547,3 +547,39 @@ def test_the_strangers_plugin_works_from_the_docs_without_globals(
     state = {k: v for k, v in vars(stranger).items() if not k.startswith("__")
              and isinstance(v, dict | list | set | int | float)}
     assert state == {}, state
+
+
+# -- plugin events through the handle (delegators to dsh.plugin_events) ----------------------
+
+
+def test_the_handle_records_and_reads_plugin_events_across_apps(
+        tmp_path: Path, plugin_module: Callable[..., str]) -> None:
+    box: list[str] = []
+    read: list[list[tuple[str, dict[str, Any], int]]] = []
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        events = step.handle.plugin_events(box[0], "stopped")
+        read.append([(e.name, dict(e.data), e.version) for e in events])
+
+    @hookimpl
+    def turn_stopping(turn):  # type: ignore[no-untyped-def]
+        turn.handle.record_event(box[0], "stopped", {"calls": turn.stopping_calls,
+                                                     "text": turn.response.text}, version=2)
+
+    box.append(plugin_module(pre_step=pre_step, turn_stopping=turn_stopping))
+    config = {"autoload": False, "load": box, "model": "echo",
+              "sessions_dir": str(tmp_path / "sessions")}
+    first = App(config_from_dict(config)).run("hello")
+    assert first.outcome == "completed", first.reason
+    # Another App (as after a restart) resuming the session reads what the first one wrote.
+    again = App(config_from_dict(config)).run("again", session=first.session_id)
+    assert again.outcome == "completed", again.reason
+    assert read == [[], [("stopped", {"calls": 1, "text": "hello"}, 2)]]
+    types_ = [e["type"] for e in _events(again.path)]
+    assert types_.count(f"x/{box[0]}/stopped") == 2
+    handle = App(config_from_dict(config)).agent().handle
+    with pytest.raises(RuntimeError):
+        handle.record_event(box[0], "stopped", {})
+    with pytest.raises(RuntimeError):
+        handle.plugin_events(box[0])
