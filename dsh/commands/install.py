@@ -123,8 +123,10 @@ def install(state: State, packages: tuple[str, ...], upgrade: bool, editable: tu
     click.echo(text)
     failed = [r for r in rows if r["error"]]
     if failed:
+        from dsh.redact import redact
+
         for r in failed:
-            warn(f"error: plugin {r['label']} failed to load: {r['error']}")
+            warn(redact(f"error: plugin {r['label']} failed to load: {r['error']}"))
         click.get_current_context().exit(errors.EXIT_ERROR)
 
 
