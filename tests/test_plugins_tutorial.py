@@ -1,6 +1,8 @@
-"""docs/plugins.md tells the truth: its file blocks are the files of docs/examples/, the
-example distribution installs with pip and is found through its entry point, and its tool,
-prompt fragment, pre_step hook, tests, command-line output and wrappers do what the text says.
+"""docs/plugins.md tells the truth: its file blocks are the files of docs/examples/ and of
+examples/dsh-example/, the example distributions install with pip and are found through their
+entry points, and their tools, prompt fragment, hooks, tests, command-line output and wrappers
+do what the text says (dsh-example's own tests run in tests/test_testing_plugin.py, from a
+fresh environment where it is installed).
 
 A block is tied to a file by the line before its opening fence: ```PATH`:`` means the block
 is the whole file; ```PATH` (excerpt):`` means its lines appear, consecutively, in the file.
@@ -35,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "plugins.md"
 EXAMPLES = REPO / "docs" / "examples"
 EXAMPLE = EXAMPLES / "dsh-wordcount"
-_TAG = re.compile(r"^`(?P<path>docs/examples/[^`]+)`(?P<excerpt> \(excerpt\))?:$")
+#: The complete plugin of section 8 (its README is not shown: it points to the tutorial).
+COMPLETE = REPO / "examples" / "dsh-example"
+_TAG = re.compile(r"^`(?P<path>(?:docs/)?examples/[^`]+)`(?P<excerpt> \(excerpt\))?:$")
 _IGNORED = {"__pycache__", "build", ".pytest_cache"}
 
 
@@ -72,10 +76,10 @@ def blocks() -> list[Block]:
 
 def example_files() -> list[Path]:
     return sorted(
-        p for p in EXAMPLES.rglob("*")
-        if p.is_file() and not any(
+        p for root in (EXAMPLES, COMPLETE) for p in root.rglob("*")
+        if p.is_file() and p != COMPLETE / "README.md" and not any(
             part in _IGNORED or part.startswith(".") or part.endswith(".egg-info")
-            for part in p.relative_to(EXAMPLES).parts)  # caches and build leftovers
+            for part in p.relative_to(root).parts)  # caches and build leftovers
     )
 
 
@@ -87,6 +91,8 @@ def example_files() -> list[Path]:
 def test_file_blocks_are_the_example_files() -> None:
     tagged = [b for b in blocks() if b.path]
     assert len(tagged) >= 8, "the tutorial lost its file blocks"
+    assert sum(1 for b in tagged if (b.path or "").startswith("examples/dsh-example/")) >= 10, (
+        "the complete plugin lost its file blocks")
     for b in tagged:
         assert b.path is not None
         path = REPO / b.path
@@ -251,6 +257,42 @@ def test_console_output_shown_is_what_dsh_prints(site: Path, tmp_path: Path) -> 
                    DSH_HOME=str(tmp_path / "home"))
         proc = subprocess.run([sys.executable, "-m", "dsh", *first.split()[2:]], env=env,
                               capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == shown, (
+            f"docs/plugins.md:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
+            "update the tutorial")
+        checked += 1
+    assert checked == 2
+
+
+@pytest.fixture(scope="module")
+def complete_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``pip install --target`` of a copy of examples/dsh-example; the target directory."""
+    root = tmp_path_factory.mktemp("complete")
+    src = root / "src"
+    shutil.copytree(COMPLETE, src, ignore=shutil.ignore_patterns(*_IGNORED, "*.egg-info", ".*"))
+    target = root / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-input",
+           "--disable-pip-version-check", "--target", str(target), str(src)]
+    if _builds_offline():
+        cmd.insert(4, "--no-build-isolation")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return target
+
+
+def test_complete_plugin_console_output_is_what_dsh_prints(complete_site: Path,
+                                                           tmp_path: Path) -> None:
+    """Section 8's `dsh --config dsh.toml plugins` / `tools`, run in examples/dsh-example."""
+    checked = 0
+    prefix = "$ dsh --config dsh.toml "
+    for b in blocks():
+        first, _, shown = b.text.partition("\n")
+        if b.lang != "console" or not first.startswith(prefix):
+            continue
+        env = _env(complete_site, DSH_LOAD_PLUGINS="example", DSH_HOME=str(tmp_path / "home"))
+        proc = subprocess.run([sys.executable, "-m", "dsh", *first.split()[2:]], env=env,
+                              cwd=COMPLETE, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == shown, (
             f"docs/plugins.md:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
