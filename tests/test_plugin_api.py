@@ -583,3 +583,30 @@ def test_the_handle_records_and_reads_plugin_events_across_apps(
         handle.record_event(box[0], "stopped", {})
     with pytest.raises(RuntimeError):
         handle.plugin_events(box[0])
+
+
+def test_a_handle_kept_from_one_app_does_not_reach_another_apps_run(
+        make_app: Callable[..., App], plugin_module: Callable[..., str]) -> None:
+    """A plugin that (wrongly) kept app one's handle in a global and uses it during app two's
+    run of the same agent name gets an error, not app two's session state."""
+    kept: list[AgentHandle] = []
+    outcomes: list[str] = []
+
+    @hookimpl
+    def pre_step(step):  # type: ignore[no-untyped-def]
+        if not kept:
+            kept.append(step.handle)
+            return
+        try:
+            kept[0].session_stash[SESSION_RUNS] = 99
+            outcomes.append("reached")
+        except NotInRun as exc:
+            outcomes.append(str(exc))
+
+    name = plugin_module(pre_step=pre_step)
+    one, two = make_app(model="echo", load=[name]), make_app(model="echo", load=[name])
+    assert one.run("first").outcome == "completed"
+    with two.session() as session:
+        assert session.send("second").outcome == "completed"
+    assert SESSION_RUNS not in session.stash
+    assert outcomes and "another agent or App (agent 'default')" in outcomes[0]
