@@ -33,6 +33,7 @@ from dsh.errors import InvariantViolation
 from dsh.errors import PluginError
 from dsh.errors import SessionInUse
 from dsh.errors import UsageError
+from dsh.events import PluginEvent
 from dsh.events import StepEnded
 from dsh.events import ToolReturned
 from dsh.events import TurnEnded
@@ -281,6 +282,29 @@ class Session:
         """Queue context for the next user message; it never starts a turn by itself (B3).
         Safe to call from any thread."""
         self.inbox.inject(text, source)
+
+    def record_event(self, plugin: str, name: str, data: Mapping[str, Any] | None = None, *,
+                     version: int = 1) -> PluginEvent:
+        """Append the plugin event ``x/PLUGIN/NAME`` to this session's ledger (issue 11);
+        ``plugin`` must be a plugin of this app (or ``"app"``). Never model-visible: to show
+        it to the model, :meth:`inject` it. Safe from any thread; outside a turn it is made
+        durable at once. See :mod:`dsh.plugin_events` for the checks.
+
+        :raises dsh.plugin_events.PluginEventError: (a ``ValueError``) bad name or data."""
+        from dsh import plugin_events
+        from dsh.runcontext import current_or_none
+
+        ctx = current_or_none()
+        return plugin_events.record(
+            self.ledger, plugin, name, data, version=version, app=self.agent.app,
+            pm=self.agent.pm, durable=ctx is None or ctx.ledger is not self.ledger)
+
+    def plugin_events(self, plugin: str, name: str | None = None) -> tuple[PluginEvent, ...]:
+        """This session's events of ``plugin`` (named ``name``, if given), oldest first,
+        written before a restart included; from the ledger's index (no file read)."""
+        from dsh import plugin_events
+
+        return plugin_events.read(self.ledger, plugin, name)
 
     def steer(self, text: str, source: str = "user") -> bool:
         """Add a user message to the turn running in another thread (B3, E5). Safe to call

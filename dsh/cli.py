@@ -688,15 +688,21 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
 @click.option("--full", is_flag=True, help="Show tool outputs and system prompts in full.")
 @pass_state
 def sessions_show(state: State, session_id: str, full: bool) -> None:
-    """Show a session as a USER / ASSISTANT / TOOL timeline."""
+    """Show a session as a USER / ASSISTANT / TOOL timeline.
+
+    Plugin events (x/PLUGIN/NAME) are shown with their data, marked when the plugin is not
+    installed."""
+    from dsh.plugin_events import is_installed
     from dsh.render import trajectory
     from dsh.render import use_color
 
-    store = state.app.store
+    app = state.app
+    store = app.store
     color = use_color(sys.stdout)
-    events = store.read(resolve_session(state.app, session_id))
+    events = store.read(resolve_session(app, session_id))
     click.echo(trajectory(events, color=color, full=full, children=store.read,
-                          terminal=sys.stdout.isatty()), nl=False,
+                          terminal=sys.stdout.isatty(),
+                          installed=lambda plugin: is_installed(app, plugin)), nl=False,
                color=color)
     click.echo(_context_line(state.app, events))
 

@@ -20,6 +20,7 @@ from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
+from dsh.messages import freeze
 
 SCHEMA_VERSION = 1
 
@@ -184,6 +185,25 @@ class UnknownEvent(Event):
 
     type: ClassVar[str] = "unknown"
     tag: str = ""
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class PluginEvent(Event):
+    """A plugin's own persistent event (issue 11), tagged ``x/PLUGIN/NAME`` — a family, not
+    one tag, so it is not in :data:`EVENT_TYPES`. ``data`` is a JSON object (read-only once
+    built), ``version`` the plugin's own schema version of it. Written with
+    :func:`dsh.plugin_events.record_event`; ignored by the projection into model messages."""
+
+    type: ClassVar[str] = "x"  # the family; an instance's ``tag`` is ``x/PLUGIN/NAME``
+    plugin: str
+    name: str
+    data: dict[str, Any] = attrs.field(factory=dict, hash=False, converter=freeze)
+    version: int = 1
+
+    @property
+    def tag(self) -> str:
+        """The line's ``type``: ``x/PLUGIN/NAME``."""
+        return f"x/{self.plugin}/{self.name}"
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (

@@ -17,6 +17,7 @@ from dsh.events import AssistantMessage
 from dsh.events import ContextCompacted
 from dsh.events import ContextInjected
 from dsh.events import Event
+from dsh.events import PluginEvent
 from dsh.events import StepEnded
 from dsh.events import StepStarted
 from dsh.events import ToolReturned
@@ -65,6 +66,7 @@ class Projection:
         "last_usage",
         "compactions",
         "answers",
+        "plugin_index",
     )
 
     def __init__(self) -> None:
@@ -86,6 +88,9 @@ class Projection:
         self.compactions = 0
         #: Assistant messages in the whole session, compacted ones included.
         self.answers = 0
+        #: Plugin events (``x/PLUGIN/NAME``), never projected into messages: by plugin and by
+        #: ``(plugin, name)``, oldest first (dsh.plugin_events). None until the first one.
+        self.plugin_index: dict[Any, list[PluginEvent]] | None = None
 
     def view(self) -> MessageView:
         return MessageView(self._messages)
@@ -151,6 +156,16 @@ class Projection:
         elif t is ContextCompacted:
             c2: Any = event
             self.compact(c2.start, c2.end, c2.messages)
+        elif t is PluginEvent:
+            self.index_plugin_event(event)  # type: ignore[arg-type]
+
+    def index_plugin_event(self, event: PluginEvent) -> None:
+        """Keep a plugin event for :func:`dsh.plugin_events.read`: O(1), no message."""
+        index = self.plugin_index
+        if index is None:
+            index = self.plugin_index = {}
+        index.setdefault(event.plugin, []).append(event)
+        index.setdefault((event.plugin, event.name), []).append(event)
 
     def compact(self, start: int, end: int, replacement: tuple[Message, ...]) -> None:
         """Apply a ``context/compacted`` event: ``[start, end)`` becomes ``replacement``.
@@ -238,6 +253,10 @@ class Projection:
         elif tag == "context/compacted":
             self.compact(checked(d["start"], int), checked(d["end"], int),
                          raw_messages(d.get("messages", [])))
+        elif tag[:2] == "x/":
+            from dsh.plugin_events import from_raw
+
+            self.index_plugin_event(from_raw(d))
         self.seq = seq
 
 

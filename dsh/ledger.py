@@ -30,6 +30,7 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -144,6 +145,9 @@ class Ledger:
         #: Why the file can no longer be trusted to hold what was written (it was deleted
         #: during the run); set at the step boundary that noticed it.
         self.lost: str | None = None
+        # One appender at a time: a plugin may record its own events from tool worker
+        # threads (dsh.plugin_events). Re-entrant: an observer may append in turn.
+        self._lock = threading.RLock()
         self._blobs: Any = None
 
     @property
@@ -166,9 +170,12 @@ class Ledger:
         return self._fd is None and self.path is not None
 
     def append(self, cls: type[E], **fields: Any) -> E:
-        """Build, write and project one event; return it (sanitised, if it had to be)."""
-        event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id, **fields)
-        return self._write(event)
+        """Build, write and project one event; return it (sanitised, if it had to be).
+        Thread-safe: each event gets the next ``seq`` and is written whole."""
+        with self._lock:
+            event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id,
+                        **fields)
+            return self._write(event)
 
     def _write(self, event: E) -> E:
         try:

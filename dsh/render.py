@@ -33,6 +33,7 @@ from dsh.events import AssistantMessage
 from dsh.events import ContextCompacted
 from dsh.events import ContextInjected
 from dsh.events import Event
+from dsh.events import PluginEvent
 from dsh.events import StepRejected
 from dsh.events import StepStarted
 from dsh.events import ToolCalled
@@ -188,13 +189,16 @@ MAX_NESTING = 8
 
 def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False,
                children: Callable[[str], Iterable[Event]] | None = None,
-               depth: int = 0, terminal: bool = False) -> str:
+               depth: int = 0, terminal: bool = False,
+               installed: Callable[[str], bool] | None = None) -> str:
     """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
 
     :param children: reads a child session's events: a sub-agent's session is then shown
         under the tool call that started it, indented with ``│``.
     :param terminal: the view goes to a terminal: every text from the ledger has its
         control characters made visible (:func:`escape_controls`).
+    :param installed: tells whether a plugin is installed: a plugin event of one that is not
+        is marked ``(plugin NAME not installed)``.
     """
     s = _Styler(color, terminal)
     out: list[str] = []
@@ -243,7 +247,8 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
                        + " " + s.text(_args(e.arguments)) + s(child, dim=True))
             if e.child_session and children is not None and depth < MAX_NESTING:
-                out.append(_nested(e.child_session, children, s, color, full, depth))
+                out.append(_nested(e.child_session, children, s, color, full, depth,
+                                   installed))
         elif isinstance(e, ToolReturned):
             ok = e.status == "ok"
             took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
@@ -266,9 +271,28 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                              if e.strategy != "mask" or m.role != "tool")
             block("CONTEXT COMPACTED", _truncate(text, full) if e.strategy != "mask" else "",
                   {"fg": "magenta"}, compaction_note(e))
+        elif isinstance(e, PluginEvent):
+            out.append(plugin_event_line(e, s, full, installed))
         elif isinstance(e, UnknownEvent):
             out.append(s(f"? {e.tag} (event type unknown to this dsh)", dim=True))
     return "\n".join(out).rstrip("\n") + "\n" if out else ""
+
+
+#: Characters of a plugin event's data shown by ``dsh sessions show`` (``--full``: all).
+PLUGIN_DATA_CHARS = 300
+
+
+def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
+                      installed: Callable[[str], bool] | None) -> str:
+    """``◆ x/PLUGIN/NAME v2 {data}``: a plugin's own event, never seen by the model."""
+    note = f" v{e.version}" if e.version != 1 else ""
+    if installed is not None and not installed(e.plugin):
+        note += f" (plugin {e.plugin} not installed)"
+    data = json.dumps(e.data, ensure_ascii=False, separators=(",", ":"))
+    if not full and len(data) > PLUGIN_DATA_CHARS:
+        data = data[:PLUGIN_DATA_CHARS] + f"… ({len(data) - PLUGIN_DATA_CHARS} more; --full)"
+    return (s("  ◆ ", fg="magenta") + s(e.tag, bold=True) + s(note, dim=True) + " "
+            + s(data, dim=True))
 
 
 def compaction_note(e: ContextCompacted) -> str:
@@ -282,12 +306,13 @@ def compaction_note(e: ContextCompacted) -> str:
 
 
 def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler,
-            color: bool, full: bool, depth: int) -> str:
+            color: bool, full: bool, depth: int,
+            installed: Callable[[str], bool] | None = None) -> str:
     from dsh.errors import DshError
 
     try:
         text = trajectory(children(session), color=color, full=full, children=children,
-                          depth=depth + 1, terminal=s.safe)
+                          depth=depth + 1, terminal=s.safe, installed=installed)
     except DshError as exc:
         text = s.text(f"(session {session} cannot be read: {exc})") + "\n"
     bar = s("    │ ", dim=True)
@@ -330,6 +355,9 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
             parts.append(f"**Step rejected**{by}: {e.reason}")
         elif isinstance(e, ContextCompacted):
             parts.append(f"**Context compacted** {compaction_note(e)}")
+        elif isinstance(e, PluginEvent):
+            parts.append(f"**Plugin event** `{e.tag}` (version {e.version})\n\n"
+                         + _fence(json.dumps(e.data, ensure_ascii=False, indent=2), "json"))
         elif isinstance(e, TurnEnded):
             reason = f": {e.reason}" if e.reason else ""
             parts.append(f"_Turn {e.turn} {e.outcome}{reason}_")

@@ -20,6 +20,7 @@ from dsh.errors import LedgerError
 from dsh.events import EVENT_TYPES
 from dsh.events import SCHEMA_VERSION
 from dsh.events import Event
+from dsh.events import PluginEvent
 from dsh.events import UnknownEvent
 from dsh.messages import Attachment
 from dsh.messages import Message
@@ -85,6 +86,8 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         return dumper
     items = [f"'v': {SCHEMA_VERSION}", f"'type': {cls.type!r}", "'seq': e.seq", "'ts': e.ts",
              "'session': e.session"]
+    if cls is PluginEvent:  # a family: each line's tag is x/PLUGIN/NAME
+        items[1] = "'type': 'x/' + e.plugin + '/' + e.name"
     for f in attrs.fields(cls):
         if f.name in ("seq", "ts", "session", "extra"):
             continue
@@ -167,6 +170,10 @@ class EventCodec:
         if cls is None:
             if not isinstance(tag, str):
                 raise LedgerError(f"{where}: line has no 'type'")
+            if tag.startswith("x/"):  # a plugin's own event (dsh.plugin_events)
+                from dsh.plugin_events import load
+
+                return load(d, where)
             return UnknownEvent(
                 seq=d.get("seq", 0) if isinstance(d.get("seq"), int) else 0,
                 ts=str(d.get("ts", "")),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import attrs
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from dsh.events import AssistantMessage
 from dsh.events import ContextInjected
+from dsh.events import PluginEvent
 from dsh.events import StepEnded
 from dsh.events import StepStarted
 from dsh.events import ToolCalled
@@ -60,12 +62,35 @@ events = st.one_of(
     st.builds(TurnEnded, turn=st.integers(1, 9), outcome=st.sampled_from(["completed", "error"])),
     st.builds(UnknownEvent, tag=st.just("plugin/x"),
               extra=st.just({"type": "plugin/x", "seq": 0, "x": 1})),
+    st.builds(PluginEvent, plugin=st.sampled_from(["p", "dsh-hooks"]),
+              name=st.sampled_from(["a", "b.c"]), version=st.integers(1, 3),
+              data=st.dictionaries(text, st.recursive(
+                  st.none() | st.booleans() | st.integers() | text,
+                  lambda inner: st.lists(inner, max_size=2)
+                  | st.dictionaries(text, inner, max_size=2), max_leaves=4), max_size=3)),
 )
 
 
 def _state(p: Projection) -> tuple:
+    plugin = {k: [event_to_dict(e) for e in v] for k, v in (p.plugin_index or {}).items()}
     return (list(p.view()), p.system, p.tools, p.model, p.options, dict(p.pending), p.turn,
-            p.step, p.turn_open, p.step_open, p.seq)
+            p.step, p.turn_open, p.step_open, p.seq, plugin)
+
+
+def test_plugin_events_are_indexed_and_never_projected_on_either_path():
+    evs = [PluginEvent(plugin="p", name="a", data={"n": i}) for i in range(3)]
+    evs.insert(1, PluginEvent(plugin="p", name="b", data={"text": "not for the model"}))
+    by_event, by_raw = Projection(), Projection()
+    for i, e in enumerate(evs):
+        d = json.loads(json.dumps(event_to_dict(attrs.evolve(e, seq=i))))
+        by_event.apply(load_event(json.dumps(d)))
+        by_raw.apply_raw(d)
+    for p in (by_event, by_raw):
+        assert len(p) == 0 and p.seq == 3
+        assert p.plugin_index is not None
+        assert [e.data["n"] for e in p.plugin_index["p", "a"]] == [0, 1, 2]
+        assert [e.name for e in p.plugin_index["p"]] == ["a", "b", "a", "a"]
+    assert Projection().plugin_index is None  # a session without plugin events: no index
 
 
 @settings(max_examples=300, deadline=None)
