@@ -157,6 +157,8 @@ def _comment_above(lines: list[str], lineno: int) -> str:
 
 @attrs.frozen
 class Row:
+    """One line of a reference table."""
+
     name: str
     type: str
     mutability: str
@@ -176,7 +178,8 @@ def _members(cls: type) -> tuple[dict[str, tuple[str, str]], dict[str, Row]]:
         lines = source.splitlines()
         node = ast.parse(source).body[0]
         assert isinstance(node, ast.ClassDef)
-        setters = {d.attr and f.name for f in node.body if isinstance(f, ast.FunctionDef)
+        # Properties with a ``@NAME.setter`` are mutable.
+        setters = {f.name for f in node.body if isinstance(f, ast.FunctionDef)
                    for d in f.decorator_list if isinstance(d, ast.Attribute)
                    and d.attr == "setter"}
         for stmt in node.body:
@@ -195,7 +198,7 @@ def _members(cls: type) -> tuple[dict[str, tuple[str, str]], dict[str, Row]]:
                     if isinstance(sub, ast.AnnAssign):
                         ann = ast.get_source_segment(source, sub.annotation) or ""
                     else:
-                        value = sub.value  # type: ignore[union-attr]
+                        value = sub.value
                         ann = params.get(value.id, "") if isinstance(value, ast.Name) else ""
                     fields[target.attr] = (ann, _comment_above(lines, sub.lineno))
             elif isinstance(stmt, ast.FunctionDef) and not stmt.name.startswith("_"):
