@@ -272,11 +272,12 @@ class Session:
         """Refuse, naming the model, an agent whose model cannot take the attachments in
         this session's history (a session resumed with another model): before anything is
         sent. O(messages); imports nothing when the history has none."""
-        for m in self.ledger.projection.view():
-            if m.attachments:
+        pending = [self._attached] if self._attached else []
+        for group in [*pending, *(m.attachments for m in self.ledger.projection.view())]:
+            if group:
                 from dsh.attachments import check_model
 
-                check_model(self.agent.model, self.agent.model_id, m.attachments)
+                check_model(self.agent.model, self.agent.model_id, group)
 
     def inject(self, text: str, source: str = "api") -> None:
         """Queue context for the next user message; it never starts a turn by itself (B3).

@@ -261,8 +261,8 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
                     if time.monotonic() > deadline:
                         raise AttachmentError(f"cannot attach {where}: not downloaded within "
                                               f"{timeout:g}s")
-                name = shown.rstrip("/").rsplit("/", 1)[-1] or shown
-                return check_input(Input(b"".join(chunks), None, name), where)
+                # recorded as its name: the URL without credentials or query
+                return check_input(Input(b"".join(chunks), None, shown), where)
             finally:
                 response.close()
         raise AttachmentError(f"cannot attach {where}: more than {MAX_REDIRECTS} redirects")
@@ -339,6 +339,15 @@ def describe(att: Attachment) -> str:
            f"sha256 {att.sha256[:12]})"
 
 
+def file_name(att: Attachment) -> str:
+    """A file name for providers that want one (OpenAI's ``file`` parts): the last part of
+    the recorded name (a path or URL), else ``<short hash>.<ext>``."""
+    base = (att.name or "").replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if base and base not in (".", ".."):
+        return base
+    return f"{att.sha256[:12]}.{att.media_type.rsplit('/', 1)[-1]}"
+
+
 def human_size(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -413,3 +422,33 @@ def check_model(model: Any, model_id: str, attachments: Iterable[Any]) -> None:
 def _label(att: Any) -> str:
     name = getattr(att, "name", None)
     return str(name) if name else str(getattr(att, "sha256", "") or "bytes")[:12]
+
+
+# -- for views ----------------------------------------------------------------------------------
+
+
+def problems(blobs: Any, events: Iterable[Any]) -> Any:
+    """A callable giving why each recorded attachment of ``events`` cannot be sent (None when
+    it can), each checked once; None when the events record no attachment."""
+    if not any(getattr(e, "attachments", ()) for e in events):
+        return None
+    seen: dict[str, str | None] = {}
+
+    def problem(a: Attachment) -> str | None:
+        key = f"{a.sha256}:{a.size}"
+        if key not in seen:
+            seen[key] = status(blobs, a)
+        return seen[key]
+
+    return problem
+
+
+def listing(blobs: Any, events: Iterable[Any]) -> list[dict[str, Any]]:
+    """Every attachment ``events`` record, in order, as JSON objects (``sessions show
+    --json``): ``sha256``, ``media_type``, ``size``, ``name``, ``seq`` of its ``user/message``
+    and ``problem`` (null when its bytes are there and match)."""
+    events = list(events)
+    problem = problems(blobs, events)
+    return [{"sha256": a.sha256, "media_type": a.media_type, "size": a.size, "name": a.name,
+             "seq": e.seq, "problem": problem(a)}
+            for e in events for a in getattr(e, "attachments", ())]

@@ -486,12 +486,23 @@ def _inject(chat: Chat, arg: str) -> str:
     return "context queued: the model sees it with your next message"
 
 
+def _attach(chat: Chat, arg: str) -> str:
+    """``/attach FILE|URL``: read, check and store it now; it goes with the next message."""
+    if not arg or arg == "-":
+        return "usage: /attach FILE|URL (an image or a PDF; stdin is the chat's own)"
+    from dsh.attachments import describe
+
+    (ref,) = chat.session.attach(arg)
+    return f"attached {describe(ref)}: it goes with your next message"
+
+
 BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
     ChatCommand("help", _help, "this help"),
     ChatCommand("tools", _tools, "the agent's tools"),
     ChatCommand("model", _model, "show or switch the model: /model NAME"),
     ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
     ChatCommand("session", _session, "the session's id and ledger path"),
+    ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
     ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
                 during_turn=True),
     ChatCommand("stop", _stop, "stop the running turn after its current step", during_turn=True),

@@ -686,6 +686,10 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
 @sessions.command("show")
 @click.argument("session_id", metavar="ID")
 @click.option("--full", is_flag=True, help="Show tool outputs and system prompts in full.")
+@click.option("--json", "as_json", is_flag=True, expose_value=False,
+              callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.show_json", value),
+              help="Print one JSON object: the session's id, its events and its attachments "
+                   "(each with a problem, null when its bytes are there).")
 @pass_state
 def sessions_show(state: State, session_id: str, full: bool) -> None:
     """Show a session as a USER / ASSISTANT / TOOL timeline.
@@ -700,11 +704,29 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     store = app.store
     color = use_color(sys.stdout)
     events = store.read(resolve_session(app, session_id))
+    if click.get_current_context().meta.get("dsh.show_json"):
+        _show_json(store, events)
+        return
+    from dsh.attachments import problems
+
     click.echo(trajectory(events, color=color, full=full, children=store.read,
                           terminal=sys.stdout.isatty(),
-                          installed=lambda plugin: is_installed(app, plugin)), nl=False,
+                          installed=lambda plugin: is_installed(app, plugin),
+                          attachment_problem=problems(store, events)), nl=False,
                color=color)
     click.echo(_context_line(state.app, events))
+
+
+def _show_json(store: Any, events: list[Any]) -> None:
+    """``sessions show --json``: ``{"id", "events", "attachments"}`` on one line."""
+    import json
+
+    from dsh.attachments import listing
+    from dsh.serialize import dump_event
+
+    sid = events[0].session if events else ""
+    click.echo(json.dumps({"id": sid, "events": [json.loads(dump_event(e)) for e in events],
+                           "attachments": listing(store, events)}, ensure_ascii=False))
 
 
 def _context_line(app: App, events: list[Any]) -> str:

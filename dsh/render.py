@@ -42,6 +42,7 @@ from dsh.events import TurnEnded
 from dsh.events import TurnStarted
 from dsh.events import UnknownEvent
 from dsh.events import UserMessage
+from dsh.messages import Attachment
 
 if TYPE_CHECKING:
     pass
@@ -190,13 +191,17 @@ MAX_NESTING = 8
 def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False,
                children: Callable[[str], Iterable[Event]] | None = None,
                depth: int = 0, terminal: bool = False,
-               installed: Callable[[str], bool] | None = None) -> str:
+               installed: Callable[[str], bool] | None = None,
+               attachment_problem: Callable[[Attachment], str | None] | None = None,
+               ) -> str:
     """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
 
     :param children: reads a child session's events: a sub-agent's session is then shown
         under the tool call that started it, indented with ``│``.
     :param terminal: the view goes to a terminal: every text from the ledger has its
         control characters made visible (:func:`escape_controls`).
+    :param attachment_problem: why an attachment's bytes cannot be sent (missing, altered),
+        or None: such an attachment is marked (issue 17).
     :param installed: tells whether a plugin is installed: a plugin event of one that is not
         is marked ``(plugin NAME not installed)``.
     """
@@ -233,6 +238,8 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         elif isinstance(e, UserMessage):
             note = f"({e.source})" if e.source != "user" else ""
             block("USER", e.text, {"fg": "green"}, note)
+            for a in e.attachments:
+                out.append(_attachment_line(a, s, attachment_problem))
         elif isinstance(e, AssistantMessage):
             usage[0] += e.usage.input_tokens
             usage[1] += e.usage.output_tokens
@@ -295,6 +302,19 @@ def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
             + s(data, dim=True))
 
 
+def _attachment_line(a: Attachment, s: _Styler,
+                     problem: Callable[[Attachment], str | None] | None) -> str:
+    """``  + name (image/png, 12.3 KiB, sha256 1a2b3c4d5e6f)``, marked when its bytes are
+    missing or altered."""
+    from dsh.attachments import describe
+
+    line = s("  + ", fg="green") + s(describe(a))
+    why = problem(a) if problem is not None else None
+    if why:
+        line += " " + s("[cannot be sent: " + why + "]", fg="red", bold=True)
+    return line
+
+
 def compaction_note(e: ContextCompacted) -> str:
     """One line about a compaction: what replaced what, by whom, why, and the sizes."""
     by = f" by {e.plugin}" if e.plugin else ""
@@ -342,6 +362,10 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
         elif isinstance(e, UserMessage):
             src = f" (`{e.source}`)" if e.source != "user" else ""
             parts.append(f"**User**{src}\n\n{e.text.strip()}")
+            if e.attachments:
+                from dsh.attachments import describe
+
+                parts.append("\n".join(f"- attachment: {describe(a)}" for a in e.attachments))
         elif isinstance(e, AssistantMessage):
             if e.text.strip():
                 parts.append(f"**Assistant**\n\n{e.text.strip()}")

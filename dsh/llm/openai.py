@@ -64,9 +64,10 @@ def attachment_part(att: Attachment) -> dict[str, Any]:
     ``image_url`` with a ``data:`` URL, a PDF as ``file`` with ``file_data`` (issue 17)."""
     from dsh.attachments import PDF
     from dsh.attachments import data_url
+    from dsh.attachments import file_name
 
     if att.media_type == PDF:
-        return {"type": "file", "file": {"filename": att.name or f"{att.sha256[:12]}.pdf",
+        return {"type": "file", "file": {"filename": file_name(att),
                                          "file_data": data_url(att)}}
     return {"type": "image_url", "image_url": {"url": data_url(att)}}
 
