@@ -1,31 +1,30 @@
-"""Tests of dsh-wordcount: the installed plugin, a scripted model, the session ledger."""
+"""Tests of dsh-wordcount, found through its entry point, with dsh.testing's fixtures."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from dsh.app import App
 from dsh.errors import ConfigError
 from dsh.events import ToolReturned
 from dsh.events import UserMessage
+from dsh.testing import PromptResult
+from dsh.testing import Script
+from dsh.testing import ScriptedApp
 
 
-def make_app(tmp_path: Path, *responses: dict[str, Any], **settings: Any) -> App:
-    """An app whose model ``fake`` answers with ``responses``, in order."""
-    return App.from_config({
-        "sessions_dir": str(tmp_path / "sessions"),
-        "agents": {"writer": {"plugins": ["wordcount"]}, "chat": {"plugins": []}},
-        "plugins": {"wordcount": settings},
-        "models": {"fake": {"adapter": "scripted", "responses": list(responses)}},
-    })
+@pytest.fixture
+def dsh_config() -> dict[str, Any]:
+    """The app of every test (``dsh_app``): `writer` enables the plugin, `chat` does not."""
+    return {"agents": {"writer": {"plugins": ["wordcount"]}, "chat": {"plugins": []}},
+            "plugins": {"wordcount": {"top": 2}}}
 
 
-def test_plugin_is_installed_for_writer_only(tmp_path: Path) -> None:
-    app = make_app(tmp_path)
+def test_plugin_is_installed_for_writer_only(dsh_app: ScriptedApp) -> None:
+    app = dsh_app.app
     [plugin] = [p for p in app.plugins if p.name == "wordcount"]
     assert (plugin.dist, plugin.error) == ("dsh-wordcount", None)
     assert "count_words" in app.agent("writer").tools
@@ -33,33 +32,36 @@ def test_plugin_is_installed_for_writer_only(tmp_path: Path) -> None:
     assert "call count_words" in app.agent("writer").system
 
 
-def test_count_words(tmp_path: Path) -> None:
-    call = {"name": "count_words", "arguments": {"text": "The cat and the hat"}}
-    app = make_app(tmp_path, {"tool_calls": [call]}, {"text": "5 words."}, top=2)
-    run = app.run("How many words?", agent="writer", model="fake")
-    assert (run.outcome, run.output) == ("completed", "5 words.")
-    [result] = [e for e in app.store.read(run.session_id) if isinstance(e, ToolReturned)]
-    assert result.status == "ok"
-    assert json.loads(result.output) == {
+def test_count_words(dsh_script: Script, dsh_run: Callable[..., PromptResult]) -> None:
+    dsh_script.tool_call("count_words", text="The cat and the hat").text("5 words.")
+    result = dsh_run("How many words?", agent="writer")
+    assert (result.outcome, result.output) == ("completed", "5 words.")
+    [returned] = result.events_of(ToolReturned)
+    assert returned.status == "ok"
+    assert json.loads(returned.output) == {
         "words": 5, "distinct": 4, "most_common": [["the", 2], ["cat", 1]]}
+    assert result.requests[1].messages[-1].content == returned.output  # what the model read
 
 
-def test_tool_error_reaches_the_model(tmp_path: Path) -> None:
-    call = {"name": "count_words", "arguments": {"text": "..."}}
-    app = make_app(tmp_path, {"tool_calls": [call]}, {"text": "No words."})
-    run = app.run("Count this", agent="writer", model="fake")
-    [result] = [e for e in app.store.read(run.session_id) if isinstance(e, ToolReturned)]
-    assert (result.status, result.output) == ("error", "the text contains no words")
+def test_tool_error_reaches_the_model(dsh_script: Script,
+                                      dsh_run: Callable[..., PromptResult]) -> None:
+    dsh_script.tool_call("count_words", text="...").text("No words.")
+    result = dsh_run("Count this", agent="writer")
+    [returned] = result.events_of(ToolReturned)
+    assert (returned.status, returned.output) == ("error", "the text contains no words")
 
 
-def test_api_keys_never_reach_the_ledger(tmp_path: Path) -> None:
-    app = make_app(tmp_path, {"text": "ok"})
-    run = app.run("Count sk-abcdefghij0123456789xyz please", agent="writer", model="fake")
-    [message] = [e for e in app.store.read(run.session_id) if isinstance(e, UserMessage)]
+def test_api_keys_reach_neither_the_ledger_nor_the_model(
+        dsh_script: Script, dsh_run: Callable[..., PromptResult]) -> None:
+    dsh_script.text("ok")
+    result = dsh_run("Count sk-abcdefghij0123456789xyz please", agent="writer")
+    [message] = result.events_of(UserMessage)
     assert message.text == "Count [redacted API key] please"
-    assert run.path is not None and "sk-abc" not in run.path.read_text()
+    assert "sk-abc" not in json.dumps(result.event_dicts) + json.dumps(result.request_dicts)
 
 
-def test_bad_setting_is_a_config_error(tmp_path: Path) -> None:
+def test_bad_setting_is_a_config_error(dsh_make_app: Callable[..., ScriptedApp],
+                                       dsh_config: dict[str, Any]) -> None:
+    dsh_config["plugins"]["wordcount"]["top"] = 0
     with pytest.raises(ConfigError, match="top: expected a positive integer, got 0"):
-        make_app(tmp_path, top=0).agent("writer")
+        dsh_make_app(dsh_config).app.agent("writer")
