@@ -113,6 +113,8 @@ def register_models(register: Callable[..., None]) -> None:
              description="OpenAI-compatible Chat Completions (OpenAI, Ollama, vLLM, llama.cpp)")
     register("anthropic", "dsh.llm.anthropic:AnthropicModel",
              description="Anthropic Messages API")
+    register("openai-responses", "dsh.llm.responses:ResponsesModel",
+             description="OpenAI Responses API (reasoning items replayed, store: false)")
 
 
 def check_invariant(request: ModelRequest, expected: Any) -> None:

@@ -14,6 +14,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
+from dsh.errors import ConfigError
 from dsh.errors import ProviderError
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
@@ -25,10 +28,13 @@ from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.sanitize import StreamText
+from dsh.sanitize import clean_text
+from dsh.sanitize import join_pairs
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -38,7 +44,12 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def map_message(m: Message) -> dict[str, Any]:
+def map_message(m: Message, replay: bool = False) -> dict[str, Any]:
+    """One message on the wire; ``replay``: with its recorded ``reasoning_content``."""
+    if replay and m.role == "assistant":
+        own = own_reasoning(m, "openai", "reasoning_content")
+        if own:
+            return {**map_message(m), "reasoning_content": "".join(r.text for r in own)}
     if m.role == "tool":
         return {"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content}
     if m.role == "assistant" and m.tool_calls:
@@ -64,10 +75,9 @@ def attachment_part(att: Attachment) -> dict[str, Any]:
     ``image_url`` with a ``data:`` URL, a PDF as ``file`` with ``file_data`` (issue 17)."""
     from dsh.attachments import PDF
     from dsh.attachments import data_url
-    from dsh.attachments import file_name
 
     if att.media_type == PDF:
-        return {"type": "file", "file": {"filename": file_name(att),
+        return {"type": "file", "file": {"filename": att.name or f"{att.sha256[:12]}.pdf",
                                          "file_data": data_url(att)}}
     return {"type": "image_url", "image_url": {"url": data_url(att)}}
 
@@ -93,10 +103,22 @@ def map_tool(t: ToolSpec) -> dict[str, Any]:
 def map_usage(raw: Any) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
+    details = raw.get("prompt_tokens_details")
+    # OpenAI: prompt_tokens_details.cached_tokens; DeepSeek: prompt_cache_hit_tokens. Both are
+    # a part of prompt_tokens, as Usage.cache_read_tokens is of input_tokens.
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = raw.get("prompt_cache_hit_tokens")
     return Usage(
         input_tokens=int(raw.get("prompt_tokens") or 0),
         output_tokens=int(raw.get("completion_tokens") or 0),
+        cache_read_tokens=count(cached),
     )
+
+
+def count(value: Any) -> int:
+    """A token count from a server: a non-negative integer, else 0 (never raises)."""
+    return value if type(value) is int and value >= 0 else 0
 
 
 def _text_of(content: Any) -> str:
@@ -161,6 +183,14 @@ class OpenAIModel(HTTPModel):
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
 
+    def default_options(self) -> dict[str, Any]:
+        """``[models.ID] reasoning_replay`` becomes a recorded option (issue 17, C3)."""
+        if self.settings.get(REASONING_REPLAY) is None:
+            return {}
+        settings = self.settings
+        return {REASONING_REPLAY: reasoning_replay(settings, f"{self.provider}:{self.name}")}
+
+
     def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
         return map_tool(tool)
 
@@ -168,12 +198,16 @@ class OpenAIModel(HTTPModel):
         messages: list[dict[str, Any]] = []
         if request.system:
             messages.append({"role": "system", "content": request.system})
-        messages.extend(map_message(m) for m in request.messages)
+        # Recorded reasoning goes back as the recorded policy says (issue 17, C3).
+        policy = reasoning_replay(request.options, f"{self.provider}:{self.name}")
+        replay = replayed_messages(request.messages, policy)
+        messages.extend(map_message(m, i in replay) for i, m in enumerate(request.messages))
         body: dict[str, Any] = {"model": self.wire_model(request), "messages": messages}
         if request.tools:
             body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
         # The options are the recorded ones, protocol keys excluded at assembly (C3).
         body.update(request.options)
+        body.pop(REASONING_REPLAY, None)  # dsh's own option: what to send, not a field
         if stream:
             # usage arrives in a last chunk with empty choices
             body["stream_options"] = {"include_usage": True}
@@ -198,13 +232,22 @@ class OpenAIModel(HTTPModel):
                     arguments=parse_tool_arguments(fn.get("arguments")),
                 )
             )
-        return make_response(
+        thought = ReasoningText(self)
+        value = _reasoning_field(msg)
+        if value is not None:
+            thought.add(value, show=False)
+        return with_reasoning(make_response(
             _text_of(msg.get("content")),
             calls,
             map_usage(data.get("usage")),
             choice.get("finish_reason"),
             data.get("model") or self.model_name,
-        )
+        ), self._reasoning_parts(thought))
+
+    def _reasoning_parts(self, thought: ReasoningText) -> list[Reasoning]:
+        if not thought.seen:
+            return []
+        return [Reasoning(kind="reasoning_content", provider="openai", text=thought.text())]
 
     def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
         text: list[str] = []
@@ -214,6 +257,7 @@ class OpenAIModel(HTTPModel):
         model: str | None = None
         done = False
         safe = StreamText()  # a surrogate pair split across two deltas is printed whole
+        thought = ReasoningText(self)  # reasoning_content deltas: recorded, never on_text
         for event in events:
             if event.data.strip() == "[DONE]":
                 done = True
@@ -230,6 +274,9 @@ class OpenAIModel(HTTPModel):
                 if choice.get("index", 0) != 0:
                     continue  # n > 1 is not supported: the first choice is the answer
                 delta = choice.get("delta") or {}
+                reasoning = _reasoning_field(delta)
+                if reasoning is not None:
+                    thought.add(reasoning)
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     text.append(content)
@@ -249,7 +296,8 @@ class OpenAIModel(HTTPModel):
             )
             for _, s in sorted(slots.items())
         ]
-        return make_response("".join(text), calls, usage, finish, model or self.model_name)
+        response = make_response("".join(text), calls, usage, finish, model or self.model_name)
+        return with_reasoning(response, self._reasoning_parts(thought))
 
     @staticmethod
     def _merge_call(slots: dict[int, dict[str, Any]], tc: dict[str, Any]) -> None:
@@ -275,3 +323,112 @@ class OpenAIModel(HTTPModel):
         message, code = self.error_details({"error": err})
         detail = f" ({code})" if code else ""
         return ProviderError(f"openai: error from {self.url}{detail}: {truncate(message)}")
+
+
+# -- reasoning (issue 17) ---------------------------------------------------------------------
+
+#: The option (recorded on ``turn/start`` like every option, never sent as a body field) that
+#: says which recorded ``reasoning_content`` goes back to the server; see
+#: :func:`replayed_messages`. Absent means :data:`DEFAULT_REASONING_REPLAY`.
+REASONING_REPLAY = "reasoning_replay"
+#: ``none``: never sent back (DeepSeek's deepseek-reasoner guide: a 400 if it is);
+#: ``tool_turns``: sent back on the assistant messages of every user turn that made tool calls
+#: (DeepSeek's thinking-mode guide: required there, ignored elsewhere); ``all``: every one.
+REASONING_REPLAY_VALUES = ("none", "tool_turns", "all")
+DEFAULT_REASONING_REPLAY = "tool_turns"
+#: Readable and opaque reasoning of one response, in characters, beyond which the response is
+#: refused (a runaway or hostile server): it is recorded and replayed, so it is not cut.
+MAX_REASONING_CHARS = 8_000_000
+
+
+def report_reasoning(owner: Any, delta: str) -> None:
+    """Hand one streamed reasoning delta to whoever shows reasoning (``--show-reasoning``):
+    the caller's ``on_reasoning``, through :meth:`HTTPModel.emit_reasoning` where the core has
+    it. The one place this family's adapters report reasoning as it streams; never
+    ``on_text``, so reasoning never reaches stdout as the answer."""
+    emit = getattr(owner, "emit_reasoning", None)
+    if emit is not None and delta:
+        emit(delta)
+
+
+def reasoning_replay(options: Any, where: str) -> str:
+    """The recorded replay policy of a request's options (a ConfigError for a bad value)."""
+    value = options.get(REASONING_REPLAY, DEFAULT_REASONING_REPLAY)
+    if value not in REASONING_REPLAY_VALUES:
+        raise ConfigError(f"{where}: `{REASONING_REPLAY}` must be one of "
+                          f"{', '.join(REASONING_REPLAY_VALUES)}, got {value!r}")
+    return str(value)
+
+
+def own_reasoning(m: Message, provider: str, *kinds: str) -> list[Reasoning]:
+    """The parts of ``m`` that ``provider`` wrote (another family's parts are never sent)."""
+    return [r for r in m.reasoning if r.provider == provider and r.kind in kinds]
+
+
+def replayed_messages(messages: Any, policy: str) -> set[int]:
+    """Indexes of the assistant messages whose ``reasoning_content`` is sent back."""
+    if policy == "none":
+        return set()
+    chosen: set[int] = set()
+    segment: list[int] = []  # the assistant messages since the last user message
+    tools = False
+    for i, m in enumerate(messages):
+        if m.role == "user":
+            if tools or policy == "all":
+                chosen.update(segment)
+            segment, tools = [], False
+        elif m.role == "assistant" and m.reasoning:
+            segment.append(i)
+        if m.role == "assistant" and m.tool_calls:
+            tools = True
+    if tools or policy == "all":
+        chosen.update(segment)
+    return chosen
+
+
+class ReasoningText:
+    """Reasoning text as it streams: bounded (:data:`MAX_REASONING_CHARS`), reported."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.parts: list[str] = []
+        self.size = 0
+        self.seen = False  # the server sent the field (even empty): replayed as sent
+        self.safe = StreamText()
+
+    def add(self, delta: str, show: bool = True) -> None:
+        self.seen = True
+        self.size += len(delta)
+        if self.size > MAX_REASONING_CHARS:
+            raise too_much_reasoning(self.owner, MAX_REASONING_CHARS)
+        self.parts.append(delta)
+        if show:
+            shown = self.safe.feed(delta)
+            if shown:
+                report_reasoning(self.owner, shown)
+
+    def text(self) -> str:
+        rest = self.safe.flush()
+        if rest:
+            report_reasoning(self.owner, rest)
+        return clean_text(join_pairs("".join(self.parts)))[0]
+
+
+def too_much_reasoning(owner: Any, limit: int) -> ProviderError:
+    return ProviderError(
+        f"{owner.provider}: malformed response from {owner.url}: its reasoning exceeds "
+        f"{limit} characters (a runaway or hostile server); nothing was recorded")
+
+
+def _reasoning_field(d: dict[str, Any]) -> str | None:
+    """``reasoning_content`` (DeepSeek, llama.cpp, older vLLM), else ``reasoning`` (vLLM 0.11+,
+    OpenRouter): only a string counts (OpenRouter's request field is an object)."""
+    value = d.get("reasoning_content")
+    if isinstance(value, str):
+        return value
+    value = d.get("reasoning")
+    return value if isinstance(value, str) else None
+
+
+def with_reasoning(response: ModelResponse, parts: list[Reasoning]) -> ModelResponse:
+    return attrs.evolve(response, reasoning=tuple(parts)) if parts else response
