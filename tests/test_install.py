@@ -159,3 +159,14 @@ def test_requirement_name_gives_no_name_for_paths(head: str, sep: str, tail: str
 def test_requirement_name_of_requirements(arg: str, name: str) -> None:
     assert requirement_name(arg) == name
     assert canonical(name) == name
+
+
+def test_install_editable_reports_the_plugin_and_follows_its_source(
+        venv: Path, demo: Path, tmp_path: Path) -> None:
+    r = dsh(venv, "install", "-e", str(demo), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "plugin demo (dsh-demo-plugin 0.1.0)"
+    assert "  tools: demo_shout" in r.stdout.splitlines()
+    source = demo / "dsh_demo_plugin" / "__init__.py"
+    source.write_text(source.read_text().replace("hello from the demo plugin", "edited"))
+    assert dsh(venv, "demo-hello").stdout == "edited\n"  # the source, not a copy
