@@ -369,3 +369,16 @@ def test_error_event_mid_reasoning(server: CheckingServer) -> None:
     with pytest.raises(ProviderError, match=r"openai: error from .* \(overloaded\): model "
                                             "overloaded"):
         send(request(stream=True), on_text=lambda _: None, model=make(server))
+
+
+def test_reasoning_deltas_go_to_on_reasoning_only(server: CheckingServer) -> None:
+    server.script(Reply(chunks=reasoning_chunks(THOUGHT, ["It is ", "sunny."])))
+    shown: list[str] = []
+    thoughts: list[str] = []
+    try:
+        send(request(stream=True), on_text=shown.append, model=make(server),
+             on_reasoning=thoughts.append)
+    except TypeError:  # a core without on_reasoning: reasoning is simply not shown
+        pytest.skip("this core's transport has no on_reasoning")
+    assert "".join(shown) == "It is sunny."
+    assert "".join(thoughts) == "".join(THOUGHT)
