@@ -90,6 +90,15 @@ def test_install_names_a_plugin_that_fails_to_load(venv: Path, demo: Path, tmp_p
     assert installed(venv)  # installed all the same: `dsh uninstall` removes it
 
 
+def test_install_names_a_plugin_whose_registration_raises(venv: Path, demo: Path,
+                                                         tmp_path: Path) -> None:
+    r = dsh(venv, "install", str(demo), env={"DSH_DEMO_TOOLS_FAIL": "1"}, cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[0] == "plugin demo (dsh-demo-plugin 0.1.0): failed to load"
+    assert ("failed to load: plugin demo raised in hook register_tools: ValueError: no tools "
+            "today") in r.stderr
+
+
 def test_install_reports_a_plugin_that_ends_the_interpreter(venv: Path, demo: Path,
                                                              tmp_path: Path) -> None:
     r = dsh(venv, "install", str(demo), env={"DSH_DEMO_EXIT": "7"}, cwd=tmp_path)

@@ -113,6 +113,24 @@ def test_keys_set_reads_the_key_without_echo_on_a_terminal() -> None:
     assert FileStore().get("openai") == KEY
 
 
+def test_concurrent_sets_lose_no_key() -> None:
+    """Each `set` rewrites the whole file: under the lock, none overwrites another's key
+    (threads with their own lock descriptors, as separate processes have)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def write(i: int) -> None:
+        for j in range(15):
+            FileStore().set(f"k{i}-{j}", f"sk-concurrent-{i:02d}-{j:02d}-abcdef")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(8)))
+    assert len(FileStore().names()) == 8 * 15
+    assert FileStore().get("k5-7") == "sk-concurrent-05-07-abcdef"
+    assert not list(keys_dir().glob(".keys-*"))  # no temporary file left behind
+    r = dsh("keys", "set", "one-more", input="sk-one-more-key-123")  # and a process
+    assert r.returncode == 0 and len(FileStore().names()) == 8 * 15 + 1
+
+
 # -- the file's protection --------------------------------------------------------------------
 
 

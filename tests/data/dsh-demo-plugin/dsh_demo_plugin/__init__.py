@@ -1,7 +1,8 @@
 """A tiny dsh plugin: a hook, a tool, a model prefix and a command (tests/test_install.py).
 
 With ``DSH_DEMO_BREAK`` set in the environment it raises at import, as a broken plugin would;
-with ``DSH_DEMO_EXIT=N`` it ends the interpreter with exit code N at import.
+with ``DSH_DEMO_EXIT=N`` it ends the interpreter with exit code N at import; with
+``DSH_DEMO_TOOLS_FAIL`` its ``register_tools`` raises.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def demo_shout(text: str) -> str:
 
 @hookimpl
 def register_tools(register: Any, agent: Any) -> None:
+    if os.environ.get("DSH_DEMO_TOOLS_FAIL"):
+        raise ValueError("no tools today")
     register(demo_shout)
 
 
