@@ -19,6 +19,9 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from dsh.app import App
 from dsh.app import RunResult
@@ -483,3 +486,33 @@ def test_resume_after_sigkill_sends_byte_identical_reasoning(tmp_path: Path,
     item = json.dumps(reasoning_item(expected_step_1()[0]), ensure_ascii=False).encode()
     assert item in server.raw[1]  # the encrypted reasoning, byte for byte, after the resume
     assert "Checking the weather" not in first.stdout + second.stdout  # never the answer
+
+
+# -- replay is exact for any content -------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(min_size=1, max_size=40), st.none() | st.text(max_size=200),
+       st.lists(st.text(max_size=60), max_size=3))
+def test_any_reasoning_item_comes_back_byte_for_byte_after_the_ledger(
+        rid: str, blob: str | None, summary: list[str]) -> None:
+    """Whatever id, encrypted content and summary (control characters, quotes, escapes) a
+    server sends, the item sent back — after the answer is written to the ledger as JSON and
+    read back, as a resume does — is the one the server gave."""
+    from dsh.serialize import dump_reasoning
+    from dsh.serialize import raw_reasoning
+
+    model = ResponsesModel("m", {"base_url": "http://127.0.0.1:9/v1"})
+    item: dict[str, Any] = {"id": rid, "type": "reasoning",
+                            "summary": [{"type": "summary_text", "text": t} for t in summary]}
+    if blob is not None:
+        item["encrypted_content"] = blob
+    (part,) = model.parse_json({"status": "completed", "output": [item]}).reasoning
+    line = json.dumps(dump_reasoning((part,)), ensure_ascii=False)
+    (back,) = raw_reasoning(json.loads(line))
+    sent = reasoning_item(back)
+    assert json.dumps(sent, ensure_ascii=False) == json.dumps(reasoning_item(part),
+                                                              ensure_ascii=False)
+    assert sent["id"] == rid and sent.get("encrypted_content") == blob
+    joined = "\n\n".join(summary)
+    assert sent["summary"] == ([{"type": "summary_text", "text": joined}] if joined else [])
