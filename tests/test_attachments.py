@@ -527,3 +527,32 @@ def test_chat_attach_goes_with_the_next_message(tmp_path: Path, server: Scripted
     assert "attached dog.gif (image/gif" in r.stdout.decode()  # as /tools prints
     assert user_content(server.bodies[0])[1]["image_url"]["url"].endswith(b64(GIF))
     assert server.bodies[1]["messages"][-1] == {"role": "user", "content": "sure?"}
+
+
+def test_openai_responses_sends_input_image_and_input_file(tmp_path: Path,
+                                                           server: ScriptedServer) -> None:
+    from tests.servers_openai import responses_body
+
+    server.script(Reply(body=responses_body([("message", "msg_1", ["a chart"])])))
+    app = dsh.App.from_config({
+        "autoload": False, "sessions_dir": str(tmp_path / "sessions"),
+        "models": {"rs": {"adapter": "openai-responses", "model": "o4-mini",
+                          "base_url": server.url + "/v1"}}})
+    result = app.run("what?", model="rs", attachments=[PNG, att.Input(PDF, name="r.pdf")])
+    assert result.check().output == "a chart"
+    (user,) = [i for i in server.bodies[0]["input"] if i.get("role") == "user"]
+    assert user["content"] == [
+        {"type": "input_text", "text": "what?"},
+        {"type": "input_image", "image_url": "data:image/png;base64," + b64(PNG)},
+        {"type": "input_file", "filename": "r.pdf",
+         "file_data": "data:application/pdf;base64," + b64(PDF)},
+    ]
+
+
+def test_a_malformed_attachments_setting_is_a_config_error(tmp_path: Path,
+                                                           server: ScriptedServer) -> None:
+    app = make_app(tmp_path, server, oa={"attachments": "yes"})
+    with pytest.raises(dsh.errors.ConfigError, match="`attachments` must be true, false or a "
+                                                     "list of media types"):
+        app.run("hi", model="oa", attachments=[PNG])
+    assert server.received == []

@@ -106,8 +106,16 @@ class Model:
         allowed = self.settings.get("attachments", True)
         if allowed is False:
             return False
-        if isinstance(allowed, list | tuple) and media_type not in allowed:
-            return False
+        if isinstance(allowed, list | tuple):
+            if not all(isinstance(t, str) for t in allowed):
+                allowed = None
+            elif media_type not in allowed:
+                return False
+        if allowed is None or not isinstance(allowed, bool | list | tuple):
+            from dsh.errors import ConfigError
+
+            raise ConfigError(f"model {self.name!r}: `attachments` must be true, false or a "
+                              "list of media types (\"image/png\", \"application/pdf\", …)")
         return media_type in self.attachment_types
 
     def check(self) -> None:

@@ -34,6 +34,7 @@ from dsh.llm.openai import report_reasoning
 from dsh.llm.openai import too_much_reasoning
 from dsh.llm.openai import with_reasoning
 from dsh.llm.sse import SSEEvent
+from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -91,7 +92,21 @@ def input_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
             role = "developer" if m.role == "system" else m.role
             items.append({"type": "message", "role": role,
                           "content": [{"type": "input_text", "text": m.content}]})
+            if m.attachments:  # issue 17: after the text, as the API's examples put them
+                items[-1]["content"].extend(attachment_input(a) for a in m.attachments)
     return items
+
+
+def attachment_input(att: Attachment) -> dict[str, Any]:
+    """One recorded attachment as a Responses API content part: ``input_image`` with a
+    ``data:`` URL, or ``input_file`` with ``file_data`` for a PDF (issue 17)."""
+    from dsh.attachments import PDF
+    from dsh.attachments import data_url
+    from dsh.attachments import file_name
+
+    if att.media_type == PDF:
+        return {"type": "input_file", "filename": file_name(att), "file_data": data_url(att)}
+    return {"type": "input_image", "image_url": data_url(att)}
 
 
 def map_tool(t: ToolSpec) -> dict[str, Any]:
@@ -127,6 +142,9 @@ class ResponsesModel(HTTPModel):
     #: The request's own fields (``instructions`` carries the system prompt) and server-side
     #: state the ledger would not hold (``previous_response_id``, ``conversation``).
     reserved_options = frozenset({"instructions", "previous_response_id", "conversation"})
+    #: ``input_image`` and ``input_file`` (PDF) parts (issue 17).
+    attachment_types = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp",
+                                  "application/pdf"})
 
     def auth_headers(self, key: str | None) -> dict[str, str]:
         return {"authorization": f"Bearer {key}"} if key else {}
