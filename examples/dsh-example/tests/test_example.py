@@ -159,6 +159,8 @@ def test_the_command_line(dsh_script: Script, dsh_cli: Callable[..., Any]) -> No
     assert (result.exit_code, result.stdout) == (0, "Cats nap.\n")
     assert result.requests[0].messages[-1].content == "summarise in one sentence: cats"
     assert "x/example/requests" in result.event_types
+    shown = dsh_cli("sessions", "show", str(result.session_id))
+    assert 'x/example/requests {"count":2}' in shown.stdout  # the plugin's events, in place
 
     rejected = dsh_cli("run", "the password is hunter2")
     assert rejected.exit_code == 4  # rejected (docs/cli.md)
