@@ -110,6 +110,18 @@ def test_install_reports_a_plugin_that_ends_the_interpreter(venv: Path, demo: Pa
     assert "dsh uninstall PKG" in last
 
 
+def test_install_with_a_broken_config_says_so_after_installing(venv: Path, demo: Path,
+                                                             tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("max_steps = 'many'\n")
+    r = dsh(venv, "--config", str(config), "install", str(demo), cwd=tmp_path)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dsh: error: checking the new plugins: {config}") and \
+        last.endswith("; they are installed"), last
+    assert installed(venv)
+
+
 def test_install_fails_clearly_when_pip_does(venv: Path, tmp_path: Path) -> None:
     r = dsh(venv, "install", str(tmp_path / "no-such-dir"), cwd=tmp_path)
     assert r.returncode == 1

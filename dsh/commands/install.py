@@ -189,7 +189,11 @@ def probe(state: State, names: list[str], dists: set[str]) -> list[dict[str, Any
                 f"ended the interpreter with exit code {proc.returncode}"
                 + (f": {redact(' | '.join(tail))}" if tail else "")
                 + "; they are installed (dsh uninstall PKG removes them)")
-        rows: list[dict[str, Any]] = json.loads(data)
+        result = json.loads(data)
+        if isinstance(result, dict):
+            raise errors.DshError(f"checking the new plugins: {result['fatal']}; they are "
+                                  "installed")
+        rows: list[dict[str, Any]] = result
         return rows
     finally:
         os.unlink(out)
@@ -200,11 +204,17 @@ def probe_main() -> None:
     rows as JSON to OUT."""
     import json
 
+    from dsh.errors import DshError
+
     out, config, names, dists = sys.argv[1:5]
-    rows = describe(config or None, [n for n in names.split(",") if n],
-                    {d for d in dists.split(",") if d})
+    result: Any
+    try:
+        result = describe(config or None, [n for n in names.split(",") if n],
+                          {d for d in dists.split(",") if d})
+    except DshError as exc:  # the config cannot be read, a strict plugin failed…
+        result = {"fatal": str(exc)}
     with open(out, "w", encoding="utf-8") as f:
-        json.dump(rows, f)
+        json.dump(result, f)
 
 
 def describe(config: str | None, names: list[str], dists: set[str]) -> list[dict[str, Any]]:
