@@ -286,9 +286,9 @@ class Result:
 class PromptResult(Result):
     """The result of :meth:`ScriptedApp.run` (the ``dsh_run`` fixture)."""
 
-    def __init__(self, run: RunResult, events: list[Event],
+    def __init__(self, run: RunResult, session_id: str | None, events: list[Event],
                  requests: list[ModelRequest]) -> None:
-        super().__init__(run.session_id or None, events, requests)
+        super().__init__(session_id, events, requests)
         #: The :class:`dsh.app.RunResult` that ``App.run`` returned.
         self.run = run
         #: The final answer.
@@ -367,11 +367,7 @@ class ScriptedApp:
         """A new app from the same config, sessions and script, as a new process would
         build it: nothing kept in memory (agents, stashes, plugin state) carries over. Use it
         to test that state persisted in the ledger survives a resume."""
-        clone = object.__new__(ScriptedApp)
-        clone.config, clone.script, clone.sessions_dir = (
-            self.config, self.script, self.sessions_dir)
-        clone.app = clone._build()
-        return clone
+        return ScriptedApp(self.config, self.script, self.sessions_dir)
 
     def run(self, prompt: str, *, agent: str | None = None, session: str | None = None,
             **kwargs: Any) -> PromptResult:
@@ -380,15 +376,17 @@ class ScriptedApp:
         ``inject``, ``limits``, ``save``…)."""
         start = len(self.script.requests)
         result = self.app.run(prompt, agent=agent, session=session, **kwargs)
-        events = self.events(result.session_id) if (
-            result.session_id and self.app.store.exists(result.session_id)) else []
-        return PromptResult(result, events, self.script.requests[start:])
+        saved = bool(result.session_id) and self.app.store.exists(result.session_id)
+        return PromptResult(result, result.session_id if saved else None,
+                            self.events(result.session_id) if saved else [],
+                            self.script.requests[start:])
 
     def cli(self, *args: str, input: str | bytes | None = None,
             env: Mapping[str, str | None] | None = None,
             catch_exceptions: bool = False) -> CliResult:
-        """Run ``dsh ARGS...`` in this process with click's ``CliRunner``, against this app
-        (so ``--config`` is ignored), stdout and stderr apart.
+        """Run ``dsh ARGS...`` in this process with click's ``CliRunner``, against this app,
+        stdout and stderr apart. ``--config`` is refused: the command runs with this app's
+        config (build another app with ``dsh_make_app``, or run ``dsh`` in a subprocess).
 
         :param input: what the command reads on stdin.
         :param env: environment variables to set (``None`` removes one) during the command.
@@ -396,6 +394,10 @@ class ScriptedApp:
             those become ``dsh: error:`` and their exit code) propagates into the test with
             its traceback; true keeps it in :attr:`CliResult.exception`, exit code 1.
         """
+        if any(a == "--config" or str(a).startswith("--config=") for a in args):
+            raise ValueError("dsh_cli runs dsh with the app's own config, so --config would be "
+                             "ignored: build an app from that config with dsh_make_app(...), "
+                             "or run dsh in a subprocess")
         from click.testing import CliRunner
 
         from dsh.cli import State
@@ -552,7 +554,9 @@ def dsh_make_app(dsh_env: IsolatedEnv,
             script = Script(script or ())
         key = f"script-{next(_SCRIPT_IDS)}"
         _SCRIPTS[key] = script
-        sessions = Path(cfg.setdefault("sessions_dir", str(dsh_env.sessions_dir())))
+        if "sessions_dir" not in cfg:
+            cfg["sessions_dir"] = str(dsh_env.sessions_dir())
+        sessions = Path(cfg["sessions_dir"])
         cfg.setdefault("model", MODEL)
         cfg["models"] = {**cfg.get("models", {}), MODEL: {"adapter": MODEL, "script": key}}
         load = [str(x) for x in cfg.get("load", [])]

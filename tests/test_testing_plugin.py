@@ -389,11 +389,20 @@ def test_the_environment_is_isolated(dirty_environment: None, request: pytest.Fi
 
 
 def test_prompt_result_repr_and_run(dsh_make_app: MakeApp) -> None:
-    app = dsh_make_app(BARE, script=[{"text": "fine"}])
+    app = dsh_make_app(BARE, script=[{"text": "fine"}, {"text": "unsaved"}])
     result = app.run("how are you?")
     assert isinstance(result, PromptResult)
     assert repr(result).startswith("PromptResult(outcome='completed', output='fine'")
     assert result.run.check() is result.run
+    unsaved = app.run("again", save=False)
+    assert (unsaved.output, unsaved.session_id, unsaved.events) == ("unsaved", None, [])
+    assert len(unsaved.requests) == 1
+
+
+def test_cli_refuses_config(dsh_app: ScriptedApp) -> None:
+    for args in (("--config", "x.toml", "run", "hi"), ("--config=x.toml", "run", "hi")):
+        with pytest.raises(ValueError, match="--config would be ignored"):
+            dsh_app.cli(*args)
 
 
 # --------------------------------------------------------------------------------------------
