@@ -24,11 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 import dsh.testing
 from dsh import hookimpl
 from dsh.errors import ConfigError
 from dsh.events import AssistantMessage
+from dsh.events import ToolCalled
 from dsh.events import ToolReturned
 from dsh.events import TurnStarted
 from dsh.events import UserMessage
@@ -194,6 +199,31 @@ def test_the_requests_are_those_the_model_received(dsh_make_app: MakeApp) -> Non
         {"id": "call_1_0", "name": "add", "arguments": {"a": 2, "b": 3}}]
     json.dumps(result.request_dicts)  # plain data
     assert app.requests == spy.seen  # the app's, over every run
+
+
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arguments=st.dictionaries(_TEXT, _JSON, max_size=4), answer=_TEXT)
+def test_scripted_arguments_and_text_arrive_unchanged(dsh_make_app: MakeApp,
+                                                      arguments: dict[str, Any],
+                                                      answer: str) -> None:
+    """Whatever a reply holds reaches the ledger and the next request as it was scripted."""
+    app = dsh_make_app(BARE)
+    app.script.tool_call("anything", arguments).text(answer)
+    result = app.run("go")
+    [called] = result.events_of(ToolCalled)
+    assert called.arguments == arguments
+    calls = result.request_dicts[1]["messages"][1]["tool_calls"]
+    assert calls == [{"id": "call_1_0", "name": "anything", "arguments": arguments}]
+    assert json.loads(json.dumps(result.request_dicts)) == result.request_dicts
+    assert result.output == answer
 
 
 def test_events_are_the_session_ledger_typed_and_as_its_lines(dsh_make_app: MakeApp) -> None:
