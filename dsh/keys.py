@@ -202,14 +202,29 @@ class KeyringStore:
         b = type(self.backend)
         return f"keyring {b.__module__}.{b.__qualname__} (service {SERVICE!r})"
 
+    def _call(self, method: str, *args: str) -> Any:
+        """``keyring.METHOD(*args)``; a keyring failure (locked, no D-Bus…) is one
+        :class:`ConfigError` naming the backend (never the arguments: one may be a key)."""
+        from keyring.errors import KeyringError
+        from keyring.errors import PasswordDeleteError
+
+        try:
+            return getattr(self.keyring, method)(*args)
+        except PasswordDeleteError:
+            raise
+        except KeyringError as exc:
+            raise ConfigError(f"{self.where()}: {type(exc).__name__}: "
+                              f"{redact.redact(str(exc)) or 'failed'} ({BACKEND_ENV}=file "
+                              "keeps keys in a file instead)") from None
+
     def get(self, name: str) -> str | None:
-        value = self.keyring.get_password(SERVICE, name)
+        value = self._call("get_password", SERVICE, name)
         if value is not None:
             redact.register(value)
         return value if value is None else str(value)
 
     def names(self) -> list[str]:
-        raw = self.keyring.get_password(SERVICE, INDEX)
+        raw = self._call("get_password", SERVICE, INDEX)
         try:
             names = json.loads(raw) if raw else []
         except ValueError:
@@ -217,11 +232,11 @@ class KeyringStore:
         return sorted({n for n in names if isinstance(n, str) and NAME.fullmatch(n)})
 
     def _index(self, names: set[str]) -> None:
-        self.keyring.set_password(SERVICE, INDEX, json.dumps(sorted(names)))
+        self._call("set_password", SERVICE, INDEX, json.dumps(sorted(names)))
 
     def set(self, name: str, value: str) -> None:
         redact.register(value)
-        self.keyring.set_password(SERVICE, name, value)
+        self._call("set_password", SERVICE, name, value)
         self._index({*self.names(), name})
 
     def remove(self, name: str) -> bool:
@@ -229,7 +244,7 @@ class KeyringStore:
 
         known = set(self.names())
         try:
-            self.keyring.delete_password(SERVICE, name)
+            self._call("delete_password", SERVICE, name)
             found = True
         except PasswordDeleteError:
             found = False

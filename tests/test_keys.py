@@ -85,9 +85,9 @@ def test_keys_set_list_path_remove_with_the_file_backend() -> None:
     assert dsh("keys", "list").stdout == "other\n"
 
 
-@pytest.mark.parametrize("given", ["", "\n", "  \n"])
-def test_keys_set_refuses_an_empty_key(given: str) -> None:
-    r = dsh("keys", "set", "openai", input=given)
+@pytest.mark.parametrize("typed", ["", "\n", "  \n"])
+def test_keys_set_refuses_an_empty_key(typed: str) -> None:
+    r = dsh("keys", "set", "openai", input=typed)
     assert r.returncode == 2 and "no key given" in r.stderr
     assert not (keys_dir() / "keys.json").exists()
 
@@ -354,3 +354,27 @@ def test_keyrings_fallback_file_is_not_chosen_on_its_own(
     assert isinstance(store(), FileStore)
     monkeypatch.setenv("DSH_KEYS_BACKEND", "keyring")  # forced: any working backend
     assert store().where().startswith("keyring ")
+
+
+def test_a_failing_keyring_is_one_clear_error(keyring_file: Path, tmp_path: Path) -> None:
+    """A locked keyring (or one without its D-Bus service) is exit 2 naming the backend and
+    the way out, with no traceback and no key."""
+    (tmp_path / "lockedkr.py").write_text(
+        "from keyring.backend import KeyringBackend\n"
+        "from keyring.errors import KeyringLocked\n\n"
+        "class Locked(KeyringBackend):\n"
+        "    priority = 5\n\n"
+        "    def get_password(self, service, username):\n"
+        "        raise KeyringLocked('the keyring is locked')\n\n"
+        "    def set_password(self, service, username, password):\n"
+        "        raise KeyringLocked('the keyring is locked')\n\n"
+        "    def delete_password(self, service, username):\n"
+        "        raise KeyringLocked('the keyring is locked')\n")
+    env = {"PYTHON_KEYRING_BACKEND": "lockedkr.Locked",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for args, typed in ((("keys", "list"), None), (("keys", "set", "openai"), KEY)):
+        r = dsh(*args, input=typed, env=env)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == ("dsh: error: keyring lockedkr.Locked (service 'dsh'): "
+                            "KeyringLocked: the keyring is locked (DSH_KEYS_BACKEND=file keeps "
+                            "keys in a file instead)\n")
