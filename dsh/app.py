@@ -209,12 +209,13 @@ class Agent:
         return self.model.effective_id or self.model_id
 
     @property
-    def price(self) -> tuple[float, float] | None:
-        """``(input, output)`` price per million tokens from ``[models.ID] price``."""
-        price = self.app.config.models.get(self.model_id, {}).get("price")
-        if not price:
-            return None
-        return float(price.get("input", 0)), float(price.get("output", 0))
+    def price(self) -> tuple[float | None, ...] | None:
+        """``(input, output, cache_read, cache_write)`` price per million tokens from
+        ``[models.ID] price`` (:func:`dsh.budget.model_price`; a cache price not given is
+        None: a default multiple of the input price applies)."""
+        from dsh.budget import model_price
+
+        return model_price(self.model_id, self.app.config.models.get(self.model_id))
 
     @property
     def observed(self) -> bool:
@@ -464,6 +465,8 @@ class Session:
                 changed = transport.record_turn(
                     ledger, model=agent.effective_model, system=agent.system,
                     tools=agent.tool_specs, options=agent.options)
+                if changed["model"] is not None and proj.answers:  # a switch: see events.md
+                    changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
                 ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
                               **_parent_link(parent, number))
                 bound = transport.bind(ctx, agent.model, ledger, pm)
@@ -498,7 +501,9 @@ class Session:
             output=turn.output, session_id=ledger.session_id, outcome=outcome,
             reason=turn.reason, steps=turn.steps, error=error, path=ledger.path,
             usage=Usage(input_tokens=ctx.budget.input_tokens,
-                        output_tokens=ctx.budget.output_tokens),
+                        output_tokens=ctx.budget.output_tokens,
+                        cache_read_tokens=ctx.budget.cache_read_tokens,
+                        cache_write_tokens=ctx.budget.cache_write_tokens),
             context=_context_status(agent, ledger),
         )
 
@@ -616,6 +621,14 @@ def configure(pm: Any, app: App) -> None:
 
 
 MAX_DEPTH = 8
+
+
+def withheld_reasoning(model: Any, proj: Any) -> int:
+    """How many reasoning parts of the history ``model`` will not be sent: those another
+    provider family wrote (each adapter replays only its own family's, issue 17). Counted on
+    the ``turn/start`` that switches the model (O(history), once per switch)."""
+    family = getattr(model, "provider", None)
+    return sum(1 for m in proj.view() for r in m.reasoning if r.provider != family)
 
 
 def _parent_link(parent: RunContext | None, turn: int) -> dict[str, Any]:

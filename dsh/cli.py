@@ -685,7 +685,8 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
 
 @sessions.command("show")
 @click.argument("session_id", metavar="ID")
-@click.option("--full", is_flag=True, help="Show tool outputs and system prompts in full.")
+@click.option("--full", is_flag=True,
+              help="Show tool outputs, system prompts and reasoning in full.")
 @click.option("--json", "as_json", is_flag=True, expose_value=False,
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.show_json", value),
               help="Print one JSON object: the session's id, its events and its attachments "
@@ -714,6 +715,11 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
                           installed=lambda plugin: is_installed(app, plugin),
                           attachment_problem=problems(store, events)), nl=False,
                color=color)
+    from dsh.render import usage_totals
+
+    totals = usage_totals(events)
+    if totals is not None:
+        click.echo(totals)
     click.echo(_context_line(state.app, events))
 
 

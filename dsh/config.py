@@ -25,7 +25,7 @@ FSYNC_CHOICES = ("event", "step", "never")
 #: Options (``[agents.X] options``, ``[models.ID] options``, ``-o``) nested deeper are refused.
 MAX_OPTION_DEPTH = 64
 #: Keys of ``[models.ID]`` that dsh itself reads (an adapter validates the others).
-MODEL_PRICE_KEYS = ("input", "output")
+MODEL_PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
 
 
 @attrs.frozen(kw_only=True)

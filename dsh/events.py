@@ -63,6 +63,9 @@ class TurnStarted(Event):
     #: For a nested run (a sub-agent): the parent's session and the tool call that started it.
     parent: str | None = None
     parent_call: str | None = None
+    #: On a turn that switches the model: how many reasoning parts of the history the new
+    #: model will not receive (another provider family wrote them; issue 17). 0 otherwise.
+    reasoning_withheld: int = 0
 
 
 @attrs.frozen(kw_only=True, repr=False)

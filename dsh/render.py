@@ -208,6 +208,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
     s = _Styler(color, terminal)
     out: list[str] = []
     usage = [0, 0]
+    cached = [0, 0]  # prompt-cache reads, writes (parts of the input tokens)
     steps = 0
 
     def block(label: str, text: str, style: dict[str, Any], note: str = "") -> None:
@@ -218,7 +219,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
 
     for e in events:
         if isinstance(e, TurnStarted):
-            usage, steps = [0, 0], 0
+            usage, cached, steps = [0, 0], [0, 0], 0
             bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
             if e.tools is not None:
                 bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
@@ -243,6 +244,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         elif isinstance(e, AssistantMessage):
             usage[0] += e.usage.input_tokens
             usage[1] += e.usage.output_tokens
+            cached[0] += e.usage.cache_read_tokens
+            cached[1] += e.usage.cache_write_tokens
+            for part in e.reasoning:
+                out.append(reasoning_line(part, s, full))
             notes = []
             if e.tool_call_source and e.tool_call_source != "native":
                 notes.append(f"tool calls rescued from text ({e.tool_call_source})")
@@ -269,7 +274,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             reason = f" ({e.reason})" if e.reason else ""
             tail = f"{steps} step{'s' if steps != 1 else ''}"
             if usage != [0, 0]:
-                tail += f" · {usage[0]} in / {usage[1]} out tokens"
+                tail += f" · {usage[0]} in{cache_note(*cached)} / {usage[1]} out tokens"
             out.append(s(f"━━ turn {e.turn} {e.outcome}{reason} ━━ ", bold=True, **style)
                        + s(tail, dim=True))
             out.append("")
@@ -313,6 +318,66 @@ def _attachment_line(a: Attachment, s: _Styler,
     if why:
         line += " " + s("[cannot be sent: " + why + "]", fg="red", bold=True)
     return line
+
+
+#: Characters of a reasoning part's text shown by ``dsh sessions show`` (``--full``: all).
+REASONING_CHARS = 160
+
+
+def cache_note(read: int, written: int) -> str:
+    """`` (R cache read, W cache write)`` after an input token count; empty without any."""
+    if not (read or written):
+        return ""
+    return f" ({read} cache read, {written} cache write)"
+
+
+def usage_totals(events: Iterable[Event]) -> str | None:
+    """``usage: N in (R cache read, W cache write) / M out tokens, K responses`` over a
+    session's ``assistant/message`` events (``dsh sessions show``); None when none counted."""
+    total = [0, 0, 0, 0, 0]
+    for e in events:
+        if isinstance(e, AssistantMessage):
+            u = e.usage
+            total[0] += u.input_tokens
+            total[1] += u.output_tokens
+            total[2] += u.cache_read_tokens
+            total[3] += u.cache_write_tokens
+            total[4] += 1
+    if not (total[0] or total[1]):
+        return None
+    n = total[4]
+    return (f"usage: {total[0]} in{cache_note(total[2], total[3])} / {total[1]} out tokens, "
+            f"{n} response{'s' if n != 1 else ''}")
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KB"
+
+
+def reasoning_line(part: Any, s: _Styler, full: bool) -> str:
+    """One reasoning part, dimmed (issue 17): ``  ∴ thinking: …`` — its text shortened to
+    :data:`REASONING_CHARS` unless ``full``, secrets redacted (:func:`dsh.redact.redact`);
+    an opaque part (redacted thinking, encrypted reasoning) as a marker with its size.
+    Signatures and opaque data are never shown (they are replayed to the provider as
+    recorded, not read)."""
+    from dsh.redact import redact
+
+    label = f"{part.kind} ({part.provider})"
+    opaque = part.data or ""
+    if not part.text:
+        what = "" if "redacted" in part.kind else "encrypted, "
+        return s(f"  ∴ [{label}, {what}{_size(len(opaque.encode()))}]", dim=True)
+    text = redact(part.text)
+    if not full:
+        flat = " ".join(text.split())
+        if len(flat) > REASONING_CHARS:
+            text = flat[:REASONING_CHARS] + f"… ({len(flat) - REASONING_CHARS} more; --full)"
+        else:
+            text = flat
+    extra = f" [+ encrypted, {_size(len(opaque.encode()))}]" if opaque else ""
+    head = s(f"  ∴ {label}{extra}:", dim=True)
+    body = s(_indent(text.rstrip("\n"), "    "), dim=True) if full else s(" " + text, dim=True)
+    return head + ("\n" + body if full else body)
 
 
 def compaction_note(e: ContextCompacted) -> str:

@@ -148,6 +148,9 @@ class Budget:
     tool_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Parts of ``input_tokens`` read from / written to a provider's prompt cache.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
     cost: float = 0.0
     #: The clock the time limit reads (``time.monotonic``; a test may pass its own).
     clock: Callable[[], float] = attrs.field(default=time.monotonic, repr=False, eq=False)
@@ -265,7 +268,7 @@ class RunContext:
     #: Tool calls that need approval are approved without asking (``dsh run --yes``).
     approve_all: bool = False
     #: Price per million tokens of the run's model, ``(input, output)``, for cost budgets.
-    price: tuple[float, float] | None = None
+    price: tuple[float | None, ...] | None = None
     #: The parent run, for a nested run (a sub-agent).
     parent: RunContext | None = None
     _cleanups: list[Callable[[], None]] = attrs.Factory(list)

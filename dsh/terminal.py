@@ -208,6 +208,41 @@ class TextPrinter:
             self.dirty = False
 
 
+class ReasoningPrinter(TextPrinter):
+    """A :class:`TextPrinter` for reasoning deltas (``--show-reasoning``): text is written up
+    to its last whitespace and the rest held back, so that each word is whole when it passes
+    :func:`dsh.redact.redact` — a secret split across two deltas is still redacted."""
+
+    #: A word longer than this is written (redacted as far as it goes) without waiting more.
+    HOLD = 4096
+
+    def __init__(self, write: Callable[[str], None],
+                 hide_status: Callable[[], None] | None = None,
+                 show_status: Callable[[], None] | None = None) -> None:
+        super().__init__(write, hide_status, show_status)
+        self.pending = ""
+
+    def on_text(self, delta: str) -> None:
+        text = self.pending + delta
+        cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
+        if cut < 0 and len(text) < self.HOLD:
+            self.pending = text
+            return
+        shown, self.pending = (text[:cut + 1], text[cut + 1:]) if cut >= 0 else (text, "")
+        self._out(shown)
+
+    def _out(self, text: str) -> None:
+        from dsh.redact import redact
+
+        super().on_text(redact(text))
+
+    def finish(self) -> None:
+        if self.pending:
+            text, self.pending = self.pending, ""
+            self._out(text)
+        super().finish()
+
+
 def silence_stdout() -> None:
     """Point file descriptor 1 at ``/dev/null`` after the reader went away, so that the
     interpreter's final flush cannot fail (the recipe of the Python docs for SIGPIPE)."""
@@ -279,6 +314,13 @@ def _compact(data: Any) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def _cache_usage(usage: Any) -> dict[str, int]:
+    """The prompt-cache counts of a usage, when there are any (``--json``'s ``usage``)."""
+    read = getattr(usage, "cache_read_tokens", 0)
+    written = getattr(usage, "cache_write_tokens", 0)
+    return {"cache_read_tokens": read, "cache_write_tokens": written} if read or written else {}
+
+
 def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]:
     """The ``--json`` object (and the last ``--events`` line) of a run's result."""
     return {
@@ -290,7 +332,8 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
         "output": result.output,
         "steps": result.steps,
         "usage": {"input_tokens": result.usage.input_tokens,
-                  "output_tokens": result.usage.output_tokens},
+                  "output_tokens": result.usage.output_tokens,
+                  **_cache_usage(result.usage)},
         "path": str(result.path) if result.path else None,
         "context": getattr(result, "context", None),
     }
@@ -390,6 +433,8 @@ class RunOutput:
         if events:
             self._handlers.append(lambda e: self.write_json(event_line(e)))
         self.printer: TextPrinter | None = None
+        #: Prints reasoning deltas on stderr (``--show-reasoning``, :meth:`show_reasoning`).
+        self.thoughts: ReasoningPrinter | None = None
         if self.streaming:
             shared = self.status if stdout_tty else None
             self.printer = TextPrinter(self.write_text, shared.hide if shared else None,
@@ -449,7 +494,7 @@ class RunOutput:
                 timer.start()
             with interrupt:
                 return session.send(
-                    text, on_event=on_event, on_text=self.on_text,
+                    text, on_event=on_event, on_text=self.on_text, on_reasoning=self.on_reasoning,
                     limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
                                                        else None),
                     context_hook=attach, approve=approve)
@@ -509,10 +554,46 @@ class RunOutput:
 
     @property
     def on_text(self) -> Callable[[str], None] | None:
-        return self.printer.on_text if self.printer is not None else None
+        printer, thoughts = self.printer, self.thoughts
+        if printer is not None and thoughts is not None:
+            def on_text(delta: str) -> None:
+                thoughts.finish()  # the reasoning's line ends before the answer starts
+                printer.on_text(delta)
+
+            return on_text
+        return printer.on_text if printer is not None else None
+
+    def show_reasoning(self) -> None:
+        """``--show-reasoning``: reasoning deltas go to stderr as they stream — dimmed and
+        with their controls made visible on a terminal, secrets redacted — never to stdout."""
+        import sys
+
+        tty = self.err_tty
+
+        def write(text: str) -> None:
+            if tty:
+                text = click.style(escape_controls(text), dim=True)
+            try:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+        status = self.status
+        self.thoughts = ReasoningPrinter(write, status.hide if status else None,
+                                         status.show if status else None)
+        self._handlers.insert(0, self.thoughts.on_event)
+
+    @property
+    def on_reasoning(self) -> Callable[[str], None] | None:
+        """Receives reasoning deltas (only with :meth:`show_reasoning`; None otherwise, and the
+        run is not observed for them)."""
+        return self.thoughts.on_text if self.thoughts is not None else None
 
     def finish(self, result: Any, agent: str, model: str) -> None:
         """Print the result in the form asked for."""
+        if self.thoughts is not None:
+            self.thoughts.finish()
         data = result_dict(result, agent, model)
         if self.events:
             self.write_json(_compact({"type": "result", **data}))

@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ class Received:
     headers: dict[str, str]
     body: Any
     client_port: int
+    #: The request body's bytes as they arrived (byte-identity checks).
+    raw: bytes = b""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -84,9 +87,14 @@ class _Handler(BaseHTTPRequestHandler):
                     {k.lower(): v for k, v in self.headers.items()},
                     body,
                     self.client_address[1],
+                    raw,
                 )
             )
-            reply = owner.replies.popleft() if owner.replies else None
+            reply: Reply | None
+            if owner.responder is not None:  # a simulated service: replies computed
+                reply = owner.responder(owner.received[-1])
+            else:
+                reply = owner.replies.popleft() if owner.replies else None
         if reply is None:
             reply = Reply(status=418, body={"error": {"message": "test script exhausted"}})
         try:
@@ -175,6 +183,9 @@ class ScriptedServer:
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
         self.received: list[Received] = []
+        #: Computes each reply from the request instead of the script (a simulated service
+        #: such as :class:`AnthropicSim`); called under the server's lock, in arrival order.
+        self.responder: Callable[[Received], Reply] | None = None
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._httpd = _Server(("127.0.0.1", 0), _Handler)
@@ -431,3 +442,270 @@ def bytewise(chunks: Sequence[bytes]) -> list[bytes]:
     """The same stream, one byte per chunk (every byte boundary is a split point)."""
     joined = b"".join(chunks)
     return [joined[i : i + 1] for i in range(len(joined))]
+
+
+# -- a simulated Anthropic Messages service (issue 17) ---------------------------------------
+
+#: The API's 400 when thinking is enabled and the assistant turn before the tool results lost
+#: its thinking blocks (the text of the published error, with the message index filled in).
+THINKING_MISSING = (
+    "messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+    "`{found}`. When `thinking` is enabled, a final `assistant` message must start with a "
+    "thinking block (preceeding the lastmost set of `tool_use` and `tool_result` blocks). We "
+    "recommend you include thinking blocks from previous turns. To avoid this requirement, "
+    "disable `thinking`. Please consult our documentation at "
+    "https://docs.claude.com/en/docs/build-with-claude/extended-thinking")
+
+#: A step of :class:`AnthropicSim`: content blocks to answer with, in order —
+#: ``("thinking", text)``, ``("redacted", data)``, ``("text", text)``,
+#: ``("tool_use", id, name, input)``.
+SimBlock = tuple[Any, ...]
+
+
+def approx_tokens(segment: Any) -> int:
+    """The simulated tokenizer: one token per 4 characters of the block's JSON, at least 1."""
+    return max(1, -(-len(json.dumps(segment, sort_keys=True, ensure_ascii=False)) // 4))
+
+
+class AnthropicSim:
+    """The Messages API's rules that replay and caching depend on, as a ``responder`` of a
+    :class:`ScriptedServer` (``server.responder = sim``).
+
+    * **Thinking**: each ``thinking`` block it returns is signed (an HMAC over its text), and
+      the ``redacted_thinking`` data it returns is remembered. Every request is checked as the
+      API does: with ``thinking`` enabled, the assistant message before the last tool results
+      must start with that turn's thinking blocks — here stricter than the API: all of them,
+      unchanged, in order — else the API's 400 ``invalid_request_error``; a thinking block
+      anywhere whose signature does not match its text is refused (``Invalid `signature```),
+      and so is redacted data it never issued. Also: ``budget_tokens`` ≥ 1024 and below
+      ``max_tokens``; at most 4 ``cache_control`` breakpoints, none on a thinking block.
+    * **Prompt caching**, by the published accounting: the prompt is the sequence tools →
+      system → messages; a breakpoint writes the prefix ending at its block; a request reads
+      the longest cached prefix ending at a breakpoint or at most 20 blocks before one;
+      ``cache_read_input_tokens`` is that prefix, ``cache_creation_input_tokens`` what lies
+      between it and the last breakpoint, ``input_tokens`` the rest. Entries never expire here
+      (the 5-minute TTL is longer than any test); ``min_cacheable`` (tokens) defaults to 0.
+
+    Replies stream (``stream: true``) with the published event sequence — ``message_start``
+    (usage with the cache fields), ``content_block_start`` / ``thinking_delta`` /
+    ``signature_delta`` / ``text_delta`` / ``input_json_delta`` / ``content_block_stop``,
+    ``message_delta`` (stop_reason, usage), ``message_stop`` — or come whole.
+    """
+
+    LOOKBACK = 20
+
+    def __init__(self, steps: Sequence[Sequence[SimBlock]] = (), *,
+                 model: str = "claude-sonnet-4-5-20250929", min_cacheable: int = 0,
+                 output_tokens: int = 20, secret: bytes = b"sim-signing-key") -> None:
+        self.steps: deque[Sequence[SimBlock]] = deque(steps)
+        self.model = model
+        self.min_cacheable = min_cacheable
+        self.output_tokens = output_tokens
+        self._secret = secret
+        #: tool_use id → the reasoning blocks of the turn that made the call, as sent.
+        self.issued: dict[str, list[dict[str, Any]]] = {}
+        self._redacted: set[str] = set()
+        self._cache: set[str] = set()
+        #: The error messages of the 400s it answered with.
+        self.errors: list[str] = []
+        #: The usage object of every reply, in order.
+        self.usages: list[dict[str, int]] = []
+
+    def sign(self, text: str) -> str:
+        import base64
+        import hashlib
+        import hmac
+
+        mac = hmac.new(self._secret, text.encode(), hashlib.sha256).digest()
+        return "Eu" + base64.b64encode(mac * 3).decode()  # base64, as the API's look
+
+    # -- the checks ---------------------------------------------------------------------------
+
+    def check(self, body: dict[str, Any]) -> str | None:
+        """The API's error message for ``body``, or None when it would be accepted."""
+        marks = 0
+        for tool in body.get("tools") or []:
+            marks += "cache_control" in tool
+        system = body.get("system")
+        if isinstance(system, list):
+            marks += sum("cache_control" in b for b in system)
+        messages = body.get("messages") or []
+        for i, m in enumerate(messages):
+            content = m.get("content")
+            if not isinstance(content, list):
+                continue
+            for j, b in enumerate(content):
+                marks += "cache_control" in b
+                kind = b.get("type")
+                if kind in ("thinking", "redacted_thinking") and "cache_control" in b:
+                    return f"messages.{i}.content.{j}.{kind}.cache_control: Extra inputs are " \
+                           "not permitted"
+                if kind == "thinking" and b.get("signature") != self.sign(b.get("thinking", "")):
+                    return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+                if kind == "redacted_thinking" and b.get("data") not in self._redacted:
+                    return f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
+        if marks > 4:
+            return f"A maximum of 4 blocks with cache_control may be provided. Found {marks}."
+        thinking = body.get("thinking")
+        if not (isinstance(thinking, dict) and thinking.get("type") == "enabled"):
+            return None
+        budget = thinking.get("budget_tokens")
+        if not isinstance(budget, int) or budget < 1024:
+            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+        if budget >= int(body.get("max_tokens") or 0):
+            return "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult " \
+                   "our documentation at https://docs.claude.com/en/docs/build-with-claude/" \
+                   "extended-thinking#max-tokens-and-context-window-size"
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"),
+                   default=None)
+        if last is None or last + 1 >= len(messages):
+            return None
+        after = messages[last + 1].get("content")
+        if not (isinstance(after, list) and any(b.get("type") == "tool_result" for b in after)):
+            return None
+        content = messages[last].get("content") or []
+        if not isinstance(content, list) or not content:
+            return THINKING_MISSING.format(i=last, found="text")
+        first = content[0].get("type")
+        if first not in ("thinking", "redacted_thinking"):
+            return THINKING_MISSING.format(i=last, found=first)
+        sent = [b for b in content if b.get("type") in ("thinking", "redacted_thinking")]
+        calls = [b.get("id") for b in content if b.get("type") == "tool_use"]
+        expected = self.issued.get(calls[0]) if calls else None
+        if expected is not None and sent != expected:
+            return f"messages.{last}.content: the `thinking` blocks of this turn must be " \
+                   "passed back unmodified, in the order they were returned"
+        return None
+
+    # -- the accounting -------------------------------------------------------------------------
+
+    def account(self, body: dict[str, Any]) -> dict[str, int]:
+        """Input usage of ``body`` by the published cache accounting (and remember what it
+        writes)."""
+        import hashlib
+
+        segments: list[tuple[Any, bool]] = []
+        for tool in body.get("tools") or []:
+            segments.append((("tool", _uncached(tool)), "cache_control" in tool))
+        system = body.get("system")
+        if isinstance(system, str):
+            segments.append((("system", {"type": "text", "text": system}), False))
+        elif isinstance(system, list):
+            segments += [(("system", _uncached(b)), "cache_control" in b) for b in system]
+        for i, m in enumerate(body.get("messages") or []):
+            content = m.get("content")
+            if isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            for b in content or []:
+                segments.append(((i, m.get("role"), _uncached(b)), "cache_control" in b))
+        hashes, tokens = [], []
+        h = hashlib.sha256(str(body.get("model")).encode())
+        for seg, _ in segments:
+            h.update(json.dumps(seg, sort_keys=True, ensure_ascii=False).encode())
+            hashes.append(h.copy().hexdigest())
+            tokens.append(approx_tokens(seg[-1]))
+        points = [k for k, (_, mark) in enumerate(segments) if mark]
+        hit = -1
+        for bp in points:
+            for k in range(bp, max(-1, bp - self.LOOKBACK - 1), -1):
+                if hashes[k] in self._cache:
+                    hit = max(hit, k)
+                    break
+        read = sum(tokens[:hit + 1])
+        written = 0
+        if points and points[-1] > hit and sum(tokens[:points[-1] + 1]) >= self.min_cacheable:
+            written = sum(tokens[hit + 1:points[-1] + 1])
+            self._cache.update(hashes[k] for k in points)
+        total = sum(tokens)
+        return {"input_tokens": total - read - written, "cache_creation_input_tokens": written,
+                "cache_read_input_tokens": read}
+
+    # -- replying -------------------------------------------------------------------------------
+
+    def __call__(self, received: Received) -> Reply:
+        body = received.body if isinstance(received.body, dict) else {}
+        problem = self.check(body)
+        if problem is not None:
+            self.errors.append(problem)
+            return Reply(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                          "message": problem}},
+                         headers={"request-id": f"req_sim{len(self.errors)}"})
+        if not self.steps:
+            return Reply(418, {"type": "error", "error": {"type": "api_error",
+                                                          "message": "simulation exhausted"}})
+        blocks = self.blocks(self.steps.popleft())
+        usage = {**self.account(body), "output_tokens": self.output_tokens}
+        self.usages.append(usage)
+        stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+        if body.get("stream"):
+            return Reply(chunks=self.stream(blocks, usage, stop))
+        return Reply(body={"id": "msg_01Sim", "type": "message", "role": "assistant",
+                           "model": self.model, "content": blocks, "stop_reason": stop,
+                           "stop_sequence": None, "usage": usage})
+
+    def blocks(self, step: Sequence[SimBlock]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for spec in step:
+            if spec[0] == "thinking":
+                out.append({"type": "thinking", "thinking": spec[1],
+                            "signature": self.sign(spec[1])})
+            elif spec[0] == "redacted":
+                self._redacted.add(spec[1])
+                out.append({"type": "redacted_thinking", "data": spec[1]})
+            elif spec[0] == "text":
+                out.append({"type": "text", "text": spec[1]})
+            else:
+                out.append({"type": "tool_use", "id": spec[1], "name": spec[2],
+                            "input": spec[3]})
+        reasoning = [b for b in out if b["type"] in ("thinking", "redacted_thinking")]
+        for b in out:
+            if b["type"] == "tool_use":
+                self.issued[b["id"]] = reasoning
+        return out
+
+    def stream(self, blocks: list[dict[str, Any]], usage: dict[str, int],
+               stop: str) -> list[bytes]:
+        start = {"type": "message_start", "message": {
+            "id": "msg_01Sim", "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**usage, "output_tokens": 1}}}
+        out = [sse(start, "message_start")]
+        for index, b in enumerate(blocks):
+            def delta(d: dict[str, Any], i: int = index) -> bytes:
+                return sse({"type": "content_block_delta", "index": i, "delta": d},
+                           "content_block_delta")
+
+            kind = b["type"]
+            head = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                    "redacted_thinking": b, "text": {"type": "text", "text": ""},
+                    "tool_use": {"type": "tool_use", "id": b.get("id"), "name": b.get("name"),
+                                 "input": {}}}[kind]
+            out.append(sse({"type": "content_block_start", "index": index,
+                            "content_block": head}, "content_block_start"))
+            if kind == "thinking":
+                text = b["thinking"]
+                for k in range(0, len(text), 7):  # several deltas, split anywhere
+                    out.append(delta({"type": "thinking_delta", "thinking": text[k:k + 7]}))
+                out.append(delta({"type": "signature_delta", "signature": b["signature"]}))
+            elif kind == "text":
+                out.append(delta({"type": "text_delta", "text": b["text"]}))
+            elif kind == "tool_use":
+                raw = json.dumps(b["input"])
+                for frag in ["", raw[: len(raw) // 2], raw[len(raw) // 2:]]:
+                    out.append(delta({"type": "input_json_delta", "partial_json": frag}))
+            out.append(sse({"type": "content_block_stop", "index": index},
+                           "content_block_stop"))
+            if index == 0:
+                out.append(sse({"type": "ping"}, "ping"))
+        out.append(sse({"type": "message_delta",
+                        "delta": {"stop_reason": stop, "stop_sequence": None},
+                        "usage": {"output_tokens": usage["output_tokens"]}}, "message_delta"))
+        out.append(sse({"type": "message_stop"}, "message_stop"))
+        return out
+
+
+def _uncached(block: Any) -> Any:
+    """``block`` without its ``cache_control`` marker (a marker is not part of the prefix)."""
+    if isinstance(block, dict) and "cache_control" in block:
+        return {k: v for k, v in block.items() if k != "cache_control"}
+    return block

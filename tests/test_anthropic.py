@@ -154,7 +154,8 @@ def test_request_body_mapping(server: ScriptedServer) -> None:
 def test_max_tokens_option_and_no_system(server: ScriptedServer) -> None:
     server.script(Reply(body=anthropic_message("ok")), Reply(body=anthropic_message("ok")))
     model = make(server, options={"max_tokens": 512})
-    assert model.default_options() == {"max_tokens": 4096}  # recorded with the others
+    # recorded with the others (cache: the prompt-cache policy, issue 17)
+    assert model.default_options() == {"max_tokens": 4096, "cache": "auto"}
     send(request(), model=model)  # settings' options are the agent's business, not the body's
     send(request(options={"max_tokens": 64}), model=make(server))
     assert [b["max_tokens"] for b in server.bodies] == [4096, 64]
@@ -188,7 +189,7 @@ def test_non_streaming(server: ScriptedServer) -> None:
     assert resp == ModelResponse(
         text="Reading.",
         tool_calls=EXPECTED_CALLS[:2],
-        usage=Usage(input_tokens=140, output_tokens=12),
+        usage=Usage(input_tokens=140, output_tokens=12, cache_read_tokens=100),
         stop_reason="tool_use",
         tool_call_source="native",
         model="claude-sonnet-4-20250514",

@@ -138,7 +138,7 @@ def test_defaults_of_the_adapter_are_recorded(tmp_path, server):
     app = http_app(tmp_path, server, model="anthropic:claude-x", models={
         "anthropic:claude-x": {"base_url": server.url, "api_key": "k", "retries": 0}})
     with app.session() as s:
-        assert dict(s.agent.options) == {"max_tokens": 4096, "seed": 7}
+        assert dict(s.agent.options) == {"max_tokens": 4096, "cache": "auto", "seed": 7}
 
 
 # -- route 1: a plain `request` implementation replacing the core -----------------------------

@@ -7,7 +7,23 @@ go to ``BASE/v1/messages`` with ``x-api-key`` and ``anthropic-version: 2023-06-0
 The Messages API wants alternating roles and tool results inside *user* messages, so tool
 messages become ``tool_result`` blocks and consecutive messages of one role are merged into
 one. ``max_tokens`` is required: 4096 unless the options set it. Input tokens in the usage
-include prompt-cache reads and writes, so budgets count every token the request carried.
+include prompt-cache reads and writes, so budgets count every token the request carried; the
+reads and writes are also counted apart (``cache_read_tokens``, ``cache_write_tokens``) so the
+cost budget prices them at their own rates.
+
+**Extended thinking** (issue 17) is the API's own option, recorded with the others:
+``options.thinking = {type = "enabled", budget_tokens = N}``, or the shorthand
+``thinking = N`` (sent as that table). ``thinking`` and ``redacted_thinking`` blocks are parsed
+into :class:`~dsh.messages.Reasoning` parts (provider ``anthropic``), in order, and replayed
+exactly — first in the assistant message, thinking text, signature and redacted data byte for
+byte — on every later request: the API refuses a tool result whose assistant turn lost its
+thinking blocks. Parts of another provider family are not sent.
+
+**Prompt caching** (issue 17) follows :func:`place_breakpoints`: with ``cache = "auto"`` (the
+default, an option recorded like the others; ``cache = "off"`` in the options or the model's
+settings turns it off) a ``cache_control`` breakpoint ends the stable prefix (on the system
+prompt, else on the last tool) and two move with the conversation (the last two user-role
+messages: the end of this request and of the previous one), three of the four the API allows.
 """
 
 from __future__ import annotations
@@ -17,6 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
+
+from dsh.errors import ConfigError
 from dsh.errors import ProviderError
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
@@ -29,6 +48,7 @@ from dsh.messages import Attachment
 from dsh.messages import Message
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
+from dsh.messages import Reasoning
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
@@ -39,6 +59,26 @@ DEFAULT_MAX_TOKENS = 4096
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 #: Stream error types worth a retry (when no text has been delivered yet).
 _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error"})
+#: The prompt-cache modes of the ``cache`` option (and the model setting of that name).
+CACHE_MODES = ("auto", "off")
+#: At most this many ``cache_control`` breakpoints in one request (the API's limit).
+MAX_BREAKPOINTS = 4
+#: The reasoning parts this adapter writes and replays (:attr:`dsh.messages.Reasoning.provider`).
+REASONING_PROVIDER = "anthropic"
+
+
+def reasoning_block(r: Reasoning) -> dict[str, Any] | None:
+    """A recorded reasoning part as the content block it came from (None: not ours)."""
+    if r.provider != REASONING_PROVIDER:
+        return None
+    if r.kind == "thinking":
+        block: dict[str, Any] = {"type": "thinking", "thinking": r.text}
+        if r.signature is not None:
+            block["signature"] = r.signature
+        return block
+    if r.kind == "redacted_thinking":
+        return {"type": "redacted_thinking", "data": r.data or ""}
+    return None
 
 
 def _blocks(m: Message) -> tuple[str, list[dict[str, Any]]]:
@@ -55,6 +95,9 @@ def _blocks(m: Message) -> tuple[str, list[dict[str, Any]]]:
         raise ProviderError(f"anthropic: cannot send a message with role {m.role!r}")
     # the API rejects empty text blocks
     blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    if m.reasoning:  # thinking first, exactly as received (only this provider family's)
+        thinking = [b for b in map(reasoning_block, m.reasoning) if b is not None]
+        blocks[:0] = thinking
     if m.attachments:  # before the text, as Anthropic's docs advise
         blocks[:0] = [attachment_block(a) for a in m.attachments]
     blocks.extend(
@@ -87,6 +130,18 @@ def map_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def _reasoning_part(block: dict[str, Any]) -> Reasoning:
+    """A ``thinking`` or ``redacted_thinking`` block as a recorded part (strings kept as the
+    API sent them: they are replayed byte for byte)."""
+    if block.get("type") == "redacted_thinking":
+        return Reasoning(kind="redacted_thinking", provider=REASONING_PROVIDER,
+                         data=str(block.get("data") or ""))
+    signature = block.get("signature")
+    return Reasoning(kind="thinking", provider=REASONING_PROVIDER,
+                     text=str(block.get("thinking") or ""),
+                     signature=None if signature is None else str(signature))
+
+
 def map_tool(t: ToolSpec) -> dict[str, Any]:
     tool: dict[str, Any] = {"name": t.name, "input_schema": t.parameters or _EMPTY_SCHEMA}
     if t.description:
@@ -99,6 +154,63 @@ def _input_tokens(u: dict[str, Any]) -> int:
         int(u.get(k) or 0)
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
+
+
+def _usage(u: dict[str, Any], output_tokens: int) -> Usage:
+    """Anthropic's usage: ``input_tokens`` counts only what follows the last cache
+    breakpoint, so every input token is ``input_tokens + cache_creation_input_tokens +
+    cache_read_input_tokens`` (the published accounting); reads and writes are kept apart."""
+    return Usage(input_tokens=_input_tokens(u), output_tokens=output_tokens,
+                 cache_read_tokens=int(u.get("cache_read_input_tokens") or 0),
+                 cache_write_tokens=int(u.get("cache_creation_input_tokens") or 0))
+
+
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+def place_breakpoints(body: dict[str, Any]) -> int:
+    """Put ``cache_control`` breakpoints into ``body`` (a request about to be sent), by the
+    documented policy; returns how many were placed (at most :data:`MAX_BREAKPOINTS`).
+
+    1. The **stable prefix** — tools, then the system prompt, the order in which the API
+       caches — ends with one breakpoint: on the system prompt (made a one-block list), else
+       on the last tool. Both are recorded once per change, so this prefix is byte-identical
+       from step to step.
+    2. The **conversation** gets two moving breakpoints: on the last block of the last
+       user-role message (where this request ends: the next one reads it from the cache) and
+       of the user-role message before it (where the previous request ended: this one reads
+       it). Nothing per step goes before them — history is appended, never rewritten.
+
+    Blocks are copied before they are marked: the memoised tool table stays as it is.
+    """
+    placed = 0
+    if isinstance(body.get("system"), str) and body["system"]:
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": _EPHEMERAL}]
+        placed += 1
+    elif body.get("tools"):
+        tools = list(body["tools"])
+        tools[-1] = {**tools[-1], "cache_control": _EPHEMERAL}
+        body["tools"] = tools
+        placed += 1
+    moving = 0
+    for message in reversed(body.get("messages") or []):
+        if moving == 2 or placed == MAX_BREAKPOINTS:
+            break
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list) or not content:
+            continue  # assistant messages may end in thinking blocks, which take none
+        content[-1] = {**content[-1], "cache_control": _EPHEMERAL}
+        moving += 1
+        placed += 1
+    return placed
+
+
+def thinking_option(value: Any) -> Any:
+    """The ``thinking`` option as the API takes it: an integer is the shorthand for
+    ``{"type": "enabled", "budget_tokens": N}``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"type": "enabled", "budget_tokens": value}
+    return value
 
 
 class AnthropicModel(HTTPModel):
@@ -141,11 +253,29 @@ class AnthropicModel(HTTPModel):
             body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
         # The options are the recorded ones, protocol keys excluded at assembly (C3).
         body.update(request.options)
+        cache = body.pop("cache", "off")  # dsh's option, not the API's (absent: none placed)
+        if cache not in CACHE_MODES:
+            raise ConfigError(f"anthropic: option cache = {cache!r}: expected one of "
+                              f"{', '.join(repr(m) for m in CACHE_MODES)}")
+        if "thinking" in body:
+            body["thinking"] = thinking = thinking_option(body["thinking"])
+            budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+            limit = body.get("max_tokens")
+            if isinstance(budget, int) and isinstance(limit, int) and budget >= limit:
+                raise ConfigError(
+                    f"anthropic: option thinking.budget_tokens ({budget}) must be less than "
+                    f"max_tokens ({limit}): raise max_tokens in the options")
+        if cache == "auto":
+            place_breakpoints(body)
         body["stream"] = stream
         return body
 
     def default_options(self) -> dict[str, Any]:
-        return {"max_tokens": DEFAULT_MAX_TOKENS}
+        cache = self.settings.get("cache", "auto")
+        if cache not in CACHE_MODES:
+            raise ConfigError(f"models: anthropic:{self.model_name}: cache = {cache!r}: "
+                              f"expected one of {', '.join(repr(m) for m in CACHE_MODES)}")
+        return {"max_tokens": DEFAULT_MAX_TOKENS, "cache": cache}
 
     def parse_json(self, data: Any) -> ModelResponse:
         if not isinstance(data, dict) or not isinstance(data.get("content"), list):
@@ -154,10 +284,13 @@ class AnthropicModel(HTTPModel):
             raise ProviderError(f"anthropic: malformed response from {self.url}: no content")
         text: list[str] = []
         calls: list[ToolCall] = []
+        reasoning: list[Reasoning] = []
         for block in data["content"]:
             kind = block.get("type")
             if kind == "text":
                 text.append(str(block.get("text") or ""))
+            elif kind in ("thinking", "redacted_thinking"):
+                reasoning.append(_reasoning_part(block))
             elif kind == "tool_use":
                 calls.append(
                     ToolCall(
@@ -167,22 +300,25 @@ class AnthropicModel(HTTPModel):
                     )
                 )
         u = data.get("usage") or {}
-        usage = Usage(input_tokens=_input_tokens(u), output_tokens=int(u.get("output_tokens") or 0))
-        return make_response(
+        usage = _usage(u, int(u.get("output_tokens") or 0))
+        response = make_response(
             "".join(text),
             calls,
             usage,
             data.get("stop_reason"),
             data.get("model") or self.model_name,
         )
+        return attrs.evolve(response, reasoning=reasoning) if reasoning else response
 
     def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
         blocks: dict[int, dict[str, Any]] = {}
-        input_tokens = output_tokens = 0
+        output_tokens = 0
+        start_usage: dict[str, Any] = {}
         stop_reason: str | None = None
         model: str | None = None
         done = False
         safe = StreamText()  # a surrogate pair split across two deltas is printed whole
+        safe_reasoning = StreamText()
         for event in events:
             payload = self.event_json(event)
             if not isinstance(payload, dict):
@@ -192,7 +328,7 @@ class AnthropicModel(HTTPModel):
                 msg = payload.get("message") or {}
                 model = msg.get("model") or model
                 usage = msg.get("usage") or {}
-                input_tokens = _input_tokens(usage)
+                start_usage = dict(usage)
                 output_tokens = int(usage.get("output_tokens") or 0)
             elif kind == "content_block_start":
                 block = dict(payload.get("content_block") or {})
@@ -208,14 +344,23 @@ class AnthropicModel(HTTPModel):
                     emit(safe.feed(piece))
                 elif delta.get("type") == "input_json_delta":
                     block["parts"].append(str(delta.get("partial_json") or ""))
-                # thinking, signature and citation deltas are not part of the answer text
+                elif delta.get("type") == "thinking_delta":  # reasoning, never answer text
+                    piece = str(delta.get("thinking") or "")
+                    block["thinking"] = str(block.get("thinking") or "") + piece
+                    self.emit_reasoning(safe_reasoning.feed(piece))
+                elif delta.get("type") == "signature_delta":
+                    block["signature"] = (str(block.get("signature") or "")
+                                          + str(delta.get("signature") or ""))
+                # citation deltas and delta types added later are not part of the answer
             elif kind == "message_delta":
                 stop_reason = (payload.get("delta") or {}).get("stop_reason") or stop_reason
                 usage = payload.get("usage") or {}
                 if usage.get("output_tokens") is not None:
                     output_tokens = int(usage["output_tokens"])
-                if usage.get("input_tokens") is not None:
-                    input_tokens = _input_tokens(usage)
+                for key in ("input_tokens", "cache_creation_input_tokens",
+                            "cache_read_input_tokens"):
+                    if usage.get(key) is not None:  # cumulative: the final counts
+                        start_usage[key] = usage[key]
             elif kind == "message_stop":
                 done = True
                 break
@@ -225,11 +370,15 @@ class AnthropicModel(HTTPModel):
         if not done:
             raise self.truncated("message_stop")
         emit(safe.flush())
+        self.emit_reasoning(safe_reasoning.flush())
         text: list[str] = []
         calls: list[ToolCall] = []
+        reasoning: list[Reasoning] = []
         for _, block in sorted(blocks.items()):
             if block.get("type") == "text":
                 text.append(str(block.get("text") or ""))
+            elif block.get("type") in ("thinking", "redacted_thinking"):
+                reasoning.append(_reasoning_part(block))
             elif block.get("type") == "tool_use":
                 raw = "".join(block["parts"])
                 calls.append(
@@ -239,8 +388,10 @@ class AnthropicModel(HTTPModel):
                         arguments=parse_tool_arguments(raw if raw else block.get("input")),
                     )
                 )
-        usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
-        return make_response("".join(text), calls, usage, stop_reason, model or self.model_name)
+        usage = _usage(start_usage, output_tokens)
+        response = make_response("".join(text), calls, usage, stop_reason,
+                                 model or self.model_name)
+        return attrs.evolve(response, reasoning=reasoning) if reasoning else response
 
     def _stream_error(self, payload: dict[str, Any]) -> ProviderError:
         message, kind = self.error_details(payload)
