@@ -62,8 +62,8 @@ __all__ = [
     "request_to_dict",
 ]
 
-#: The id of the scripted model (and the name of this module as a dsh plugin provides it):
-#: the default ``model`` of every app the fixtures build.
+#: The id (and adapter prefix) of the scripted model, which this module provides when it is
+#: loaded as a dsh plugin: the default ``model`` of every app the fixtures build.
 MODEL = "dsh-testing"
 
 #: Environment variables :func:`dsh_env` removes, besides every ``DSH_*`` variable.
@@ -423,15 +423,15 @@ class ScriptedApp:
                          self.script.requests[start:], changed)
 
     def _marks(self) -> dict[str, int]:
-        """The size of every session's ledger, to tell afterwards which ones a command wrote."""
-        store = self.app.store
+        """The size of every ledger file in :attr:`sessions_dir`, to tell afterwards which
+        sessions a command wrote. Read from the directory, not through the app: a command
+        must find the app as the test left it (not assembled yet, perhaps)."""
         marks = {}
-        for sid in store.ids():
-            path = getattr(store, "path", None)
+        for path in self.sessions_dir.glob("*.jsonl"):
             try:
-                marks[sid] = path(sid).stat().st_size if path else len(store.read(sid))
+                marks[path.stem] = path.stat().st_size
             except OSError:
-                marks[sid] = -1
+                marks[path.stem] = -1
         return marks
 
     def _changed(self, before: dict[str, int]) -> list[str]:

@@ -327,6 +327,19 @@ def test_cli_errors_go_to_stderr_with_their_exit_code(dsh_make_app: MakeApp) -> 
     assert failed.exception is None
 
 
+def test_cli_reports_an_app_that_cannot_be_assembled(dsh_make_app: MakeApp) -> None:
+    class Strict:
+        @hookimpl
+        def configure(self, app: Any) -> None:
+            raise ConfigError("[plugins.strict] level: expected 1-3, got 7")
+
+    app = dsh_make_app(BARE, plugins={"strict": Strict()})
+    result = app.cli("run", "hi")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "dsh: error: [plugins.strict] level: expected 1-3, got 7\n"
+    assert (result.session_id, result.events, result.requests) == (None, [], [])
+
+
 def test_cli_stdin_and_environment(dsh_make_app: MakeApp) -> None:
     app = dsh_make_app(BARE, script=[{"text": "ok"}])
     result = app.cli("run", "summarise", input="the text on stdin\n", env={"NO_COLOR": "1"})
