@@ -5,6 +5,11 @@ configured. Everything a hook adds that the model will read goes through a path 
 before the request that carries it (C3): injected context (``context/injected``, its
 ``source`` naming the event and the command), the tool result (``tool/result``), the step's
 rejection (``step/rejected``) or the follow-up message (``user/message``).
+
+What the model does not see is recorded too, as plugin events (dsh.plugin_events, issue 11):
+``x/dsh-hooks/hook`` for every hook process (how it ended, what it answered) and
+``x/dsh-hooks/decision`` for what dsh did with the answers (a call denied, allowed, asked or
+rewritten, a prompt blocked, a turn continued, a compaction vetoed, the run stopped).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -26,6 +32,12 @@ from dsh_hooks.config import Hook
 from dsh_hooks.config import HookSettings
 
 KEY = "dsh_hooks"
+#: The namespace of this plugin's events: its distribution's name (``x/dsh-hooks/…``).
+PLUGIN = "dsh-hooks"
+#: Characters of a reason kept in an event (a hook may print up to ``max_output`` bytes).
+EVENT_TEXT = 2000
+#: A hook's JSON answer is kept in its ``hook`` event up to this size (as JSON text).
+EVENT_JSON = 4096
 #: Ledgers (open sessions) this process has already started: SessionStart fires once each.
 _started: weakref.WeakSet[Any] = weakref.WeakSet()
 _started_lock = threading.Lock()
@@ -58,6 +70,7 @@ class Answer:
     reason: str = ""
     json: dict[str, Any] | None = None
     text: str = ""  # exit 0, stdout that is not JSON
+    ran: runner.Ran | None = None
 
     @property
     def name(self) -> str:
@@ -91,8 +104,11 @@ def interpret(hook: Hook, ran: runner.Ran, max_output: int) -> Answer:
     # What a hook prints may reach the ledger, the model and the terminal: dsh's known
     # secrets are redacted first, as everywhere else (dsh.redact).
     ran = attrs.evolve(ran, stdout=redact(ran.stdout), stderr=redact(ran.stderr))
-    ans = Answer(hook, "ok")
+    ans = Answer(hook, "ok", ran=ran)
     where = f"{hook.event} hook `{shown(hook.command)}` ({hook.source})"
+    if ran.status == "aborted":  # the run is ending: its own message says why
+        ans.kind, ans.reason = "error", ran.stderr
+        return ans
     if ran.status == "timeout":
         ans.kind, ans.reason = "error", f"timed out after {hook.timeout:g}s (killed)"
     elif ran.status == "output":
@@ -130,6 +146,40 @@ def interpret(hook: Hook, ran: runner.Ran, max_output: int) -> Answer:
     return ans
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= EVENT_TEXT else text[:EVENT_TEXT] + "…"
+
+
+def hook_event(ans: Answer, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``x/dsh-hooks/hook`` event of one hook process: which hook, for which tool call,
+    how it ended (``status``: ``exit``, ``timeout``, ``output``, ``spawn``, ``aborted``), its
+    exit code, its answer (``ok``/``block``/``error``) and reason, its JSON answer when small,
+    and how long it took."""
+    ran = ans.ran
+    data: dict[str, Any] = {
+        "event": ans.hook.event, "command": shown(ans.hook.command), "source": ans.hook.source,
+        "matcher": ans.hook.matcher, "status": ran.status if ran else "exit",
+        "exit": ran.code if ran else None, "answer": ans.kind, "reason": _cut(ans.reason),
+        "duration_ms": ran.duration_ms if ran else 0.0,
+    }
+    for key in ("tool_name", "tool_use_id"):
+        if isinstance(fields.get(key), str):
+            data[key] = fields[key]
+    if ans.json is not None:
+        from dsh.plugin_events import PluginEventError
+        from dsh.plugin_events import clean_data
+
+        try:
+            text = json.dumps(ans.json, ensure_ascii=False, default=str, allow_nan=False)
+            if len(text) > EVENT_JSON:
+                data["json_bytes"] = len(text.encode())
+            else:
+                data["json"] = clean_data(PLUGIN, "hook", json.loads(text))
+        except (ValueError, PluginEventError) as exc:  # NaN, a lone surrogate, a huge int
+            data["json_invalid"] = _cut(str(exc))
+    return data
+
+
 def _first_line(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return shown(lines[0], 300) if lines else "(no stderr)"
@@ -163,9 +213,14 @@ class Engine:
             else "default",
         }
 
-    def fire(self, event: str, fields: Mapping[str, Any], *names: str) -> list[Answer]:
+    def fire(self, event: str, fields: Mapping[str, Any], *names: str,
+             cancellable: bool = True) -> list[Answer]:
         """Run every hook of ``event`` whose matcher matches one of ``names`` (all of them
-        for events without matchers), in parallel; answers in configuration order."""
+        for events without matchers), in parallel; answers in configuration order.
+
+        Each hook's wait is bounded by its ``timeout`` and, when ``cancellable``, by the run's
+        cancellation: an abort kills every hook process of the event at once, the answers
+        are recorded, and :class:`~dsh.errors.Cancelled` is raised so the run ends now."""
         hooks = self.settings.active(event)
         if event in MATCHED:
             hooks = [h for h in hooks if matches(h.matcher, *names)]
@@ -180,26 +235,70 @@ class Engine:
         payload = json.dumps({**self.base(event), **fields}, ensure_ascii=False,
                              default=str).encode()
         cap = self.settings.max_output
+        cancel = getattr(self.ctx, "cancel", None) if cancellable else None
 
         def one(h: Hook) -> Answer:
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
-                             env=self.env, max_output=cap)
+                             env=self.env, max_output=cap, cancel=cancel)
             return interpret(h, ran, cap)
 
-        if len(unique) == 1:
-            return [one(unique[0])]
         answers: list[Answer | None] = [None] * len(unique)
+        start = time.perf_counter()
+        try:
+            if len(unique) == 1:
+                answers[0] = one(unique[0])
+            else:
+                def slot(i: int, h: Hook) -> None:
+                    answers[i] = one(h)
 
-        def slot(i: int, h: Hook) -> None:
-            answers[i] = one(h)
+                threads = [threading.Thread(target=slot, args=(i, h), daemon=True,
+                                            name="dsh-hook") for i, h in enumerate(unique)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+        except BaseException:  # SIGTERM, a second Ctrl-C: the hooks were killed with the run
+            why = getattr(self.ctx.cancel, "reason", "") if self.ctx is not None else ""
+            took = round((time.perf_counter() - start) * 1000, 3)
+            for h, ans in zip(unique, answers, strict=True):
+                ans = ans or Answer(h, "error", f"killed: the run was aborted "
+                                    f"({why or 'interrupted'})",
+                                    ran=runner.Ran("aborted", None, "", "", took))
+                self.record("hook", hook_event(ans, fields))
+            raise
+        done = [a for a in answers if a is not None]
+        for ans in done:
+            self.record("hook", hook_event(ans, fields))
+        if cancel is not None:
+            cancel.check()  # aborted while the hooks ran: the run ends now (Cancelled)
+        return done
 
-        threads = [threading.Thread(target=slot, args=(i, h), daemon=True,
-                                    name="dsh-hook") for i, h in enumerate(unique)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return [a for a in answers if a is not None]
+    def record(self, name: str, data: Mapping[str, Any]) -> None:
+        """Write ``x/dsh-hooks/NAME`` to the session: through the run's session inside a run
+        (checked like any plugin's event), straight to the ledger outside one (``dsh
+        sessions compact``). A failure to record is a warning, never a failed hook."""
+        from dsh import plugin_events
+        from dsh.errors import DshError
+        from dsh.runcontext import current_or_none
+
+        try:
+            if current_or_none() is not None:
+                plugin_events.record_event(PLUGIN, name, data)
+            elif self.ledger is not None:
+                plugin_events.record(self.ledger, PLUGIN, name, data, durable=True)
+        except DshError as exc:
+            warn(f"cannot record {PLUGIN} event {name!r}: {exc}")
+
+    def decided(self, event: str, decision: str, ans: Answer | None, reason: str = "",
+                **more: Any) -> None:
+        """Record what dsh did with an event's answers (``x/dsh-hooks/decision``)."""
+        data: dict[str, Any] = {"event": event, "decision": decision,
+                                "reason": _cut(reason)}
+        if ans is not None:
+            data["command"] = shown(ans.hook.command)
+            data["source"] = ans.hook.source
+        data.update(more)
+        self.record("decision", data)
 
     def stop_run(self, ans: Answer) -> str | None:
         """``continue: false``: stop the run after this step; returns the stop reason."""
@@ -207,6 +306,7 @@ class Engine:
             return None
         reason = str(ans.field("stopReason") or f"stopped by {ans.name}")
         warn(f"{ans.name} stopped the run: {reason}")
+        self.decided(ans.hook.event, "stop-run", ans, reason)
         if self.ctx is not None:
             self.ctx.stop()
         return reason
@@ -301,6 +401,7 @@ def pre_step(eng: Engine, step: Any) -> None:
             for ans in eng.fire("SessionStart", {"source": source}, source):
                 if ans.kind == "block":  # nothing to block: shown to the user, as Claude Code does
                     warn(f"{ans.name}: {ans.reason}")
+                    eng.decided("SessionStart", "block-ignored", ans, ans.reason)
                 text = _context_of(ans)
                 if text:
                     step.context.append(InboxItem(text, "context", _source(ans)))
@@ -318,6 +419,7 @@ def pre_step(eng: Engine, step: Any) -> None:
             reason = ans.reason if ans.kind == "block" else str(ans.field("reason") or "")
             step.reject(f"{ans.name} blocked the prompt: {reason or '(no reason given)'}")
             warn(f"{ans.name} blocked the prompt: {reason}")
+            eng.decided("UserPromptSubmit", "block", ans, reason)
             return
         text = _context_of(ans)
         if text:
@@ -347,6 +449,7 @@ def pre_execute(eng: Engine, call: Any) -> None:
     name, tool_input = eng.present(dsh_name, call.arguments)
     fields = {"tool_name": name, "tool_input": tool_input, "tool_use_id": call.call.id}
     answers = eng.fire("PreToolUse", fields, name, dsh_name)
+    about = {"tool_name": name, "tool_use_id": call.call.id}
     notes: list[str] = []
     decision, why, by = "", "", None
     rank = {"": 0, "allow": 1, "ask": 2, "deny": 3}
@@ -365,10 +468,12 @@ def pre_execute(eng: Engine, call: Any) -> None:
             known = set((call.tool.parameters or {}).get("properties", {})) if call.tool else None
             new = eng.back(dsh_name, updated, known)
             call.arguments.update(new)
+            eng.decided("PreToolUse", "rewrite", ans, arguments=_jsonable(new), **about)
             notes.append(f"{ans.name} rewrote the arguments: "
                          f"{json.dumps(new, ensure_ascii=False, default=str)}")
     if decision == "deny" and by is not None:
         call.block(f"{by.name}: {why or '(no reason given)'}", plugin="hooks")
+        eng.decided("PreToolUse", "deny", by, why, **about)
         return
     # An approval is the run's flag (RunContext.approve_all), set while this call runs. Only
     # for a sequential tool (dsh-shell's run_command, write_file): a step with one never runs
@@ -381,8 +486,11 @@ def pre_execute(eng: Engine, call: Any) -> None:
         notes.append(f"{by.name} allowed the call without approval"
                      + (f": {why}" if why else "")
                      + ("" if sequential else " (a concurrent tool: approval unchanged)"))
+        eng.decided("PreToolUse", "allow", by, why, approval=(
+            "skipped" if sequential else "unchanged (a concurrent tool)"), **about)
     elif decision == "ask" and by is not None:
         refusal = ask_user(call, by, why)
+        eng.decided("PreToolUse", "ask", by, why, approved=not refusal, **about)
         if refusal:
             call.block(refusal, plugin="hooks")
             return
@@ -392,6 +500,10 @@ def pre_execute(eng: Engine, call: Any) -> None:
         notes.append(f"{by.name} asked; the user approved")
     if notes:
         eng.ctx.data.setdefault(KEY + ":notes", {})[id(call)] = notes
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
 
 
 def _permission(ans: Answer) -> tuple[str, str]:
@@ -465,6 +577,8 @@ def post_execute(eng: Engine, call: Any, outcome: Any) -> None:
                 notes.append(f"{ans.name}: {ans.reason} (not applied)")
             elif ans.field("decision") == "block":
                 notes.append(f"{ans.name}: {ans.field('reason') or '(no reason given)'}")
+                eng.decided("PostToolUse", "block", ans, str(ans.field("reason") or ""),
+                            tool_name=name, tool_use_id=call.call.id)
             extra = ans.specific.get("additionalContext")
             if extra:
                 notes.append(f"{ans.name} adds: {extra}")
@@ -488,6 +602,7 @@ def turn_stopping(eng: Engine, turn: Any) -> str | None:
         else:
             continue
         eng.stop_active.add(turn.number)
+        eng.decided(event, "continue", ans, reason, stop_hook_active=active)
         # Written as user/message (source plugin:hooks) before the request that carries it.
         return f"{ans.name} feedback:\n{reason}"
     return None
@@ -502,13 +617,16 @@ def pre_compact(eng: Engine, request: Any) -> bool:
         if blocked and trigger == "auto":
             why = ans.reason if ans.kind == "block" else str(ans.field("reason") or "")
             warn(f"{ans.name} vetoed an automatic compaction ({request.reason}): {why}")
+            eng.decided("PreCompact", "veto", ans, why, trigger=trigger, why=request.reason)
             return True
         if blocked:
             warn(f"{ans.name} cannot veto a manual compaction (ignored)")
+            eng.decided("PreCompact", "veto-ignored", ans, trigger=trigger)
     return False
 
 
 def session_end(eng: Engine) -> None:
-    for ans in eng.fire("SessionEnd", {"reason": "other"}):
+    # A cleanup: it runs however the run ended, an abort included (its own timeout bounds it).
+    for ans in eng.fire("SessionEnd", {"reason": "other"}, cancellable=False):
         if ans.kind == "block":
             warn(f"{ans.name}: {ans.reason}")

@@ -4,7 +4,9 @@ The process gets the same hardened environment as dsh-shell's commands (an allow
 API key reaches it, and dsh is made non-dumpable so ``/proc/<dsh>/environ`` is closed to
 it), plus ``CLAUDE_PROJECT_DIR`` and ``DSH_PROJECT_DIR``. Its output is read from pipes with
 a cap: past ``max_output`` bytes (both streams) it is killed with its process group and its
-answer is not used.
+answer is not used. Its wait is bounded by its own ``timeout`` and by the run's cancellation
+(an abort, ``--timeout``, SIGTERM): the run's token kills the hook's process group the
+moment it fires.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 import attrs
 
@@ -40,8 +43,8 @@ except ImportError:  # pragma: no cover - exercised only without dsh-shell
 @attrs.frozen
 class Ran:
     """What one hook process did. ``status``: ``exit`` (it exited with ``code``),
-    ``timeout``, ``output`` (printed more than the cap: killed) or ``spawn`` (could not
-    start)."""
+    ``timeout``, ``output`` (printed more than the cap: killed), ``aborted`` (the run was
+    cancelled while it ran: killed; ``stderr`` says why) or ``spawn`` (could not start)."""
 
     status: str
     code: int | None
@@ -72,8 +75,16 @@ def _shell() -> str:
 
 
 def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, str],
-        max_output: int) -> Ran:
-    """Run ``command`` with ``stdin``; never raises for the command's own failures."""
+        max_output: int, cancel: Any = None) -> Ran:
+    """Run ``command`` with ``stdin``; never raises for the command's own failures.
+
+    :param cancel: the run's :class:`dsh.runcontext.CancelToken`: when it fires, the hook's
+        process group is killed at once (from the thread that cancels) and the result's
+        status is ``aborted``; a token that has fired already starts nothing.
+    """
+    if cancel is not None and cancel.cancelled:
+        return Ran("aborted", None, "", f"not started: the run was aborted ({cancel.reason})",
+                   0.0)
     harden_process()
     start = time.perf_counter()
     try:
@@ -94,11 +105,21 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
         threading.Thread(target=_feed, args=(proc, stdin), daemon=True,
                          name="dsh-hook-stdin").start()
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    # The run's abort kills the group from the cancelling thread: the pump below then sees
+    # the hook exit (its pidfd, its pipes closing) and returns at once.
+    forget = cancel.on_cancel(lambda: _kill(proc, alive_only=True)) if cancel is not None \
+        else None
     try:
         status = _pump(proc, bufs, time.monotonic() + timeout, max_output)
     except BaseException:  # Ctrl-C, an abort: the hook's group must not outlive the wait
         _kill(proc)
         raise
+    finally:
+        if forget is not None:
+            forget()
+    if cancel is not None and cancel.cancelled:
+        _kill(proc)  # whatever is left of its group (a background child)
+        status = "aborted"
     if status != "exit":
         _kill(proc)
     try:
@@ -108,6 +129,8 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
     proc.stdout.close()
     proc.stderr.close()
     out, err = (bytes(b).decode("utf-8", errors="replace") for b in bufs.values())
+    if status == "aborted":
+        err = f"killed: the run was aborted ({cancel.reason})"
     return Ran(status, code if status == "exit" else None, out, err,
                round((time.perf_counter() - start) * 1000, 3))
 
@@ -181,8 +204,22 @@ def _pump(proc: subprocess.Popen[bytes], bufs: dict[int, bytearray], deadline: f
             os.close(pidfd)
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill(proc: subprocess.Popen[bytes], alive_only: bool = False) -> None:
+    """SIGKILL the hook's process group. ``alive_only`` (from another thread): only while the
+    hook itself has not been reaped, so a recycled process group id is never signalled."""
+    if alive_only and proc.poll() is not None:
+        pgid_alive = _group_alive(proc.pid)
+        if not pgid_alive:
+            return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
