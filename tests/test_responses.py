@@ -516,3 +516,27 @@ def test_any_reasoning_item_comes_back_byte_for_byte_after_the_ledger(
     assert sent["id"] == rid and sent.get("encrypted_content") == blob
     joined = "\n\n".join(summary)
     assert sent["summary"] == ([{"type": "summary_text", "text": joined}] if joined else [])
+
+
+def test_a_refusal_is_the_answer_streamed_or_not(server: CheckingServer) -> None:
+    item = {"id": "msg_r", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "refusal", "refusal": "I can't help with that."}]}
+    events = responses_events([])[:2]
+    events.append(sse({"type": "response.output_item.added", "output_index": 0,
+                       "sequence_number": 2, "item": {**item, "content": []}},
+                      "response.output_item.added"))
+    for i, d in enumerate(["I can't ", "help with that."]):
+        events.append(sse({"type": "response.refusal.delta", "item_id": "msg_r",
+                           "output_index": 0, "content_index": 0, "delta": d,
+                           "sequence_number": 3 + i}, "response.refusal.delta"))
+    events.append(sse({"type": "response.output_item.done", "output_index": 0,
+                       "sequence_number": 5, "item": item}, "response.output_item.done"))
+    final = responses_body([])
+    final["output"] = [item]
+    events.append(sse({"type": "response.completed", "sequence_number": 6, "response": final},
+                      "response.completed"))
+    server.script(Reply(chunks=events), Reply(body=final))
+    shown: list[str] = []
+    streamed = send(request(stream=True), on_text=shown.append, model=make(server))
+    whole = send(request(), model=make(server))
+    assert "".join(shown) == streamed.text == whole.text == "I can't help with that."

@@ -52,6 +52,9 @@ _RETRYABLE_CODES = frozenset({"server_error", "rate_limit_exceeded", "server_is_
                               "internal_error"})
 #: The events that end a stream.
 _TERMINAL = ("response.completed", "response.incomplete")
+#: Deltas of an output item's text or arguments.
+_DELTAS = ("response.output_text.delta", "response.refusal.delta",
+           "response.function_call_arguments.delta")
 
 
 # -- the request ------------------------------------------------------------------------------
@@ -282,11 +285,11 @@ class ResponsesModel(HTTPModel):
                 items[index] = item
                 if kind.endswith(".done"):
                     done.add(index)
-            elif kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            elif kind in _DELTAS:
                 delta = self._delta(data, kind)
                 pieces.setdefault(self._index(data, kind), []).append(delta)
-                if kind == "response.output_text.delta":
-                    emit(safe.feed(delta))
+                if kind != "response.function_call_arguments.delta":
+                    emit(safe.feed(delta))  # the answer's text (a refusal is the answer too)
             elif kind in ("response.reasoning_summary_text.delta",
                           "response.reasoning_text.delta"):
                 delta = self._delta(data, kind)
