@@ -91,6 +91,24 @@ def test_events_md_lists_every_outcome_and_live_event():
     assert live_rows == set(LIVE_EVENTS)
 
 
+def test_events_md_documents_the_plugin_event_family():
+    """``x/PLUGIN/NAME`` is a family, not one tag (not in EVENT_TYPES): its section lists
+    every field of :class:`~dsh.events.PluginEvent` and the limits the code enforces."""
+    from dsh import plugin_events
+    from dsh.events import PluginEvent
+
+    text = (DOCS / "events.md").read_text()
+    [body] = [s for s in re.split(r"^### ", text, flags=re.M)
+              if s.startswith("`x/PLUGIN/NAME` — `PluginEvent`")]
+    table = set(re.findall(r"^\| `(\w+)` \|", body, re.M))
+    fields = {f.name for f in attrs.fields(PluginEvent)} - {"seq", "ts", "session", "extra"}
+    assert table == fields
+    assert plugin_events.MAX_DATA_BYTES == 64 * 1024 and "64 KiB" in body
+    assert f"nested at most {plugin_events.MAX_DEPTH} levels" in body
+    assert f"1–{plugin_events.MAX_NAME} characters" in body
+    assert "`x/PLUGIN/NAME` | nothing" in text  # the projection table
+
+
 # -- reference tables of the objects hooks receive (issue 11) ---------------------------------
 
 _NOT_CLASSES = {"Any", "Callable", "None", "str", "int", "list", "tuple", "dict", "bool",

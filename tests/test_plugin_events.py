@@ -612,3 +612,25 @@ def test_plugin_events_survive_sigkill_and_resume(tmp_path: Path, cli_env: dict[
         sys.path.remove(str(tmp_path))
         sys.modules.pop("pe_plugin", None)
     assert [d["seq"] for d in lines(path)] == list(range(len(lines(path))))
+
+
+# ------------------------------------------------------------------ the docs' example
+
+
+def test_the_docs_example_plugin_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/plugins.md, "Your plugin's own events": its code, loaded as the plugin ``memo``."""
+    import re
+    import types
+
+    text = (REPO / "docs" / "plugins.md").read_text()
+    section = text.split("### Your plugin's own events")[1].split("\n### ")[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    mod = types.ModuleType("memo")
+    exec(compile(code, "docs/plugins.md", "exec"), mod.__dict__)  # noqa: S102 - the docs' code
+    monkeypatch.setitem(sys.modules, "memo", mod)
+    app = app_of(tmp_path, "memo")
+    first = app.run("hi")
+    app.run("again", session=first.session_id)
+    with app_of(tmp_path, "memo").session(session_id=first.session_id) as s:
+        assert [e.data for e in s.plugin_events("memo", "note")] == [
+            {"prompt": "hi", "seen": 0}, {"prompt": "again", "seen": 1}]
