@@ -380,7 +380,11 @@ class Session:
         """
         if attachments:
             self.attach(*attachments)
-        self.check_attachments()
+        try:
+            self.check_attachments()
+        except DshError:
+            self._attached.clear()  # refused with the message: never left for a later one
+            raise
         # One turn at a time per session: a second thread sending on the same Session would
         # interleave two turns in one ledger (another process is kept out by the file lock).
         if not self._busy.acquire(blocking=False):

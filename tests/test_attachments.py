@@ -556,3 +556,23 @@ def test_a_malformed_attachments_setting_is_a_config_error(tmp_path: Path,
                                                      "list of media types"):
         app.run("hi", model="oa", attachments=[PNG])
     assert server.received == []
+
+
+def test_a_providers_400_about_images_is_named_and_remembered(tmp_path: Path,
+                                                              server: ScriptedServer) -> None:
+    # OpenAI's answer to an image for a model without vision, as its API words it
+    server.script(Reply(status=400, body={"error": {
+        "message": "Invalid content type. image_url is only supported by certain models.",
+        "type": "invalid_request_error", "param": "messages.[0].content.[1].type",
+        "code": None}}))
+    app = make_app(tmp_path, server)
+    with app.session(model="oa") as s:
+        result = s.send("look", attachments=[PNG])
+        assert result.outcome == "error"
+        assert result.reason.startswith("openai: model 'gpt-4o' refused the attachments "
+                                        "(HTTP 400): Invalid content type.")
+        assert "attachments = false" in result.reason
+        # remembered: the next one is refused before anything is sent, naming the model
+        with pytest.raises(NotAccepted, match="model oa does not take image/jpeg"):
+            s.send("this one?", attachments=[JPEG])
+    assert len(server.received) == 1

@@ -46,6 +46,9 @@ class Model:
     #: Media types the adapter can send as attachments (issue 17); empty: it takes none, and
     #: a message with attachments is refused before anything is sent, naming the model.
     attachment_types: frozenset[str] = frozenset()
+    #: Set when the provider answered a request's attachments with a 4xx saying it takes
+    #: none: later ones are refused before anything is sent (for this process).
+    attachments_refused: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Every adapter's complete() goes through dsh's transport, whoever wrote it (C3): it
@@ -104,7 +107,7 @@ class Model:
         declares the type (:attr:`attachment_types`) and the model's settings allow it —
         ``attachments = false`` refuses every one, a list of media types all but those."""
         allowed = self.settings.get("attachments", True)
-        if allowed is False:
+        if allowed is False or self.attachments_refused:
             return False
         if isinstance(allowed, list | tuple):
             if not all(isinstance(t, str) for t in allowed):

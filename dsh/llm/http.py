@@ -70,6 +70,13 @@ _CONTEXT_RE = re.compile(
     r"|reduce the length of the messages",
     re.IGNORECASE,
 )
+#: A 4xx saying the model takes no images / files (issue 17): the attachments were refused.
+_ATTACHMENT_RE = re.compile(
+    r"(?=.*\b(image|vision|pdf|document|file_data|input_image|input_file|image_url|multimodal|"
+    r"attachment)s?\b)(?=.*(not support|unsupported|does not|doesn't|cannot|can't|not allowed|"
+    r"invalid content type|only supported|not enabled))",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 class RateGate:
@@ -787,6 +794,14 @@ class HTTPModel(Model):
                 f"{p}: context too long for model {model!r} (HTTP {status}){detail} — shorten "
                 "the input, lower max_tokens, or start a new session"
             )
+            retryable = False
+        elif 400 <= status < 500 and status not in (401, 403, 404, 429) \
+                and _ATTACHMENT_RE.search(message):
+            # Remembered: this process refuses the model's attachments from now on, before
+            # anything is sent (Model.accepts_attachment).
+            self.attachments_refused = True
+            msg = (f"{p}: model {model!r} refused the attachments (HTTP {status}){detail} — "
+                   "if it takes none, set `attachments = false` in its [models] settings")
             retryable = False
         elif status == 401:
             msg = f"{p}: authentication failed (HTTP 401) — check {self.key_source}{detail}"
