@@ -621,3 +621,20 @@ def test_resume_after_sigkill_sends_byte_identical_thinking(
     tool_results = [b for b in second.body["messages"][-1]["content"]
                     if b["type"] == "tool_result"]
     assert tool_results and tool_results[0]["tool_use_id"] == "toolu_01"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_runaway_thinking_is_an_error_and_nothing_is_recorded(
+        tmp_path: Path, server: ScriptedServer, plugin_module: Any,
+        monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    import dsh.llm.anthropic as anthropic
+
+    monkeypatch.setattr(anthropic, "MAX_REASONING_CHARS", 500)
+    sim = AnthropicSim([[("thinking", "x" * 300), ("redacted", "R" * 300), ("text", "no")]])
+    server.responder = sim
+    app = sim_app(tmp_path, server, tool_plugin(plugin_module))
+    result = app.run("go", **({"on_text": lambda _: None} if stream else {}))
+    assert result.outcome == "error"
+    assert "its thinking exceeds 500 characters" in result.reason
+    assert len(server.received) == 1  # not retried
+    assert not [d for d in lines(result.path) if d["type"] == "assistant/message"]

@@ -65,6 +65,9 @@ CACHE_MODES = ("auto", "off")
 MAX_BREAKPOINTS = 4
 #: The reasoning parts this adapter writes and replays (:attr:`dsh.messages.Reasoning.provider`).
 REASONING_PROVIDER = "anthropic"
+#: More characters of thinking, signatures and redacted data in one response is an error (a
+#: runaway or hostile server): nothing is recorded.
+MAX_REASONING_CHARS = 8_000_000
 
 
 def reasoning_block(r: Reasoning) -> dict[str, Any] | None:
@@ -299,6 +302,8 @@ class AnthropicModel(HTTPModel):
                         arguments=parse_tool_arguments(block.get("input")),
                     )
                 )
+        self._bounded(sum(len(r.text) + len(r.signature or "") + len(r.data or "")
+                          for r in reasoning))
         u = data.get("usage") or {}
         usage = _usage(u, int(u.get("output_tokens") or 0))
         response = make_response(
@@ -312,7 +317,7 @@ class AnthropicModel(HTTPModel):
 
     def parse_stream(self, events: Iterator[SSEEvent], emit: TextCallback) -> ModelResponse:
         blocks: dict[int, dict[str, Any]] = {}
-        output_tokens = 0
+        output_tokens = reasoning_size = 0
         start_usage: dict[str, Any] = {}
         stop_reason: str | None = None
         model: str | None = None
@@ -333,6 +338,10 @@ class AnthropicModel(HTTPModel):
             elif kind == "content_block_start":
                 block = dict(payload.get("content_block") or {})
                 block["parts"] = []
+                if block.get("type") == "redacted_thinking":
+                    reasoning_size = self._bounded(reasoning_size + len(str(block.get("data"))))
+                elif block.get("type") == "thinking" and block.get("thinking"):
+                    block["parts"].append(str(block["thinking"]))
                 blocks[int(payload.get("index", len(blocks)))] = block
             elif kind == "content_block_delta":
                 index = int(payload.get("index", 0))
@@ -346,11 +355,13 @@ class AnthropicModel(HTTPModel):
                     block["parts"].append(str(delta.get("partial_json") or ""))
                 elif delta.get("type") == "thinking_delta":  # reasoning, never answer text
                     piece = str(delta.get("thinking") or "")
-                    block["thinking"] = str(block.get("thinking") or "") + piece
+                    reasoning_size = self._bounded(reasoning_size + len(piece))
+                    block["parts"].append(piece)
                     self.emit_reasoning(safe_reasoning.feed(piece))
                 elif delta.get("type") == "signature_delta":
-                    block["signature"] = (str(block.get("signature") or "")
-                                          + str(delta.get("signature") or ""))
+                    piece = str(delta.get("signature") or "")
+                    reasoning_size = self._bounded(reasoning_size + len(piece))
+                    block["signature"] = str(block.get("signature") or "") + piece
                 # citation deltas and delta types added later are not part of the answer
             elif kind == "message_delta":
                 stop_reason = (payload.get("delta") or {}).get("stop_reason") or stop_reason
@@ -377,7 +388,9 @@ class AnthropicModel(HTTPModel):
         for _, block in sorted(blocks.items()):
             if block.get("type") == "text":
                 text.append(str(block.get("text") or ""))
-            elif block.get("type") in ("thinking", "redacted_thinking"):
+            elif block.get("type") == "thinking":
+                reasoning.append(_reasoning_part({**block, "thinking": "".join(block["parts"])}))
+            elif block.get("type") == "redacted_thinking":
                 reasoning.append(_reasoning_part(block))
             elif block.get("type") == "tool_use":
                 raw = "".join(block["parts"])
@@ -392,6 +405,15 @@ class AnthropicModel(HTTPModel):
         response = make_response("".join(text), calls, usage, stop_reason,
                                  model or self.model_name)
         return attrs.evolve(response, reasoning=reasoning) if reasoning else response
+
+    def _bounded(self, size: int) -> int:
+        """``size`` (characters of reasoning so far), or the error past the bound."""
+        if size > MAX_REASONING_CHARS:
+            raise ProviderError(
+                f"anthropic: malformed response from {self.url}: its thinking exceeds "
+                f"{MAX_REASONING_CHARS} characters (a runaway or hostile server); nothing was "
+                "recorded")
+        return size
 
     def _stream_error(self, payload: dict[str, Any]) -> ProviderError:
         message, kind = self.error_details(payload)
