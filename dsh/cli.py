@@ -342,6 +342,10 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.attach", value),
               help="Attach an image (PNG, JPEG, GIF, WebP) or a PDF: a file, an http(s) URL "
                    "(downloaded once) or - for stdin (repeatable; docs/attachments.md).")
+@click.option("--show-reasoning", is_flag=True, expose_value=False,
+              callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.reasoning", value),
+              help="Stream the model's reasoning (thinking) to stderr, dimmed, as it arrives; "
+                   "never to stdout.")
 @pass_state
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
@@ -378,6 +382,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     from dsh.terminal import Stdout
 
     output = RunOutput(Stdout(), events=events, as_json=as_json, stream=stream)
+    if click.get_current_context().meta.get("dsh.reasoning"):
+        output.show_reasoning()
     try:
         app = state.app
         assembled, overrides = assemble_agent(app, agent, overrides, tools)
