@@ -183,7 +183,9 @@ def session_store(app: App) -> Any:
     :return: firstresult: an object with the interface of :class:`dsh.ledger.JsonlStore`.
 
     The built-in JSON Lines store (``dsh.ledger``) is ``trylast``: a plugin returning another
-    store (SQLite, PostgreSQL) replaces it.
+    store (SQLite, PostgreSQL) replaces it. A store that keeps attachments (issue 17) also has
+    ``put_attachment(data) -> sha256`` and ``get_attachment(sha256) -> bytes``; dsh checks
+    every byte against the hash (docs/attachments.md). Without them, attaching is refused.
 
     .. versionadded:: 0.1
     """
