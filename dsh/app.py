@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from dsh import schema as output_schemas
 from dsh.config import Config
 from dsh.config import config_from_dict
 from dsh.config import load_config
@@ -30,6 +31,7 @@ from dsh.errors import Cancelled
 from dsh.errors import ConfigError
 from dsh.errors import DshError
 from dsh.errors import InvariantViolation
+from dsh.errors import OutputSchemaError
 from dsh.errors import PluginError
 from dsh.errors import SessionInUse
 from dsh.errors import UsageError
@@ -85,6 +87,8 @@ class RunResult:
     #: The context the session's next request would carry: ``{"used", "window",
     #: "compactions"}`` (tokens; ``window`` None when unknown). See dsh.compaction.
     context: dict[str, Any] | None = attrs.field(default=None, eq=False)
+    #: With an output schema: the answer's JSON document, parsed (None otherwise).
+    value: Any = None
 
     def check(self) -> RunResult:
         """Raise the run's error, if it ended with one; return self otherwise."""
@@ -350,6 +354,7 @@ class Session:
         context_hook: Callable[[RunContext], None] | None = None,
         approve: bool = False,
         budget_parent: Budget | None = None,
+        output_schema: Mapping[str, Any] | str | None = None,
         attachments: Sequence[Any] | None = None,
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
@@ -375,6 +380,12 @@ class Session:
             to when there is no ``parent`` run (``dsh batch`` shares one across its tasks:
             every count is added to it too, and its limits hold over all of them). Ignored
             when ``parent`` is given (the parent run's budget is the chain's).
+        :param output_schema: a JSON Schema (a mapping, or what :func:`dsh.schema.load`
+            reads: JSON text, a file's path, llm's concise ``"name, age int"``) the answer
+            must match. It is recorded with the turn's options and sent by the provider's own
+            mechanism; an answer that does not match is sent back once with the problems, then
+            the run ends with outcome ``error`` (:class:`~dsh.errors.OutputSchemaError`). The
+            parsed document is :attr:`RunResult.value`.
         :param attachments: images and PDFs sent with ``text`` (see :meth:`attach` for what
             a source may be); they are read, checked and stored before the turn starts.
         """
@@ -385,6 +396,9 @@ class Session:
         except DshError:
             self._attached.clear()  # refused with the message: never left for a later one
             raise
+        schema = None
+        if output_schema is not None:
+            schema = output_schemas.load(output_schema)  # a bad schema fails before any I/O
         # One turn at a time per session: a second thread sending on the same Session would
         # interleave two turns in one ledger (another process is kept out by the file lock).
         if not self._busy.acquire(blocking=False):
@@ -394,7 +408,8 @@ class Session:
             return self._send(text, observe=observe, on_event=on_event, on_text=on_text,
                               limits=limits, cancel=cancel, parent=parent,
                               context_hook=context_hook, approve=approve,
-                              budget_parent=budget_parent, on_reasoning=on_reasoning)
+                              budget_parent=budget_parent, on_reasoning=on_reasoning,
+                              output_schema=schema)
         finally:
             self._busy.release()
 
@@ -403,7 +418,8 @@ class Session:
               cancel: CancelToken | None, parent: RunContext | None,
               context_hook: Callable[[RunContext], None] | None, approve: bool,
               budget_parent: Budget | None = None,
-              on_reasoning: Callable[[str], None] | None = None) -> RunResult:
+              on_reasoning: Callable[[str], None] | None = None,
+              output_schema: Mapping[str, Any] | None = None) -> RunResult:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm
@@ -466,9 +482,12 @@ class Session:
             try:
                 # What this turn's requests carry besides the history, each written when it
                 # changed; the transport sends exactly these, for this run's adapter (C3).
+                options = agent.options
+                if output_schema is not None:
+                    options = {**options, output_schemas.OPTION: output_schema}
                 changed = transport.record_turn(
                     ledger, model=agent.effective_model, system=agent.system,
-                    tools=agent.tool_specs, options=agent.options)
+                    tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
                 ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
@@ -501,7 +520,17 @@ class Session:
             error = cleanup_errors[0]
         if isinstance(error, KeyboardInterrupt):
             raise error
+        value = None
+        if output_schema is not None and outcome == "completed":
+            # dsh.schema checked the answer at the turn's end, unless another plugin's
+            # follow-up was the last word: then check it here.
+            value, found = output_schemas.problems(turn.output, output_schema)
+            if found:
+                outcome, error = "error", OutputSchemaError(
+                    "the answer does not match the output schema: " + "; ".join(found))
+                turn.reason = str(error)
         return RunResult(
+            value=value,
             output=turn.output, session_id=ledger.session_id, outcome=outcome,
             reason=turn.reason, steps=turn.steps, error=error, path=ledger.path,
             usage=Usage(input_tokens=ctx.budget.input_tokens,

@@ -346,12 +346,15 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.reasoning", value),
               help="Stream the model's reasoning (thinking) to stderr, dimmed, as it arrives; "
                    "never to stdout.")
+@click.option("--schema", metavar="SCHEMA",
+              help="JSON Schema the answer must match: a file, inline JSON, or llm's concise "
+                   "'name, age int'. stdout is then exactly the JSON document.")
 @pass_state
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
         as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
         timeout: float | None, limits: tuple[str, ...], options: tuple[str, ...],
-        tools: tuple[str, ...], yes: bool) -> None:
+        tools: tuple[str, ...], yes: bool, schema: str | None) -> None:
     """Run PROMPT as one turn and print the answer.
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
@@ -367,6 +370,14 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise click.UsageError("--continue and --session cannot be combined")
     if no_save and (continue_ or session_id):
         raise click.UsageError("--no-save cannot resume a session")
+    if schema is not None and stream:
+        raise click.UsageError("--stream cannot be combined with --schema (stdout is the "
+                               "JSON document, printed once it is checked)")
+    output_schema = None
+    if schema is not None:
+        from dsh.schema import load as load_schema
+
+        output_schema = load_schema(schema)  # a bad schema is a usage error, before any I/O
     budget = parse_limits(limits)
     attach: tuple[str, ...] = click.get_current_context().meta.get("dsh.attach", ())
     if "-" in attach:  # stdin is the attachment: the prompt is the argument alone
@@ -381,7 +392,9 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     from dsh.terminal import RunOutput
     from dsh.terminal import Stdout
 
-    output = RunOutput(Stdout(), events=events, as_json=as_json, stream=stream)
+    output = RunOutput(Stdout(), events=events, as_json=as_json,
+                       stream=False if output_schema is not None else stream)
+    output.schema = output_schema
     if click.get_current_context().meta.get("dsh.reasoning"):
         output.show_reasoning()
     try:

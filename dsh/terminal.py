@@ -336,6 +336,7 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
                   **_cache_usage(result.usage)},
         "path": str(result.path) if result.path else None,
         "context": getattr(result, "context", None),
+        **({"value": result.value} if getattr(result, "value", None) is not None else {}),
     }
 
 
@@ -414,6 +415,9 @@ class RunOutput:
         self.out = out
         self.events = events
         self.as_json = as_json
+        #: ``--schema``: the JSON Schema the answer must match (stdout is then exactly the
+        #: JSON document; nothing is streamed).
+        self.schema: Any = None
         self.timed_out = False
         self.interrupts = 0
         #: The running turn's context (``stop()``/``abort()`` from another thread), else None.
@@ -497,7 +501,7 @@ class RunOutput:
                     text, on_event=on_event, on_text=self.on_text, on_reasoning=self.on_reasoning,
                     limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
                                                        else None),
-                    context_hook=attach, approve=approve)
+                    context_hook=attach, approve=approve, output_schema=self.schema)
         except KeyboardInterrupt:  # the second Ctrl-C: send() closed the turn and re-raised
             ctx = interrupt.ctx
             msgs = proj.view()
@@ -599,6 +603,9 @@ class RunOutput:
             self.write_json(_compact({"type": "result", **data}))
         elif self.as_json:
             self.write_json(_compact(data))
+        elif self.schema is not None:
+            if getattr(result, "value", None) is not None and result.outcome == "completed":
+                self.write_text(json.dumps(result.value, ensure_ascii=False) + "\n")
         elif self.printer is not None and self.printer.printed:
             self.printer.finish()
         elif result.output and result.outcome not in ("error", "aborted"):

@@ -53,6 +53,9 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.sanitize import StreamText
+from dsh.schema import OPTION as OUTPUT_SCHEMA
+from dsh.schema import answer_from_tool
+from dsh.schema import output_tool
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
@@ -268,6 +271,11 @@ class AnthropicModel(HTTPModel):
                 raise ConfigError(
                     f"anthropic: option thinking.budget_tokens ({budget}) must be less than "
                     f"max_tokens ({limit}): raise max_tokens in the options")
+        schema = body.pop(OUTPUT_SCHEMA, None)
+        if schema is not None:  # structured output (dsh.schema): a tool the model must call
+            thinking = body.get("thinking")
+            output_tool(body, schema, forced=not (
+                isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")))
         if cache == "auto":
             place_breakpoints(body)
         body["stream"] = stream
@@ -279,6 +287,12 @@ class AnthropicModel(HTTPModel):
             raise ConfigError(f"models: anthropic:{self.model_name}: cache = {cache!r}: "
                               f"expected one of {', '.join(repr(m) for m in CACHE_MODES)}")
         return {"max_tokens": DEFAULT_MAX_TOKENS, "cache": cache}
+
+    def _complete(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+        response = super()._complete(request, on_text)
+        if OUTPUT_SCHEMA in request.options:
+            response = answer_from_tool(response)  # the output tool's input is the answer
+        return response
 
     def parse_json(self, data: Any) -> ModelResponse:
         if not isinstance(data, dict) or not isinstance(data.get("content"), list):

@@ -35,6 +35,9 @@ from dsh.messages import Usage
 from dsh.sanitize import StreamText
 from dsh.sanitize import clean_text
 from dsh.sanitize import join_pairs
+from dsh.schema import DIALECTS
+from dsh.schema import OPTION as OUTPUT_SCHEMA
+from dsh.schema import response_format
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -75,9 +78,10 @@ def attachment_part(att: Attachment) -> dict[str, Any]:
     ``image_url`` with a ``data:`` URL, a PDF as ``file`` with ``file_data`` (issue 17)."""
     from dsh.attachments import PDF
     from dsh.attachments import data_url
+    from dsh.attachments import file_name
 
     if att.media_type == PDF:
-        return {"type": "file", "file": {"filename": att.name or f"{att.sha256[:12]}.pdf",
+        return {"type": "file", "file": {"filename": file_name(att),
                                          "file_data": data_url(att)}}
     return {"type": "image_url", "image_url": {"url": data_url(att)}}
 
@@ -190,6 +194,34 @@ class OpenAIModel(HTTPModel):
         settings = self.settings
         return {REASONING_REPLAY: reasoning_replay(settings, f"{self.provider}:{self.name}")}
 
+    def schema_dialect(self) -> str:
+        """How ``response_format`` carries an output schema: ``[models.ID] schema_dialect``,
+        else what this server was found to take (see :meth:`_complete`), else OpenAI's."""
+        learned = getattr(self, "_learned_dialect", None)
+        dialect = str(self.settings.get("schema_dialect") or learned or "json_schema")
+        if dialect not in DIALECTS:
+            raise ConfigError(f"model {self.name!r}: schema_dialect {dialect!r} is not one of "
+                              + ", ".join(DIALECTS))
+        return dialect
+
+    def status_error(self, status: int, raw: bytes, headers: Any) -> ProviderError:
+        err = super().status_error(status, raw, headers)
+        if "response_format" in str(err) and "json_schema" in str(err):
+            err.retryable = False  # a server that does not take this form: asking again is moot
+        return err
+
+    def _complete(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+        try:
+            return super()._complete(request, on_text)
+        except ProviderError as exc:
+            # llama-cpp-python's server answers OpenAI's json_schema response_format with an
+            # error naming the literal, and takes {"type": "json_object", "schema": …}: learn
+            # that once (unless the dialect is configured) and send the request again.
+            if (OUTPUT_SCHEMA not in request.options or self.settings.get("schema_dialect")
+                    or self.schema_dialect() != "json_schema" or "json_schema" not in str(exc)):
+                raise
+            self._learned_dialect = "json_object"
+            return super()._complete(request, on_text)
 
     def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
         return map_tool(tool)
@@ -208,6 +240,9 @@ class OpenAIModel(HTTPModel):
         # The options are the recorded ones, protocol keys excluded at assembly (C3).
         body.update(request.options)
         body.pop(REASONING_REPLAY, None)  # dsh's own option: what to send, not a field
+        schema = body.pop(OUTPUT_SCHEMA, None)
+        if schema is not None:  # structured output (dsh.schema)
+            body["response_format"] = response_format(schema, self.schema_dialect())
         if stream:
             # usage arrives in a last chunk with empty choices
             body["stream_options"] = {"include_usage": True}
