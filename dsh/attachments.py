@@ -170,6 +170,9 @@ def load(source: Source, *, stdin: BinaryIO | None = None) -> Input:
         raise AttachmentError(f"cannot attach a {type(source).__name__}: give a path, a URL, "
                               "'-', bytes or dsh.attachments.Input")
     if source == "-":
+        if stdin is None and (sys.stdin is None or sys.stdin.isatty()):
+            raise AttachmentError("cannot attach stdin: it is a terminal (pipe the file in: "
+                                  "dsh run --attach - PROMPT < FILE)")
         stream = stdin if stdin is not None else sys.stdin.buffer
         data = stream.read(READ_CAP + 1)
         if len(data) > READ_CAP:

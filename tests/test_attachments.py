@@ -576,3 +576,36 @@ def test_a_providers_400_about_images_is_named_and_remembered(tmp_path: Path,
         with pytest.raises(NotAccepted, match="model oa does not take image/jpeg"):
             s.send("this one?", attachments=[JPEG])
     assert len(server.received) == 1
+
+
+def test_no_save_sessions_keep_attachments_in_memory(tmp_path: Path,
+                                                      server: ScriptedServer) -> None:
+    server.script(Reply(body=openai_completion("ok")), Reply(body=openai_completion("ok")))
+    app = make_app(tmp_path, server)
+    with app.session(model="oa", save=False) as s:
+        s.send("look", attachments=[PNG]).check()
+        s.send("again").check()
+    assert server.bodies[1]["messages"][0]["content"][1]["image_url"]["url"].endswith(b64(PNG))
+    assert not (tmp_path / "sessions").exists()  # nothing written anywhere
+
+
+def test_a_store_without_attachment_methods_refuses_clearly(tmp_path: Path) -> None:
+    class Plain:  # a session_store plugin's store written before issue 17
+        pass
+
+    with pytest.raises(AttachmentError, match="this session's store keeps no attachments"):
+        att.store(Plain(), [att.load(PNG)])
+    ref = Attachment(sha256="ab" * 32, media_type="image/png", size=3, name="p.png")
+    with pytest.raises(AttachmentMissing, match=r"p\.png .* this session's store keeps no"):
+        att.verified(Plain(), ref)
+
+
+def test_stdin_on_a_terminal_is_refused_instead_of_waiting(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty())
+    with pytest.raises(AttachmentError, match="stdin: it is a terminal"):
+        att.load("-")
