@@ -155,6 +155,23 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for after in ("if close <= 0 else", "if close < 1 else")],
     ("dsh.llm.rescue.x__json_sequence", "llama = False", "llama = None",
      "only ever or-ed with booleans and tested for truth"),
+    # dsh/llm/transport.py
+    ("dsh.llm.transport.x_guard", 'getattr(fn, "_dsh_transport", False)',
+     'getattr(fn, "_dsh_transport", None)', "only tested for truth: None is false as False is"),
+    ("dsh.llm.transport.x__hand_over", 'getattr(complete, "_dsh_transport", False)',
+     'getattr(complete, "_dsh_transport", None)',
+     "only tested for truth: None is false as False is"),
+    ("dsh.llm.transport.x_plugin_of_code", "getattr(pm.hook, name, None)",
+     "getattr(pm.hook, name, )",
+     "every name dir() lists on the hook relay is one of its attributes: the default is "
+     "never used"),
+    *[("dsh.llm.transport.x_plugin_of_code", before, after,
+       "pluggy registers only routines carrying the hookimpl marker attribute, which a "
+       "built-in function cannot carry: every implementation has a __code__, so fcode is "
+       "never None")
+      for before, after in (('getattr(impl.function, "__code__", None)',
+                             'getattr(impl.function, "__code__", )'),
+                            ("continue", "break"))],
     # dsh/runcontext.py
     ("dsh.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "

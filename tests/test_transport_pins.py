@@ -867,9 +867,15 @@ def tweak(call, system):
 """
 
 
-def test_a_change_made_by_code_outside_every_plugin_names_none(tmp_path, plugin_module):
+@pytest.mark.parametrize("where", ["library", "dsh"])
+def test_a_change_made_by_code_outside_every_plugin_names_none(tmp_path, plugin_module, where):
+    """Helper code that is no plugin's (a library, or dsh's own module that also holds a
+    built-in plugin's hooks) is not blamed: the refusal names no plugin."""
+    import dsh.llm.builtin
+
+    filename = {"library": "<a helper library>", "dsh": dsh.llm.builtin.__file__}[where]
     ns: dict[str, Any] = {"attrs": attrs}
-    exec(compile(LIBRARY, "<a helper library>", "exec"), ns)
+    exec(compile(LIBRARY, filename, "exec"), ns)
     name = plugin_module(request=wrapper(lambda call: ns["tweak"](call, "psst")))
     app = make_app(tmp_path, plugin_module, name)
     with app.session() as s:
@@ -892,9 +898,11 @@ def test_callbacks_and_the_blob_store_reach_the_adapter_and_nothing_else():
         def complete(self, request: ModelRequest, on_text: Any = None,
                      on_reasoning: Any = None) -> ModelResponse:
             got.append(transport.blobs())
-            on_reasoning("hm")
-            on_text("answer")
-            return ModelResponse(text="answer")
+            if on_reasoning is not None:
+                on_reasoning("hm")
+            if on_text is not None:
+                on_text(self.name)
+            return ModelResponse(text=request.messages[-1].content + self.name)
 
     class TakesAny(Model):
         def complete(self, request: ModelRequest, on_text: Any = None,
@@ -905,7 +913,14 @@ def test_callbacks_and_the_blob_store_reach_the_adapter_and_nothing_else():
     class Older(Model):
         def complete(self, request: ModelRequest, on_text: Any = None) -> ModelResponse:
             got.append(transport.blobs())
+            on_text(request.messages[-1].content)
             return ModelResponse(text="older")
+
+    class Unreadable(Model):
+        def complete(self, request: ModelRequest, on_text: Any = None) -> ModelResponse:
+            return ModelResponse(text="unreadable")
+
+        complete.__signature__ = 0  # type: ignore[attr-defined]  # inspect cannot read it
 
     def reenter(log: list[str], model: Model) -> Callable[[str], None]:
         def deliver(delta: str) -> None:
@@ -917,13 +932,56 @@ def test_callbacks_and_the_blob_store_reach_the_adapter_and_nothing_else():
     store = object()
     text: list[str] = []
     thoughts: list[str] = []
-    thinks = Thinks("x")
+    thinks = Thinks("!")
     answer = transport.send(req, reenter(text, thinks), model=thinks,
                             on_reasoning=reenter(thoughts, thinks), blobs=store)
-    assert (answer.text, text, thoughts, got) == ("answer", ["answer"], ["hm"], [store])
+    assert (answer.text, text, thoughts, got) == ("hi!", ["!"], ["hm"], [store])
     assert transport.blobs() is None
+    assert transport.send(req, model=Thinks("?")).text == "hi?"  # no callbacks: none called
+    assert thoughts == ["hm"] and got[-1] is None
     anything: list[str] = []
     assert transport.send(req, model=TakesAny("x"), on_reasoning=anything.append).text == "any"
     assert anything == ["any"]
-    assert transport.send(req, model=Older("x"), on_reasoning=anything.append).text == "older"
-    assert anything == ["any"] and got[-1] is None
+    assert transport.send(req, text.append, model=Older("x"),
+                          on_reasoning=anything.append).text == "older"
+    assert anything == ["any"] and got[-1] is None and text[-1] == "hi"
+    assert transport.send(req, model=Unreadable("x"),
+                          on_reasoning=anything.append).text == "unreadable"
+
+
+def test_reasoning_deltas_reach_an_adapter_inside_a_run(tmp_path, plugin_module):
+    base = recorder_class()
+
+    class Thinking(base):  # type: ignore[valid-type,misc]
+        can_stream = True
+
+        def complete(self, request: ModelRequest, on_text: Any = None,
+                     on_reasoning: Any = None) -> ModelResponse:
+            if on_reasoning is not None:
+                on_reasoning("thinking")
+            return super().complete(request, on_text)
+
+    thoughts: list[str] = []
+    app = make_app(tmp_path, plugin_module, cls=Thinking)
+    with app.session() as s:
+        assert s.send("hi", on_text=lambda d: None,
+                      on_reasoning=thoughts.append).outcome == "completed"
+        assert s.send("again", on_text=lambda d: None).outcome == "completed"
+    assert thoughts == ["thinking"]
+
+
+def test_a_view_of_another_history_is_compared_by_value():
+    one, other = Projection(), Projection()
+    from dsh.events import UserMessage
+
+    for proj, text in ((one, "hi"), (other, "psst")):
+        event = UserMessage(text=text)
+        object.__setattr__(event, "seq", 1)
+        proj.apply(event)
+    expected = ModelRequest(model="", messages=one.view())
+    assert transport.differences(ModelRequest(model="", messages=one.view()), expected) == []
+    assert transport.differences(ModelRequest(model="", messages=other.view()), expected) == [
+        "messages differ (1 sent, 1 in the ledger)"]
+    with pytest.raises(InvariantViolation, match="messages differ"):
+        transport.check(ModelRequest(model="", messages=other.view()), one)
+    transport.check(ModelRequest(model="", messages=(Message(role="user", content="hi"),)), one)
