@@ -37,6 +37,7 @@ import attrs
 from dsh.errors import DshError
 from dsh.errors import LedgerError
 from dsh.errors import UsageError
+from dsh.ledger import MemoryBlobs as MemoryBlobs
 from dsh.messages import Attachment
 
 #: Image types every adapter that takes attachments accepts.
@@ -297,27 +298,6 @@ def _reason(exc: OSError) -> str:
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class MemoryBlobs:
-    """The blob store of a ``--no-save`` session: bytes by hash, in memory."""
-
-    def __init__(self) -> None:
-        self._blobs: dict[str, bytes] = {}
-
-    def put_attachment(self, data: bytes) -> str:
-        sha = digest(data)
-        self._blobs.setdefault(sha, bytes(data))
-        return sha
-
-    def get_attachment(self, sha256: str) -> bytes:
-        try:
-            return self._blobs[sha256]
-        except KeyError:
-            raise AttachmentMissing(f"attachment {sha256[:12]} is not in memory") from None
-
-    def attachment_path(self, sha256: str) -> str:
-        return "(memory)"
 
 
 def store(blobs: Any, items: Iterable[Input]) -> tuple[Attachment, ...]:

@@ -113,6 +113,33 @@ def _reason(exc: OSError) -> str:
     return text[:1].lower() + text[1:]
 
 
+class MemoryBlobs:
+    """The attachment store of an in-memory (``--no-save``) session: bytes by hash (issue
+    17). Here rather than in :mod:`dsh.attachments` so that a run without attachments never
+    imports that module."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, bytes] = {}
+
+    def put_attachment(self, data: bytes) -> str:
+        import hashlib
+
+        sha = hashlib.sha256(data).hexdigest()
+        self._blobs.setdefault(sha, bytes(data))
+        return sha
+
+    def get_attachment(self, sha256: str) -> bytes:
+        try:
+            return self._blobs[sha256]
+        except KeyError:
+            from dsh.attachments import AttachmentMissing
+
+            raise AttachmentMissing(f"attachment {sha256[:12]} is not in memory") from None
+
+    def attachment_path(self, sha256: str) -> str:
+        return "(memory)"
+
+
 class Ledger:
     """An open session: appends events, keeps the projection, holds the lock.
 
@@ -156,8 +183,6 @@ class Ledger:
         ``get_attachment``, issue 17): the session store that opened it, or memory for an
         in-memory ledger; None for a store that keeps no attachments."""
         if self._blobs is None and self.path is None:
-            from dsh.attachments import MemoryBlobs
-
             self._blobs = MemoryBlobs()
         return self._blobs
 
