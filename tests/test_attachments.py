@@ -609,3 +609,13 @@ def test_stdin_on_a_terminal_is_refused_instead_of_waiting(monkeypatch: pytest.M
     monkeypatch.setattr(sys, "stdin", Tty())
     with pytest.raises(AttachmentError, match="stdin: it is a terminal"):
         att.load("-")
+
+
+def test_a_run_without_attachments_never_imports_the_module(tmp_path: Path) -> None:
+    code = ("import sys, dsh\n"
+            f"app = dsh.App.from_config({{'autoload': False, 'sessions_dir': {str(tmp_path)!r}}})\n"
+            "app.run('hi', model='echo').check(); app.run('hi', model='echo', save=False).check()\n"
+            "print('dsh.attachments' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert out == "False\n"
