@@ -3,6 +3,10 @@
 The public API is small and imported lazily, so that ``import dsh`` (and ``dsh --help``) stays
 cheap: ``hookimpl``, ``tool``, ``context``, ``App``, ``Agent``, the event base ``Event``, the
 agent handle ``AgentHandle`` and plugin stashes ``Stash`` / ``StashKey``.
+
+PYTEST_DONT_REWRITE: dsh ships a pytest plugin (``dsh.testing``, entry point ``pytest11``), so
+pytest marks this package for assertion rewriting at start-up; this marker keeps pytest from
+warning (an error under ``-W error``) when dsh was imported before pytest started.
 """
 
 from __future__ import annotations

@@ -62,16 +62,20 @@ MakeApp = Callable[..., ScriptedApp]
 
 @pytest.fixture(scope="module")
 def example_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A fresh venv with the example installed in it (not editable), and a copy of the
-    example's sources to run its tests from: ``(python, sources)``.
+    """A fresh venv with dsh and the example installed in it (not editable, from copies of
+    their sources), and the copy of the example to run its tests from: ``(python, sources)``.
 
-    The venv sees this environment's packages (dsh, pytest, setuptools) through a ``.pth``
-    file that adds our site-packages after its own: ``--system-site-packages`` alone would
-    add the base interpreter's, not this venv's. Nothing is installed here.
+    The venv sees this environment's other packages (pytest, pluggy, httpx, setuptools…)
+    through a ``.pth`` file that adds our site-packages after its own (``--system-site-packages``
+    alone would add the base interpreter's, not this venv's). Nothing is installed here.
     """
     root = tmp_path_factory.mktemp("example-env")
     sources = root / "dsh-example"
     shutil.copytree(EXAMPLE, sources, ignore=shutil.ignore_patterns(*_IGNORED))
+    dsh_sources = root / "dsh-src"  # a build in the tree would leave build/ and *.egg-info
+    shutil.copytree(REPO / "dsh", dsh_sources / "dsh", ignore=shutil.ignore_patterns(*_IGNORED))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, dsh_sources / name)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
@@ -83,7 +87,7 @@ def example_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     (site_dir / "zz_outer_env.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
     proc = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", "--disable-pip-version-check", str(sources)],
+         "--no-build-isolation", "--disable-pip-version-check", str(dsh_sources), str(sources)],
         capture_output=True, text=True, timeout=300, cwd=root, env=_clean_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield python, sources
@@ -107,13 +111,15 @@ def test_example_plugin_is_installed_not_imported_from_the_tree(
     python, sources = example_env
     proc = subprocess.run(
         [str(python), "-c", "import dsh_example, dsh.testing, importlib.metadata as m; "
-         "print(dsh_example.__file__); print(m.version('dsh-example')); "
-         "print([e.value for e in m.entry_points(group='pytest11') if e.name == 'dsh'])"],
+         "print(dsh_example.__file__); print(dsh.testing.__file__); "
+         "print(m.version('dsh-example')); "
+         "print(sorted({e.value for e in m.entry_points(group='pytest11') if e.name == 'dsh'}))"],
         cwd=sources, env=_clean_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    where, version, entry = proc.stdout.splitlines()
-    assert Path(where).is_relative_to(python.parent.parent)  # the venv's site-packages
-    assert not Path(where).is_relative_to(sources)
+    example, testing, version, entry = proc.stdout.splitlines()
+    for where in (example, testing):  # the venv's site-packages, not a source tree
+        assert Path(where).is_relative_to(python.parent.parent), where
+        assert not Path(where).is_relative_to(REPO) and not Path(where).is_relative_to(sources)
     assert (version, entry) == ("0.1.0", "['dsh.testing']")
 
 
@@ -123,6 +129,14 @@ def test_example_tests_pass_with_the_fixtures_of_the_entry_point(
     proc = _pytest(python, sources)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().splitlines()[-1].startswith("11 passed"), proc.stdout
+
+    # dsh imported before pytest starts (a runner such as mutmut): the installed package is
+    # marked for assertion rewriting, and must not warn (an error under -W error).
+    proc = subprocess.run(
+        [str(python), "-c", "import sys, dsh, pytest; sys.exit(pytest.main(['-q', '-p', "
+         "'no:cacheprovider', '-W', 'error', 'tests/test_example.py::test_the_command_line']))"],
+        cwd=sources, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
     # Without the plugin the entry point names, the fixtures are gone: they came from it.
     proc = _pytest(python, sources, "-p", "no:dsh", "tests/test_example.py::test_the_command_line")
