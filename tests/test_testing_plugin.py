@@ -94,9 +94,12 @@ def example_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment of the fresh venv's processes: none of ours that changes what Python,
+    pytest or dsh do. Bytecode is written (into the venv and the copies under tmp): without
+    it every process would compile dsh and pytest's assertion rewriting anew."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DSH_", "PYTEST_", "PYTHON"))}
-    env.update(PYTHONDONTWRITEBYTECODE="1", **extra)
+    env.update(**extra)
     return env
 
 
