@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import operator
 import weakref
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -207,7 +208,7 @@ def unbind(token: Any) -> None:
 
 #: The record types a request holds, compared field by field (every field, so a field added
 #: to one of them is compared too).
-_RECORDS = tuple((cls, tuple(f.name for f in attrs.fields(cls)))
+_RECORDS = tuple((cls, operator.attrgetter(*[f.name for f in attrs.fields(cls)]))
                  for cls in (Message, ToolCall, ToolSpec, Reasoning, Attachment))
 
 
@@ -229,7 +230,7 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     for cls, fields in _RECORDS:
         if t is cls:
-            return (cls.__name__, *[_plain(getattr(value, name)) for name in fields])
+            return (cls.__name__, *map(_plain, fields(value)))
     raise _Odd
 
 
