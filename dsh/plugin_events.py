@@ -99,10 +99,22 @@ def is_installed(app: App, plugin: str, pm: Any = None) -> bool:
     for manager in (pm, app.pm):
         if manager is not None and manager.get_plugin(plugin) is not None:
             return True
-    for record in app.plugins:
-        if record.obj is not None and (record.name == plugin or record.dist == plugin):
-            return True
-    return False
+    loaded = [r for r in app.plugins if r.obj is not None]
+    if any(r.name == plugin or r.dist == plugin for r in loaded):
+        return True
+    # A distribution's plugin loaded by module (``load = ["dsh_hooks"]``): no entry point
+    # tells its distribution; the installed packages' top-level modules do (slower: last).
+    from importlib.metadata import packages_distributions
+
+    wanted = _normal(plugin)
+    owners = packages_distributions()
+    modules = {(r.module or getattr(r.obj, "__name__", "")).partition(".")[0] for r in loaded}
+    return any(_normal(d) == wanted for m in modules for d in owners.get(m, ()))
+
+
+def _normal(name: str) -> str:
+    """A distribution name compared as PyPI does (PEP 503): ``dsh_hooks`` is ``dsh-hooks``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _where(path: str) -> str:

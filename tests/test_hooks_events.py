@@ -274,3 +274,40 @@ def test_the_hooks_own_timeout_still_holds_under_a_longer_run_timeout(tmp_path: 
     assert r.stdout.strip() == "go"
     [ran] = hooks_events(ledger(tmp_path), "hook")
     assert ran["status"] == "timeout"
+
+
+def test_events_are_recorded_when_the_plugin_is_loaded_by_module(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``load = ["dsh_hooks"]`` (no entry point, registered as ``dsh_hooks``): still
+    ``x/dsh-hooks/…``, and no warning per hook."""
+    import types
+
+    from dsh.config import config_from_dict
+    from dsh.hookspecs import hookimpl
+
+    def noop(x: int) -> int:
+        """Do nothing."""
+        return x
+
+    @hookimpl
+    def register_tools(register: Any) -> None:
+        register(noop)
+
+    mod = types.ModuleType("dsh_hooks_events_tools")
+    mod.register_tools = register_tools  # type: ignore[attr-defined]
+    sys.modules[mod.__name__] = mod
+    try:
+        hooks = {"PreToolUse": [{"matcher": "noop", "hooks": [{"type": "command",
+                                                               "command": "cat > /dev/null"}]}]}
+        app = App(config_from_dict({
+            "autoload": False, "load": [mod.__name__, "dsh_hooks"],
+            "sessions_dir": str(tmp_path / "s"), "plugins": {"hooks": {"hooks": hooks}},
+            "model": model(tmp_path, {"tool_calls": [{"name": "noop", "arguments": {"x": 1}}]},
+                           {"text": "done"})}))
+        result = app.run("go")
+    finally:
+        del sys.modules[mod.__name__]
+    assert result.outcome == "completed", result.reason
+    events = [json.loads(x) for x in result.path.read_text().splitlines()]
+    assert [h["answer"] for h in hooks_events(events, "hook")] == ["ok"]
+    assert "cannot record" not in capfd.readouterr().err

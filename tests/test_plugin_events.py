@@ -230,12 +230,12 @@ def test_every_store_keeps_plugin_events(tmp_path: Path, plugin_module) -> None:
 
     me.append(plugin_module(pre_step=pre_step))
     mem = app_of(tmp_path, me[0]).run("hi", save=False)
-    assert mem.output == "hi (1 seen)" and mem.path is None
+    assert mem.output == "hi (1 seen)" and mem.path is None, (mem.outcome, mem.reason)
     store_plugin = plugin_module(session_store=session_store)
     for app in (app_of(tmp_path, me[0]), app_of(tmp_path, me[0], store_plugin)):
         r = app.run("a")
         r = app.run("b", session=r.session_id)
-        assert r.output == "b (2 seen)"
+        assert r.output == "b (2 seen)", (r.outcome, r.reason)
         [ev] = [e for e in app.store.read(r.session_id) if isinstance(e, PluginEvent)][-1:]
         assert ev.data == {"text": "b"}
     assert list((tmp_path / "other").glob("other-*.jsonl"))
@@ -634,3 +634,13 @@ def test_the_docs_example_plugin_works(tmp_path: Path, monkeypatch: pytest.Monke
     with app_of(tmp_path, "memo").session(session_id=first.session_id) as s:
         assert [e.data for e in s.plugin_events("memo", "note")] == [
             {"prompt": "hi", "seen": 0}, {"prompt": "again", "seen": 1}]
+
+
+def test_a_plugin_loaded_by_module_is_known_by_its_distribution(tmp_path: Path) -> None:
+    """``load = ["dsh_hooks"]`` registers the plugin as ``dsh_hooks``: its events written as
+    ``x/dsh-hooks/…`` still belong to an installed plugin (the module's distribution)."""
+    app = app_of(tmp_path, "dsh_hooks")
+    assert pe.is_installed(app, "dsh_hooks") and pe.is_installed(app, "dsh-hooks")
+    assert not pe.is_installed(app, "dsh-shell")  # installed, but not loaded by this app
+    with app.session() as s:
+        assert s.record_event("dsh-hooks", "note").tag == "x/dsh-hooks/note"

@@ -274,18 +274,21 @@ class Engine:
         return done
 
     def record(self, name: str, data: Mapping[str, Any]) -> None:
-        """Write ``x/dsh-hooks/NAME`` to the session: through the run's session inside a run
-        (checked like any plugin's event), straight to the ledger outside one (``dsh
-        sessions compact``). A failure to record is a warning, never a failed hook."""
+        """Write ``x/dsh-hooks/NAME`` to the session's ledger (names, data and redaction
+        checked as for any plugin event). Under its distribution's name whatever name the
+        plugin was loaded under (``hooks`` by its entry point, ``dsh_hooks`` by ``load``), so
+        the app's plugin-name check is not asked. Outside a run (``dsh sessions compact``)
+        it is made durable at once. A failure to record is a warning, never a failed hook."""
         from dsh import plugin_events
         from dsh.errors import DshError
         from dsh.runcontext import current_or_none
 
+        ctx = current_or_none()
+        ledger = ctx.ledger if ctx is not None else self.ledger
+        if ledger is None:  # `dsh hooks test`: no session
+            return
         try:
-            if current_or_none() is not None:
-                plugin_events.record_event(PLUGIN, name, data)
-            elif self.ledger is not None:
-                plugin_events.record(self.ledger, PLUGIN, name, data, durable=True)
+            plugin_events.record(ledger, PLUGIN, name, data, durable=ctx is None)
         except DshError as exc:
             warn(f"cannot record {PLUGIN} event {name!r}: {exc}")
 
