@@ -94,6 +94,9 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         ann = str(f.type)
         if ann in _PLAIN_DUMP:
             items.append(f"{f.name!r}: e.{f.name}")
+        elif ann == "tuple[Attachment, ...]":  # written only when there are any (issue 17)
+            items.append(f"**({{{f.name!r}: _dump_attachments(e.{f.name})}} "
+                         f"if e.{f.name} else {{}})")
         elif ann in _NESTED_DUMP:
             items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
         else:

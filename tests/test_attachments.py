@@ -619,3 +619,9 @@ def test_a_run_without_attachments_never_imports_the_module(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     assert out == "False\n"
+
+
+def test_a_message_without_attachments_writes_no_field() -> None:
+    plain = UserMessage(seq=0, ts="t", session="s", text="hi")
+    assert "attachments" not in json.loads(dump_event(plain))  # ledgers stay as they were
+    assert load_event(dump_event(plain)) == plain
