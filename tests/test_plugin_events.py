@@ -664,3 +664,23 @@ def test_redaction_is_the_same_as_string_by_string(parts: list[tuple[str, str, s
     data = {f"k{i}": "".join(p) for i, p in enumerate(parts)
             if not any(0xD800 <= ord(c) <= 0xDFFF for c in "".join(p))}
     assert pe.clean_data("p", "n", data) == {k: redact.redact(v) for k, v in data.items()}
+
+
+def test_a_hostile_plugin_event_line_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    """Names and data of a hand-written line are shown with their controls made visible."""
+    from dsh.render import trajectory
+
+    store = JsonlStore(tmp_path)
+    with store.create("s1") as ledger:
+        pe.record(ledger, "p", "n", {"ok": 1})
+    line = {"v": 1, "type": "x/p\x1b]52;c;Zm9v\x07/n", "seq": 1, "ts": "t", "session": "s1",
+            "data": {"t": "\x1b[2J\u202egnp.exe\x9b31m"}}
+    with (tmp_path / "s1.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    events = store.read("s1")
+    shown = trajectory(events, terminal=True, installed=lambda p: p == "p")
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\x9b" not in shown
+    assert "\\x1b]52" in shown and "not installed" in shown
+    piped = trajectory(events, terminal=False)
+    assert "\x1b]52" in piped  # to a pipe or a file: byte for byte
