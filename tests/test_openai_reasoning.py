@@ -382,3 +382,35 @@ def test_reasoning_deltas_go_to_on_reasoning_only(server: CheckingServer) -> Non
         pytest.skip("this core's transport has no on_reasoning")
     assert "".join(shown) == "It is sunny."
     assert "".join(thoughts) == "".join(THOUGHT)
+
+
+def test_resume_after_sigkill_sends_the_same_reasoning_content(tmp_path: Path) -> None:
+    """Killed between the reasoning step and its tool result, resumed in a new process: the
+    next request carries the recorded reasoning_content byte for byte (DeepSeek's 400
+    otherwise)."""
+    from tests.test_responses import KILLER
+
+    (tmp_path / "killer_tools.py").write_text(KILLER)
+    with deepseek_server() as server:
+        server.script(*three_steps()[::2])  # a tool call, then the answer
+        config = tmp_path / "dsh.toml"
+        config.write_text(f'autoload = false\nsessions_dir = "{tmp_path / "s"}"\n'
+                          f'load = ["killer_tools"]\nmodel = "{MODEL}"\n'
+                          f'[models."{MODEL}"]\nbase_url = "{server.url}/v1"\nretries = 0\n')
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_BASE_URL", "NO_COLOR")}
+        env.update(DSH_CONFIG=str(config), OPENAI_API_KEY="sk-test-reasoning-Zq8vW2",
+                   DIE_IN_TOOL="1",
+                   PYTHONPATH=os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]))
+        dsh = [sys.executable, "-m", "dsh", "run"]
+        first = subprocess.run([*dsh, "weather in Oslo?"], env=env, capture_output=True,
+                               text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert first.returncode == -9, first.stderr
+        (ledger,) = (tmp_path / "s").glob("*.jsonl")
+        del env["DIE_IN_TOOL"]
+        second = subprocess.run([*dsh, "--session", ledger.stem, "go on"], env=env,
+                                capture_output=True, text=True, timeout=60,
+                                stdin=subprocess.DEVNULL)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == "Sunny in Oslo and Bergen.\n"
+        assert server.rejected == [] and len(server.raw) == 2
+        assert b'"reasoning_content": "Oslo first."' in server.raw[1]
