@@ -252,7 +252,6 @@ class Turn:
     on_text: Any = None
     #: Receives reasoning deltas as they stream (``llm/reasoning``); None when unobserved.
     on_reasoning: Any = None
-
     #: The :class:`dsh.app.Session` the turn runs in (None for a turn built by hand).
     session: Session | None = attrs.field(default=None, repr=False)
     #: The latest step's final :class:`dsh.messages.ModelResponse` (text, tool calls, usage,
