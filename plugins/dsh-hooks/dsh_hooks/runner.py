@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -38,6 +38,10 @@ except ImportError:  # pragma: no cover - exercised only without dsh-shell
             return "" if libc.prctl(4, 0, 0, 0, 0) == 0 else "prctl failed"  # PR_SET_DUMPABLE
         except (OSError, AttributeError) as exc:
             return f"prctl unavailable: {exc}"
+
+
+if TYPE_CHECKING:
+    from dsh.runcontext import CancelToken
 
 
 @attrs.frozen
@@ -75,7 +79,7 @@ def _shell() -> str:
 
 
 def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, str],
-        max_output: int, cancel: Any = None) -> Ran:
+        max_output: int, cancel: CancelToken | None = None) -> Ran:
     """Run ``command`` with ``stdin``; never raises for the command's own failures.
 
     :param cancel: the run's :class:`dsh.runcontext.CancelToken`: when it fires, the hook's
@@ -129,7 +133,7 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
     proc.stdout.close()
     proc.stderr.close()
     out, err = (bytes(b).decode("utf-8", errors="replace") for b in bufs.values())
-    if status == "aborted":
+    if status == "aborted" and cancel is not None:
         err = f"killed: the run was aborted ({cancel.reason})"
     return Ran(status, code if status == "exit" else None, out, err,
                round((time.perf_counter() - start) * 1000, 3))
@@ -205,12 +209,11 @@ def _pump(proc: subprocess.Popen[bytes], bufs: dict[int, bytearray], deadline: f
 
 
 def _kill(proc: subprocess.Popen[bytes], alive_only: bool = False) -> None:
-    """SIGKILL the hook's process group. ``alive_only`` (from another thread): only while the
-    hook itself has not been reaped, so a recycled process group id is never signalled."""
-    if alive_only and proc.poll() is not None:
-        pgid_alive = _group_alive(proc.pid)
-        if not pgid_alive:
-            return
+    """SIGKILL the hook's process group. ``alive_only`` (from the cancelling thread, at any
+    moment): not once the hook has been reaped and nothing is left in its group, so that an
+    id the kernel has recycled is not signalled."""
+    if alive_only and proc.poll() is not None and not _group_alive(proc.pid):
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
