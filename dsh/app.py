@@ -305,9 +305,10 @@ class Session:
             self.ledger, plugin, name, data, version=version, app=self.agent.app,
             pm=self.agent.pm, durable=ctx is None or ctx.ledger is not self.ledger)
 
-    def plugin_events(self, plugin: str, name: str | None = None) -> tuple[PluginEvent, ...]:
+    def plugin_events(self, plugin: str, name: str | None = None) -> Sequence[PluginEvent]:
         """This session's events of ``plugin`` (named ``name``, if given), oldest first,
-        written before a restart included; from the ledger's index (no file read)."""
+        written before a restart included; an O(1) read-only view of the ledger's index (no
+        file read)."""
         from dsh import plugin_events
 
         return plugin_events.read(self.ledger, plugin, name)

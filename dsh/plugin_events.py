@@ -34,9 +34,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import overload
 
 from dsh.errors import LedgerError
 from dsh.errors import NoRunContext
@@ -249,16 +252,65 @@ def record(ledger: Ledger, plugin: str, name: str, data: Mapping[str, Any] | Non
     return event
 
 
-def read(ledger: Ledger, plugin: str, name: str | None = None) -> tuple[PluginEvent, ...]:
+class EventsView(Sequence[PluginEvent]):
+    """A read-only view of the first ``n`` events of an index list (append-only): taking one
+    is O(1) however many events the plugin wrote, so reading the latest at every step keeps
+    the step's cost flat. Later appends are not in it (a snapshot). Compares equal to any
+    sequence of the same events (``== ()`` when empty)."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[PluginEvent]) -> None:
+        self._items = items
+        self._n = len(items)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> PluginEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[PluginEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> PluginEvent | Sequence[PluginEvent]:
+        if isinstance(index, slice):
+            return tuple(self._items[: self._n][index])
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("plugin event index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[PluginEvent]:
+        items = self._items
+        for i in range(self._n):
+            yield items[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventsView({list(self)!r})"
+
+
+_EMPTY: list[PluginEvent] = []
+
+
+def read(ledger: Ledger, plugin: str, name: str | None = None) -> EventsView:
     """The events of ``plugin`` (only those called ``name``, if given) in ``ledger``, oldest
-    first, from the projection's index."""
+    first, from the projection's index: an O(1) read-only view."""
     check_name(plugin, "plugin name")
     if name is not None:
         check_name(name, "name")
     index = ledger.projection.plugin_index
     if index is None:
-        return ()
-    return tuple(index.get(plugin if name is None else (plugin, name), ()))
+        return EventsView(_EMPTY)
+    return EventsView(index.get(plugin if name is None else (plugin, name), _EMPTY))
 
 
 def _current() -> Any:
@@ -293,9 +345,10 @@ def record_event(plugin: str, name: str, data: Mapping[str, Any] | None = None, 
     return record(ctx.ledger, plugin, name, data, version=version)
 
 
-def plugin_events(plugin: str, name: str | None = None) -> tuple[PluginEvent, ...]:
+def plugin_events(plugin: str, name: str | None = None) -> EventsView:
     """The events ``x/PLUGIN/…`` (or ``x/PLUGIN/NAME``) of the current run's session, oldest
-    first — including those written before a restart. ``event.data`` is read-only
+    first — including those written before a restart — as an O(1) read-only sequence
+    (``plugin_events(P, N)[-1]`` is the latest). ``event.data`` is read-only
     (:func:`dsh.messages.thaw` gives a copy to change).
 
     :raises OutsideRun: (a ``RuntimeError``) outside a run.
