@@ -51,6 +51,7 @@ from dsh.terminal import result_dict
 if TYPE_CHECKING:
     from dsh.app import App
     from dsh.app import RunResult
+    from dsh.config import Config
     from dsh.runcontext import RunContext
 
 #: Keys a task line may have.
@@ -327,6 +328,31 @@ class Executor(Protocol):
         ...
 
 
+class RemoteExecutor(Executor, Protocol):
+    """An executor whose tasks run in other processes (dsh-ray; docs/batch.md, "Executors").
+
+    ``job(task)`` still runs in the driver (its :meth:`run` may be :class:`LocalExecutor`'s):
+    there the batch journals the attempt's session *before* dispatch, then calls
+    :meth:`dispatch` with a :class:`Unit` — plain data a worker runs with :func:`run_unit` —
+    and keeps the results, the journal, progress and the session store.
+    """
+
+    def dispatch(self, unit: Unit) -> dict[str, Any]:
+        """Run ``unit`` elsewhere and return what :func:`run_unit` returned there; raise
+        :class:`WorkerLost` when the process running it died (the batch then closes the
+        partial ledger as interrupted and runs the task again, in a new session)."""
+        ...
+
+    def shared_budget(self, limits: Limits) -> Budget:
+        """The batch's budget: a :class:`~dsh.runcontext.Budget` every worker's runs reserve
+        against (a level with ``remote = True``), readable in the driver."""
+        ...
+
+    def stop(self, reason: str, *, abort: bool) -> None:
+        """The batch is stopping: running units end after their step (``abort``: now)."""
+        ...
+
+
 class LocalExecutor:
     """The built-in executor: threads in this process (model calls are I/O bound)."""
 
@@ -350,6 +376,90 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+class WorkerLost(DshError):
+    """The process running a :class:`Unit` died (a remote executor's :meth:`dispatch`)."""
+
+
+@attrs.frozen
+class Unit:
+    """One attempt of one task as a remote executor ships it: plain, picklable data.
+
+    The driver has journalled ``session`` before the unit is dispatched, so a worker that dies
+    leaves a ledger the driver knows about.
+    """
+
+    #: The driver's configuration (keys are never in it: they come from the environment).
+    config: Config
+    #: The driver's session directory, when its store has one (the worker writes there:
+    #: a filesystem shared with the driver); None: the config's own store.
+    store: str | None
+    task: Task
+    #: The agent's name and overrides (``-m``, ``-o``, the task's own).
+    agent: str | None
+    overrides: dict[str, Any]
+    #: ``--task-limit``.
+    limits: Limits | None
+    session: str
+    #: ``session`` is new (created with this id); else an existing one continued.
+    create: bool
+    approve: bool = False
+
+
+_WORKER_APPS: dict[str, App] = {}
+_WORKER_LOCK = threading.Lock()
+
+
+def run_unit(unit: Unit, *, budget_parent: Budget | None = None,
+             context_hook: Callable[[RunContext], None] | None = None) -> dict[str, Any]:
+    """Run ``unit`` in this process (a remote executor's worker): an :class:`App` built from
+    its config (one per config and process, reused), its session opened, the task sent.
+    Returns the :class:`~dsh.app.RunResult` as plain data (:func:`result_data`); never
+    raises for the task's own failures."""
+    from dsh.app import App
+    from dsh.app import RunResult
+    from dsh.app import describe_error
+
+    config = unit.config
+    if unit.store is not None:
+        config = attrs.evolve(config, sessions_dir=unit.store)
+    key = repr(config)
+    with _WORKER_LOCK:
+        app = _WORKER_APPS.get(key)
+        if app is None:
+            app = _WORKER_APPS[key] = App(config)
+    try:
+        agent = app.agent(unit.agent, **unit.overrides)
+        session = app.open_session(agent, unit.session, create=unit.create)
+    except Exception as exc:
+        return result_data(RunResult(output="", session_id=unit.session, outcome="error",
+                                     reason=describe_error(app.pm, exc)))
+    with session:
+        result = session.send(unit.task.text, limits=unit.limits, budget_parent=budget_parent,
+                              context_hook=context_hook, approve=unit.approve)
+    return result_data(result)
+
+
+def result_data(result: RunResult) -> dict[str, Any]:
+    """A :class:`~dsh.app.RunResult` as plain data (its ``error`` is in ``reason``)."""
+    return {"output": result.output, "session_id": result.session_id,
+            "outcome": result.outcome, "reason": result.reason, "steps": result.steps,
+            "usage": attrs.asdict(result.usage),
+            "path": str(result.path) if result.path is not None else None,
+            "context": result.context, "value": result.value}
+
+
+def result_from_data(data: dict[str, Any]) -> RunResult:
+    """The :class:`~dsh.app.RunResult` :func:`result_data` made ``data`` of."""
+    from dsh.app import RunResult
+    from dsh.messages import Usage
+
+    return RunResult(output=data["output"], session_id=data["session_id"],
+                     outcome=data["outcome"], reason=data["reason"], steps=data["steps"],
+                     usage=Usage(**data["usage"]),
+                     path=Path(data["path"]) if data["path"] else None,
+                     context=data["context"], value=data["value"])
 
 
 def get_executor(app: App, name: str) -> Executor:
@@ -485,7 +595,11 @@ class Batch:
         self.retries = retries
         self.ordered = ordered
         self.approve = approve
-        self.budget = Budget(limits or Limits())
+        #: A remote executor's (:class:`RemoteExecutor`): tasks are dispatched as units.
+        self.dispatch: Callable[[Unit], dict[str, Any]] | None = getattr(
+            executor, "dispatch", None)
+        shared = getattr(executor, "shared_budget", None) if self.dispatch else None
+        self.budget = shared(limits or Limits()) if shared else Budget(limits or Limits())
         self.cancel = CancelToken()
         self.stopping = ""  # why no more tasks start ("" while they do)
         self.interrupts = 0
@@ -499,13 +613,17 @@ class Batch:
 
     # -- before any task starts ---------------------------------------------------------
 
-    def agent_for(self, task: Task) -> Any:
+    def overrides_for(self, task: Task) -> tuple[str | None, dict[str, Any]]:
+        """The agent name and overrides of ``task``."""
         overrides = dict(self.overrides)
         if task.model:
             overrides["model"] = task.model
         if task.options:
             overrides["options"] = {**overrides.get("options", {}), **task.options}
-        name = task.agent or self.agent_name
+        return task.agent or self.agent_name, overrides
+
+    def agent_for(self, task: Task) -> Any:
+        name, overrides = self.overrides_for(task)
         key = (name, repr(sorted(overrides.items())))
         agent = self._agents.get(key)
         if agent is None:
@@ -618,20 +736,34 @@ class Batch:
         from dsh.app import describe_error
 
         agent = self.agent_for(task)
+        lost = 0
         while True:
             attempt = 0
-            try:
-                session = self.app.open_session(agent, task.session)
-            except Exception as exc:
-                result = RunResult(output="", session_id="", outcome="error",
-                                   reason=describe_error(self.app.pm, exc), error=exc)
+            if self.dispatch is not None:
+                attempt, result = self._remote(task, agent)
+                if result.outcome == "died":
+                    lost += 1
+                    if self.stopping or lost <= self.max_lost:
+                        self.journal.ended(task, attempt, "died")
+                        if self.stopping:
+                            return Outcome(task, 0, result, agent.name, agent.model_id, "left")
+                        continue  # again, in a new session; a died attempt is no failure
+                    # Once too often: the task's own failure (counted against --retries).
+                    result = attrs.evolve(result, outcome="error", reason=(
+                        f"the worker running it died {lost} times: {result.reason}"))
             else:
-                with session:
-                    attempt = self.journal.started(task, session.id,
-                                                   session.ledger.projection.turn + 1)
-                    result = session.send(task.text, limits=self.task_limits,
-                                          budget_parent=self.budget,
-                                          context_hook=self._attach, approve=self.approve)
+                try:
+                    session = self.app.open_session(agent, task.session)
+                except Exception as exc:
+                    result = RunResult(output="", session_id="", outcome="error",
+                                       reason=describe_error(self.app.pm, exc), error=exc)
+                else:
+                    with session:
+                        attempt = self.journal.started(task, session.id,
+                                                       session.ledger.projection.turn + 1)
+                        result = session.send(task.text, limits=self.task_limits,
+                                              budget_parent=self.budget,
+                                              context_hook=self._attach, approve=self.approve)
             kind = self.classify(task, result)
             if kind == "retry" and self.stopping:
                 kind = "left"
@@ -642,6 +774,51 @@ class Batch:
                 self.journal.ended(task, attempt, "left" if kind == "left" else result.outcome)
             if kind != "retry":
                 return Outcome(task, attempt, result, agent.name, agent.model_id, kind)
+
+    #: Deaths of a task's worker in one invocation before it counts as the task's error.
+    max_lost = 2
+
+    def _remote(self, task: Task, agent: Any) -> tuple[int, RunResult]:
+        """One attempt of ``task`` through the remote executor: the session chosen and
+        journalled here, the unit dispatched; a lost worker's ledger is closed as interrupted
+        here (outcome ``died``)."""
+        from dsh.app import RunResult
+        from dsh.app import describe_error
+        from dsh.ledger import new_session_id
+
+        assert self.dispatch is not None
+        store = self.app.store
+        try:
+            if task.session:
+                with store.open(task.session) as ledger:  # its next turn, for the journal
+                    sid, turn, create = task.session, ledger.projection.turn + 1, False
+            else:
+                sid, turn, create = new_session_id(), 1, True
+        except Exception as exc:
+            return 0, RunResult(output="", session_id="", outcome="error",
+                                reason=describe_error(self.app.pm, exc), error=exc)
+        attempt = self.journal.started(task, sid, turn)
+        name, overrides = self.overrides_for(task)
+        directory = getattr(store, "directory", None)
+        unit = Unit(config=self.app.config, store=str(directory) if directory else None,
+                    task=task, agent=name, overrides=overrides, limits=self.task_limits,
+                    session=sid, create=create, approve=self.approve)
+        try:
+            result = result_from_data(self.dispatch(unit))
+        except WorkerLost as exc:
+            result = RunResult(output="", session_id=sid, outcome="died", reason=str(exc),
+                               path=store.path(sid) if hasattr(store, "path") else None)
+        except Exception as exc:
+            result = RunResult(output="", session_id=sid, outcome="error",
+                               reason=describe_error(self.app.pm, exc), error=exc)
+        else:
+            return attempt, result
+        if store.exists(sid):
+            try:
+                store.open(sid).close()  # recovers: closes it as interrupted
+            except DshError:
+                pass
+        return attempt, result
 
     def classify(self, task: Task, result: RunResult) -> str:
         if result.outcome == OK:
@@ -676,6 +853,8 @@ class Batch:
         with self._lock:
             for ctx in list(self._running):
                 ctx.stop()
+        if self.dispatch is not None:
+            self.executor.stop(reason, abort=False)  # type: ignore[attr-defined]
 
     def abort(self, reason: str) -> None:
         """Abort the running tasks now (in-flight model calls are closed)."""
@@ -684,6 +863,8 @@ class Batch:
         with self._lock:
             for ctx in list(self._running):
                 ctx.abort(reason)
+        if self.dispatch is not None:
+            self.executor.stop(reason, abort=True)  # type: ignore[attr-defined]
 
     def emit(self, out: Outcome) -> None:
         """Write ``out``'s result line (in input order with ``--ordered``), then journal

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import ClassVar
 
 import attrs
 
@@ -138,8 +139,15 @@ class Budget:
     known only once a call has resolved (:meth:`add`), and time passes while units run: those
     limits stop new units from starting, and may be overshot by the units already running
     (docs/execution.md, "Budgets").
+
+    A level whose :attr:`remote` is true keeps its counters elsewhere (dsh-ray's budget, one
+    counter for a whole cluster): a walk up the chain stops there and hands it the rest, and
+    its own ``reserve``/``add``/``exceeded`` are atomic where the counters are. Such a level
+    names its refusals "… in a parent run" itself.
     """
 
+    #: True for a level whose counters live in another process (see above).
+    remote: ClassVar[bool] = False
     #: Fixed for the budget's life (the checks are prepared from it).
     limits: Limits = attrs.field(factory=Limits, on_setattr=attrs.setters.frozen)
     parent: Budget | None = None
@@ -174,10 +182,12 @@ class Budget:
         """Add ``counts`` to this budget and every ancestor (no check: usage already spent)."""
         with self._lock:
             b: Budget | None = self
-            while b is not None:
+            while b is not None and not b.remote:
                 for key, value in counts.items():
                     setattr(b, key, getattr(b, key) + value)
                 b = b.parent
+            if b is not None:
+                b.add(**counts)
 
     def reserve(self, **counts: int) -> str | None:
         """Take ``counts`` of counted units (``steps``, ``requests``, ``tool_calls``) at every
@@ -191,14 +201,19 @@ class Budget:
         with self._lock:
             b: Budget | None = self
             depth = 0
-            while b is not None:
+            while b is not None and not b.remote:
                 reason = b._refusal(counts, depth)
                 if reason:
                     return reason
                 b = b.parent
                 depth += 1
+            top = b
+            if top is not None:  # the remote level reserves (atomically) or refuses there
+                reason = top.reserve(**counts)
+                if reason:
+                    return reason
             b = self
-            while b is not None:
+            while b is not top and b is not None:
                 for key, n in counts.items():
                     setattr(b, key, getattr(b, key) + n)
                 b = b.parent
@@ -209,13 +224,13 @@ class Budget:
         with self._lock:
             b: Budget | None = self
             depth = 0
-            while b is not None:
+            while b is not None and not b.remote:
                 reason = b._refusal({}, depth)
                 if reason:
                     return reason
                 b = b.parent
                 depth += 1
-        return None
+        return b.exceeded() if b is not None else None
 
     def _refusal(self, counts: dict[str, int], depth: int) -> str | None:
         """Why this level refuses ``counts`` more units (``{}``: has it reached a limit?)."""

@@ -1,0 +1,334 @@
+"""The Ray executor of ``dsh batch`` (imported only for ``--executor ray``; imports ray).
+
+The driver (the ``dsh batch`` process) keeps what the local executor keeps — the journal,
+the results, progress, the session store — and runs each task's job in a thread of its own,
+as :class:`dsh.batch.LocalExecutor` does. The job journals the attempt's session, then hands
+a :class:`dsh.batch.Unit` to :meth:`RayExecutor.dispatch`, which runs it as a Ray task
+(:func:`run_remote`: :func:`dsh.batch.run_unit` on a worker) and waits for its result.
+
+* The batch's budget is one :class:`BudgetCounter` actor; a worker's run chains its budget to
+  a :class:`RayBudget` (a ``Budget`` level with ``remote = True``) whose reserve/add/exceeded
+  are calls to it. The actor runs one call at a time, so a reservation is atomic across the
+  cluster: requests, steps and tool calls are exact.
+* A worker that dies mid-task (killed, out of memory, its node lost) makes ``dispatch`` raise
+  :class:`dsh.batch.WorkerLost`; Ray does not retry the task itself (``max_retries=0``): the
+  batch closes the partial ledger as interrupted and runs the task again in a new session,
+  the journal linking both.
+* Stopping (Ctrl-C) and aborting reach the workers through the actor: each running unit
+  polls it and stops or aborts its run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+
+import attrs
+import ray
+import ray.exceptions
+
+from dsh.batch import LocalExecutor
+from dsh.batch import Task
+from dsh.batch import Unit
+from dsh.batch import WorkerLost
+from dsh.batch import run_unit
+from dsh.errors import ConfigError
+from dsh.errors import DshError
+from dsh.runcontext import Budget
+from dsh.runcontext import Limits
+from dsh.runcontext import RunContext
+
+#: How often a running unit asks the actor whether the batch is stopping (seconds).
+POLL = 0.5
+#: Ray's errors that mean the process (or node) running a task is gone.
+LOST = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+        ray.exceptions.TaskCancelledError, ray.exceptions.OutOfMemoryError,
+        ray.exceptions.ObjectLostError, ray.exceptions.LocalRayletDiedError,
+        ray.exceptions.OwnerDiedError)
+
+
+@attrs.frozen
+class Settings:
+    """``[plugins.dsh-ray]``."""
+
+    #: The cluster (``ray://…`` or ``HOST:PORT``); default ``RAY_ADDRESS``; neither: a local
+    #: Ray started for the batch (and stopped after it).
+    address: str | None = None
+    #: CPUs of the local Ray started when no address is given (default: Ray's, all of them).
+    num_cpus: float | None = None
+    #: CPUs each task reserves on the cluster (Ray's scheduling unit; 0.25: four I/O-bound
+    #: agent runs per CPU).
+    task_cpus: float = 1.0
+    #: Ray's ``runtime_env`` for the batch's job (``pip``, ``py_modules``, ``env_vars``…).
+    runtime_env: dict[str, Any] | None = None
+    #: Ray namespace of the job.
+    namespace: str | None = None
+
+
+def settings_from(raw: Mapping[str, Any]) -> Settings:
+    """:class:`Settings` from the config table; a bad key or value is a :class:`ConfigError`
+    naming it."""
+    where = "[plugins.dsh-ray]"
+    known = {f.name for f in attrs.fields(Settings)}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+    for key in ("address", "namespace"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ConfigError(f"{where} {key}: must be a string")
+    for key in ("num_cpus", "task_cpus"):
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value < 0 or (key == "num_cpus" and value == 0)):
+            raise ConfigError(f"{where} {key}: must be a positive number")
+    env = raw.get("runtime_env")
+    if env is not None and not isinstance(env, Mapping):
+        raise ConfigError(f"{where} runtime_env: must be a table")
+    return Settings(address=raw.get("address") or None, num_cpus=raw.get("num_cpus"),
+                    task_cpus=float(raw.get("task_cpus", 1.0)),
+                    runtime_env=dict(env) if env else None, namespace=raw.get("namespace"))
+
+
+# --------------------------------------------------------------------------------------------
+# The budget: one actor
+# --------------------------------------------------------------------------------------------
+
+
+_COUNTERS = ("steps", "requests", "tool_calls", "input_tokens", "output_tokens",
+             "cache_read_tokens", "cache_write_tokens", "cost")
+
+
+class BudgetCounter:
+    """The batch's budget, in one actor (calls are served one at a time: atomic)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.root = Budget(limits)
+        # Reserving through a child names the root's refusals "… in a parent run", as a
+        # local batch's do.
+        self.child = Budget(parent=self.root)
+        self.stopping = ""
+        self.aborting = False
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: getattr(self.root, k) for k in _COUNTERS}
+        out["stopping"], out["aborting"] = self.stopping, self.aborting
+        return out
+
+    def reserve(self, counts: dict[str, int]) -> tuple[str | None, dict[str, Any]]:
+        return self.child.reserve(**counts), self.state()
+
+    def add(self, counts: dict[str, float]) -> dict[str, Any]:
+        self.root.add(**counts)
+        return self.state()
+
+    def exceeded(self) -> tuple[str | None, dict[str, Any]]:
+        return self.child.exceeded(), self.state()
+
+    def stop(self, reason: str, abort: bool) -> None:
+        self.stopping = self.stopping or reason
+        self.aborting = self.aborting or abort
+
+
+@attrs.define(eq=False)
+class RayBudget(Budget):
+    """A budget level whose counters are the :class:`BudgetCounter` actor's (``remote``):
+    a run chained to it reserves there. Its own fields mirror the actor's last answer."""
+
+    remote: ClassVar[bool] = True
+    counter: Any = None
+    #: Called with the actor's state after each call (a worker's stop/abort watch).
+    on_state: Callable[[dict[str, Any]], None] | None = attrs.field(default=None, repr=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The actor handle travels; the lock and the local mirror do not.
+        return (RayBudget, (self.limits, None), {"counter": self.counter})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.counter = state["counter"]
+
+    def _seen(self, state: dict[str, Any]) -> None:
+        for key in _COUNTERS:
+            setattr(self, key, state[key])
+        if self.on_state is not None:
+            self.on_state(state)
+
+    def reserve(self, **counts: int) -> str | None:
+        if self.counter is None:
+            return None
+        reason, state = ray.get(self.counter.reserve.remote(counts))
+        self._seen(state)
+        return reason
+
+    def add(self, **counts: float) -> None:
+        if self.counter is not None:
+            self._seen(ray.get(self.counter.add.remote(counts)))
+
+    def exceeded(self) -> str | None:
+        if self.counter is None:
+            return None
+        reason, state = ray.get(self.counter.exceeded.remote())
+        self._seen(state)
+        return reason
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's side
+# --------------------------------------------------------------------------------------------
+
+
+class Watch:
+    """Stops or aborts a worker's run when the driver's batch stops (read from the actor on
+    every budget call, and every :data:`POLL` seconds while the run lasts)."""
+
+    def __init__(self, budget: RayBudget) -> None:
+        self.budget = budget
+        self.ctx: RunContext | None = None
+        self._done = threading.Event()
+
+    def attach(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.budget.on_state = self.apply
+        ctx.add_cleanup(self._done.set)
+        threading.Thread(target=self._poll, daemon=True, name="dsh-ray-watch").start()
+
+    def apply(self, state: dict[str, Any]) -> None:
+        ctx = self.ctx
+        if ctx is None or not state["stopping"]:
+            return
+        if state["aborting"]:
+            ctx.abort(state["stopping"])
+        else:
+            ctx.stop()
+
+    def _poll(self) -> None:
+        while not self._done.wait(POLL):
+            try:
+                self.budget.exceeded()
+            except Exception:  # noqa: BLE001 - the driver gone: the run ends on its own
+                return
+
+
+def run_remote(unit: Unit, budget: RayBudget) -> dict[str, Any]:
+    """The Ray task: run ``unit`` here, its budget chained to the batch's actor."""
+    watch = Watch(budget)
+    return run_unit(unit, budget_parent=budget, context_hook=watch.attach)
+
+
+# --------------------------------------------------------------------------------------------
+# The driver's side
+# --------------------------------------------------------------------------------------------
+
+
+class RayExecutor(LocalExecutor):
+    """``--executor ray`` (a :class:`dsh.batch.RemoteExecutor`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.budget: RayBudget | None = None
+        self._remote: Any = None
+        self._counter: Any = None
+        self._owns = False
+        self._refs: set[Any] = set()
+        self._lock = threading.Lock()
+
+    # -- the contract -------------------------------------------------------------------
+
+    def shared_budget(self, limits: Limits) -> Budget:
+        self.budget = RayBudget(limits)  # its actor is made when the first task starts
+        return self.budget
+
+    def run(self, job: Callable[[Task], Any], tasks: Iterator[Task], *,
+            workers: int) -> Iterator[Any]:
+        first = next(tasks, None)
+        if first is None:
+            return  # nothing to run: no cluster needed
+        self.connect()
+        for out in super().run(job, itertools.chain([first], tasks), workers=workers):
+            if self.budget is not None:
+                self.budget.exceeded()  # the driver's mirror, for progress and the summary
+            yield out
+
+    def dispatch(self, unit: Unit) -> dict[str, Any]:
+        assert self._remote is not None and self.budget is not None
+        ref = self._remote.remote(unit, self.budget)
+        with self._lock:
+            self._refs.add(ref)
+        try:
+            return ray.get(ref)
+        except LOST as exc:
+            raise WorkerLost(f"ray: {type(exc).__name__}: {_first_line(exc)}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            raise DshError(f"ray worker: {type(cause).__name__}: {_first_line(cause)}") from None
+        finally:
+            with self._lock:
+                self._refs.discard(ref)
+
+    def stop(self, reason: str, *, abort: bool) -> None:
+        if self._counter is None:
+            return
+        try:
+            ray.get(self._counter.stop.remote(reason, abort), timeout=5)
+        except Exception:  # noqa: BLE001 - the cluster gone: nothing left to stop
+            return
+        if abort:  # a run that does not poll in time (a tool blocking): its task goes
+            with self._lock:
+                refs = list(self._refs)
+            timer = threading.Timer(POLL * 6, self._cancel, (refs,))
+            timer.daemon = True
+            timer.start()
+
+    def close(self) -> None:
+        if self._counter is not None:
+            try:
+                ray.kill(self._counter)
+            except Exception:  # noqa: BLE001
+                pass
+            self._counter = None
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Join the cluster (or start a local one), make the budget's actor."""
+        s = self.settings
+        if not ray.is_initialized():
+            address = s.address or os.environ.get("RAY_ADDRESS") or None
+            kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False,
+                                      "runtime_env": s.runtime_env, "namespace": s.namespace}
+            if address is None:
+                kwargs.update(address="local", num_cpus=s.num_cpus, include_dashboard=False)
+            else:
+                kwargs["address"] = address
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:
+                where = f"at {address}" if address else "(a local Ray)"
+                raise DshError(f"dsh-ray: cannot start or join the Ray cluster {where}: "
+                               f"{type(exc).__name__}: {_first_line(exc)}") from None
+            self._owns = True
+        assert self.budget is not None
+        actor = ray.remote(num_cpus=0, max_restarts=0)(BudgetCounter)
+        self._counter = actor.remote(self.budget.limits)
+        self.budget.counter = self._counter
+        self._remote = ray.remote(max_retries=0, num_cpus=s.task_cpus)(run_remote)
+
+    def _cancel(self, refs: list[Any]) -> None:
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - already finished
+                pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
