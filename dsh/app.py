@@ -778,7 +778,11 @@ class App:
             cfg = self.config
             self._pm = make_plugin_manager(self.plugins, cfg.disable, cfg.strict_plugins,
                                            complete=True, where=cfg.source or "config")
-            configure(self._pm, self)
+            try:
+                configure(self._pm, self)  # a plugin's configure may already use app.pm
+            except BaseException:
+                self._pm = None  # half-configured: the next use fails the same way
+                raise
         return self._pm
 
     @property

@@ -459,7 +459,19 @@ def plugin_of(pm: pluggy.PluginManager, exc: BaseException) -> tuple[str, str] |
     found = None
     while tb is not None:
         hit = codes.get(tb.tb_frame.f_code)
-        if hit:
+        if hit and not _passed_through(tb):
             found = hit
         tb = tb.tb_next
     return found
+
+
+def _passed_through(tb: Any) -> bool:
+    """True when the exception was thrown into a wrapper at its ``yield`` (an inner layer
+    raised, the wrapper did not catch it): that wrapper is not the one that failed."""
+    code = tb.tb_frame.f_code
+    if not code.co_flags & 0x20:  # inspect.CO_GENERATOR (inspect costs start-up time)
+        return False
+    import dis
+
+    return any(i.offset == tb.tb_lasti and i.opname == "YIELD_VALUE"
+               for i in dis.get_instructions(code))

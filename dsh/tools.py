@@ -320,7 +320,8 @@ class ToolOutcome:
 
     #: ``ok`` or ``error`` (``budget`` and ``interrupted`` are set by dsh for calls not run).
     status: str = "ok"
-    #: The text the model will read (recorded on ``tool/result``, redacted there).
+    #: The text the model will read, recorded as it is on ``tool/result`` (not redacted: what
+    #: is recorded is what is sent, C3; keys are kept out of tool processes instead).
     output: str = ""
     #: How long the call took, in milliseconds (None when it did not run).
     duration_ms: float | None = None

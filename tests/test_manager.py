@@ -93,3 +93,51 @@ def test_hook_tracing_writes_to_stderr(make_app, monkeypatch, capsys):
     monkeypatch.setenv("DSH_TRACE_HOOKS", "1")
     make_app().run("hi", model="echo")
     assert "run_turn" in capsys.readouterr().err
+
+
+def test_an_error_passing_through_a_wrapper_is_not_blamed_on_it(make_app, plugin_module,
+                                                                 tmp_path):
+    """A provider error that only passes through a plugin's request wrapper (its ``yield``)
+    names no plugin; an error the wrapper raises itself names it."""
+    import json
+
+    @hookimpl(wrapper=True)
+    def request(call):  # type: ignore[no-untyped-def]
+        response = yield
+        return response
+
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"responses": [{"error": "boom", "status": 400}]}))
+    app = make_app(load=[plugin_module(request=request)])
+    result = app.run("hi", model=f"scripted:{script}")
+    assert result.outcome == "error"
+    assert result.reason == "scripted: boom"  # not "(plugin dsh_test_plugin_0, hook request)"
+
+    @hookimpl(wrapper=True)
+    def bad_request(call):  # type: ignore[no-untyped-def]
+        try:
+            response = yield
+        except Exception:  # noqa: BLE001
+            raise RuntimeError("my wrapper broke") from None
+        return response
+
+    name = plugin_module(request=bad_request)
+    result = make_app(load=[name]).run("hi", model=f"scripted:{script}")
+    assert result.reason == (f"plugin {name} raised in hook request: "
+                             "RuntimeError: my wrapper broke")
+
+
+def test_a_failing_configure_fails_every_use_of_the_app(make_app, plugin_module):
+    """A plugin's configure that raises leaves no half-configured plugin manager behind."""
+    calls = []
+
+    @hookimpl
+    def configure(app):  # type: ignore[no-untyped-def]
+        calls.append(app)
+        raise ConfigError("plugin setting 'x' is missing")
+
+    app = make_app(load=[plugin_module(configure=configure)])
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="'x' is missing"):
+            app.run("hi", model="echo")
+    assert len(calls) == 2
