@@ -1,0 +1,366 @@
+"""plugins/dsh-ray (issue 16): ``dsh batch --executor ray`` on a real local Ray cluster.
+
+The plugin is installed for real (non-editable) and loaded through its entry point. One Ray
+cluster is started for the module (``ray.init`` costs 9-16 s here) in a helper process;
+each ``dsh batch`` is a real subprocess that joins it through ``RAY_ADDRESS``, as a user's
+driver joins a cluster. The model is ``scripted:FILE``; the tools the workers run come from
+a small plugin module shipped to them with ``[plugins.dsh-ray] runtime_env``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if importlib.util.find_spec("ray") is None or importlib.util.find_spec("dsh_ray") is None:
+    pytest.skip("ray or dsh-ray is not installed (pip install 'ray>=2.40' ./plugins/dsh-ray)",
+                allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CLUSTER = """
+import sys, ray
+ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+print(ray.get_runtime_context().gcs_address, flush=True)
+sys.stdin.read()  # until the test module closes it
+ray.shutdown()
+"""
+
+TOOLS = '''
+"""Tools the Ray workers run in tests/test_ray_plugin.py."""
+import os
+import signal
+
+import dsh
+
+
+def whoami() -> str:
+    """The id of the process running this tool."""
+    return str(os.getpid())
+
+
+def die(marker: str = "") -> str:
+    """SIGKILL this process: every time, or (with ``marker``) the first time only."""
+    if not marker or not os.path.exists(marker):
+        if marker:
+            open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
+
+
+@dsh.hookimpl
+def register_tools(register):
+    register(whoami)
+    register(die)
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local Ray cluster for the module: its address and the environment to join it."""
+    env = {**os.environ}
+    env.pop("RAY_ADDRESS", None)
+    where = tmp_path_factory.mktemp("ray")
+    log = (where / "cluster.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=where)
+    assert proc.stdout is not None and proc.stdin is not None
+    address = proc.stdout.readline().strip()
+    if not address:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stdin.close()
+        log.close()
+        pytest.fail(f"the Ray cluster did not start: {(where / 'cluster.log').read_text()}")
+    tools = tmp_path_factory.mktemp("tools")
+    (tools / "ray_test_tools.py").write_text(TOOLS)
+    # A new local Ray enables token authentication (the token in ~/.ray/auth_token): a driver
+    # joining it by address says so with RAY_AUTH_MODE (docs/ray.md).
+    yield {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "tools": str(tools)}
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    log.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path, cluster: dict[str, str]) -> dict[str, Any]:
+    """Sessions under tmp_path, installed plugins autoloaded (dsh-ray by its entry point),
+    the test tools loaded in the driver and shipped to the workers."""
+    config = tmp_path / "config.toml"
+    runtime_env = f"{{ env_vars = {{ PYTHONPATH = {json.dumps(cluster['tools'])} }} }}"
+    config.write_text(f'sessions_dir = "{tmp_path / "sessions"}"\n'
+                      'load = ["ray_test_tools"]\n'
+                      "[plugins.dsh-ray]\n"
+                      "task_cpus = 0.25\n"
+                      f"runtime_env = {runtime_env}\n")
+    environ = {**os.environ, "DSH_HOME": str(tmp_path / "home"), "DSH_CONFIG": str(config),
+               "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONPATH": cluster["tools"],
+               "RAY_ADDRESS": cluster["RAY_ADDRESS"], "RAY_AUTH_MODE": cluster["RAY_AUTH_MODE"]}
+    environ.pop("OPENAI_API_KEY", None)
+    environ.pop("ANTHROPIC_API_KEY", None)
+    return {"dir": tmp_path, "env": environ, "sessions": tmp_path / "sessions",
+            "config": config}
+
+
+def model(tmp_path: Path, *responses: dict[str, Any], name: str = "script") -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"responses": list(responses)}))
+    return f"scripted:{path}"
+
+
+def write_tasks(path: Path, n: int, **extra: Any) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"task {i}", **extra}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def batch(env: dict[str, Any], *args: str,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dsh", "batch", *args], env=env["env"],
+                          cwd=env["dir"], capture_output=True, text=True, timeout=timeout)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def ledger(path: Path | str) -> list[dict[str, Any]]:
+    return lines(Path(path))
+
+
+def all_events(sessions: Path) -> list[dict[str, Any]]:
+    return [e for p in sorted(sessions.glob("*.jsonl")) for e in ledger(p)]
+
+
+def closed_as_interrupted(events: list[dict[str, Any]]) -> bool:
+    """The ledger ends as dsh closes any crashed session's (dsh.ledger, on open)."""
+    end = events[-1]
+    return (end["type"] == "turn/end" and end["outcome"] == "aborted"
+            and end["reason"].startswith("interrupted: the process ended during this turn"))
+
+
+# ------------------------------------------------------------------------------------------
+# Installation and imports
+# ------------------------------------------------------------------------------------------
+
+
+def test_installed_for_real_and_found_by_its_entry_point() -> None:
+    eps = [ep for ep in importlib.metadata.entry_points(group="dsh") if ep.name == "ray"]
+    assert [ep.value for ep in eps] == ["dsh_ray"]
+    spec = importlib.util.find_spec("dsh_ray")
+    assert spec is not None and spec.origin is not None
+    # Non-editable, as CI installs it: the module is the installed copy, not the source tree.
+    assert not Path(spec.origin).resolve().is_relative_to(ROOT / "plugins"), spec.origin
+    assert importlib.metadata.version("dsh-ray") == "0.1.0"
+
+
+IMPORTS = """
+import json, sys
+from dsh.cli import main
+sys.argv = ["dsh", *json.loads(sys.argv[1])]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "ray": "ray" in sys.modules,
+                  "executor": "dsh_ray.executor" in sys.modules,
+                  "plugin": "dsh_ray" in sys.modules}), file=sys.stderr)
+"""
+
+
+def _imports(env: dict[str, Any], *args: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", IMPORTS, json.dumps(args)], env=env["env"],
+                          cwd=env["dir"], capture_output=True, text=True, timeout=60)
+    return json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def test_help_and_a_local_batch_never_import_ray(env: dict[str, Any]) -> None:
+    seen = _imports(env, "--help")
+    assert seen == {"code": 0, "ray": False, "executor": False, "plugin": False}
+    m = model(env["dir"], {"text": "ok"})
+    write_tasks(env["dir"] / "tasks.jsonl", 3)
+    seen = _imports(env, "batch", "tasks.jsonl", "-m", m, "--results", "r.jsonl")
+    # The plugin is loaded (autoload): its executor module and ray are not.
+    assert seen == {"code": 0, "ray": False, "executor": False, "plugin": True}
+    assert len(lines(env["dir"] / "r.jsonl")) == 3
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("task_cpus = -1", "[plugins.dsh-ray] task_cpus: must be a positive number"),
+    ('adress = "x"', "[plugins.dsh-ray]: unknown key 'adress'"),
+    ("runtime_env = 3", "[plugins.dsh-ray] runtime_env: must be a table"),
+])
+def test_bad_settings_are_one_line_naming_the_key(env: dict[str, Any], setting: str,
+                                                  message: str) -> None:
+    env["config"].write_text(f'sessions_dir = "{env["sessions"]}"\n[plugins.dsh-ray]\n'
+                             f"{setting}\n")
+    m = model(env["dir"], {"text": "ok"})
+    write_tasks(env["dir"] / "tasks.jsonl", 2)
+    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray")
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------
+# A batch on the cluster
+# ------------------------------------------------------------------------------------------
+
+
+def _shape(line: dict[str, Any]) -> dict[str, Any]:
+    """A result line without what differs between two runs of the same task."""
+    return {k: v for k, v in line.items() if k not in ("session", "path")}
+
+
+def test_a_batch_of_20_runs_on_workers_like_the_local_executor(env: dict[str, Any]) -> None:
+    """20 tasks (a tool call, then an answer) through Ray: one result line per task, the
+    same lines the local executor writes, every ledger complete in the driver's store, the
+    tools run in worker processes; a rerun does nothing (no cluster needed)."""
+    m = model(env["dir"], {"tool_calls": [{"name": "whoami", "arguments": {}}],
+                           "usage": {"input_tokens": 10, "output_tokens": 2}},
+              {"text": "done", "usage": {"input_tokens": 12, "output_tokens": 3}})
+    write_tasks(env["dir"] / "tasks.jsonl", 20)
+    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "8",
+                 "--results", "ray.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    out = lines(env["dir"] / "ray.jsonl")
+    assert sorted(x["id"] for x in out) == sorted(f"t{i}" for i in range(20))
+    assert {x["outcome"] for x in out} == {"completed"}
+    # The summary counts what the workers spent (the actor's counters, read by the driver).
+    assert proc.stderr.startswith("dsh: batch: 20 tasks: 20 completed, 0 failed, 0 left; "
+                                  "540 tokens;"), proc.stderr
+    pids = set()
+    for line in out:
+        path = Path(line["path"])
+        assert path.parent == env["sessions"]
+        events = ledger(path)
+        assert [e["type"] for e in events if e["type"].startswith("turn/")] == [
+            "turn/start", "turn/end"]
+        assert events[-1]["outcome"] == "completed"
+        result = next(e for e in events if e["type"] == "tool/result")
+        pids.add(int(result["output"]))
+    assert os.getpid() not in pids and all(pid > 0 for pid in pids)
+
+    local = batch(env, "tasks.jsonl", "-m", m, "--workers", "8", "--results", "local.jsonl")
+    assert local.returncode == 0, local.stderr
+    by_id = {x["id"]: _shape(x) for x in lines(env["dir"] / "local.jsonl")}
+    assert {x["id"]: _shape(x) for x in out} == by_id
+
+    again = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--results", "ray.jsonl")
+    assert again.returncode == 0, again.stderr
+    assert "20 completed (20 before)" in again.stderr
+    assert len(lines(env["dir"] / "ray.jsonl")) == 20
+    assert len(list(env["sessions"].glob("*.jsonl"))) == 40  # 20 Ray + 20 local, no more
+
+
+def test_the_batch_budget_is_exact_across_workers(env: dict[str, Any]) -> None:
+    """``-L requests=13``, 20 tasks of two requests each, 8 at once on the cluster: exactly
+    13 requests are made in all; the batch says so and exits 3; reruns finish the rest."""
+    m = model(env["dir"], {"tool_calls": [{"name": "whoami", "arguments": {}}],
+                           "delay": 0.05},
+              {"text": "done", "delay": 0.05})
+    write_tasks(env["dir"] / "tasks.jsonl", 20)
+    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "8",
+                 "-L", "requests=13", "--results", "r.jsonl")
+    assert proc.returncode == 3, proc.stderr
+    requests = sum(1 for e in all_events(env["sessions"]) if e["type"] == "assistant/message")
+    assert requests == 13
+    assert "(batch budget: model requests limit reached in a parent run (13/13))" in proc.stderr
+    done = lines(env["dir"] / "r.jsonl")
+    assert all(x["outcome"] == "completed" for x in done) and len(done) <= 6
+    for _ in range(3):  # each rerun has a fresh budget of 13
+        proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "8",
+                     "-L", "requests=13", "--results", "r.jsonl")
+        if proc.returncode == 0:
+            break
+    assert proc.returncode == 0, proc.stderr
+    final = lines(env["dir"] / "r.jsonl")
+    assert Counter(x["id"] for x in final) == Counter(f"t{i}" for i in range(20))
+    assert {x["outcome"] for x in final} == {"completed"}
+
+
+def test_a_worker_killed_mid_task_leaves_an_interrupted_ledger_and_a_completed_retry(
+        env: dict[str, Any]) -> None:
+    """Task t1's tool SIGKILLs its Ray worker on the first attempt: the attempt's ledger is
+    kept, closed as interrupted (the tool call gets an interrupted result), the task runs
+    again in a new session, linked from the journal; one result line per task; a rerun
+    changes nothing."""
+    ok = model(env["dir"], {"text": "done"})
+    marker = env["dir"] / "died-once"
+    dying = model(env["dir"], {"tool_calls": [{"name": "die",
+                                               "arguments": {"marker": str(marker)}}]},
+                  {"text": "done after a death"}, name="dying")
+    tasks = env["dir"] / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"task {i}",
+                                         **({"model": dying} if i == 1 else {})}) + "\n"
+                             for i in range(4)))
+    proc = batch(env, "tasks.jsonl", "-m", ok, "--executor", "ray", "--workers", "4",
+                 "--results", "r.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert marker.exists()
+    out = {x["id"]: x for x in lines(env["dir"] / "r.jsonl")}
+    assert sorted(out) == ["t0", "t1", "t2", "t3"]
+    assert out["t1"]["outcome"] == "completed"
+    assert out["t1"]["output"] == "done after a death"
+
+    journal = [x for x in lines(env["dir"] / "r.jsonl.journal") if x["task"] == "t1"]
+    starts = [x for x in journal if "session" in x]
+    ends = {x["attempt"]: x["outcome"] for x in journal if "outcome" in x}
+    assert [x["attempt"] for x in starts] == [1, 2]
+    assert ends == {1: "died", 2: "completed"}
+    dead, retry = (ledger(env["sessions"] / f"{x['session']}.jsonl") for x in starts)
+    assert out["t1"]["session"] == starts[1]["session"]
+    # The partial ledger: its tool call interrupted, its turn ended as interrupted.
+    result = next(e for e in dead if e["type"] == "tool/result")
+    assert result["status"] == "interrupted"
+    assert closed_as_interrupted(dead)
+    assert retry[-1]["type"] == "turn/end" and retry[-1]["outcome"] == "completed"
+
+    sessions = sorted(p.name for p in env["sessions"].glob("*.jsonl"))
+    again = batch(env, "tasks.jsonl", "-m", ok, "--executor", "ray", "--results", "r.jsonl")
+    assert again.returncode == 0, again.stderr
+    assert "4 completed (4 before)" in again.stderr
+    assert len(lines(env["dir"] / "r.jsonl")) == 4
+    assert sorted(p.name for p in env["sessions"].glob("*.jsonl")) == sessions
+
+
+def test_a_worker_that_always_dies_is_the_tasks_error_not_a_loop(env: dict[str, Any]) -> None:
+    """A task whose worker dies every time ends ``error`` after three deaths (each attempt
+    journalled, each partial ledger closed as interrupted); the other task completes."""
+    ok = model(env["dir"], {"text": "done"})
+    killer = model(env["dir"], {"tool_calls": [{"name": "die", "arguments": {}}]},
+                   {"text": "never"}, name="killer")
+    (env["dir"] / "tasks.jsonl").write_text(
+        json.dumps({"id": "a", "prompt": "x"}) + "\n"
+        + json.dumps({"id": "b", "prompt": "y", "model": killer}) + "\n")
+    proc = batch(env, "tasks.jsonl", "-m", ok, "--executor", "ray", "--results", "r.jsonl")
+    assert proc.returncode == 1, proc.stderr
+    out = {x["id"]: x for x in lines(env["dir"] / "r.jsonl")}
+    assert out["a"]["outcome"] == "completed"
+    assert out["b"]["outcome"] == "error"
+    assert out["b"]["reason"].startswith("the worker running it died 3 times: ray: ")
+    assert "task b (line 2): error: the worker running it died 3 times" in proc.stderr
+    journal = [x for x in lines(env["dir"] / "r.jsonl.journal") if x["task"] == "b"]
+    ends = [x["outcome"] for x in journal if "outcome" in x]
+    assert ends == ["died", "died", "error"]
+    for start in (x for x in journal if "session" in x):
+        events = ledger(env["sessions"] / f"{start['session']}.jsonl")
+        assert closed_as_interrupted(events)
