@@ -110,7 +110,8 @@ def loop_steps(n: int) -> list[list[tuple[Any, ...]]]:
     return steps
 
 
-def lines(path: Path) -> list[dict[str, Any]]:
+def lines(path: Path | None) -> list[dict[str, Any]]:
+    assert path is not None
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
@@ -130,7 +131,7 @@ def test_tool_loop_with_thinking_replays_every_block_exactly(
     texts: list[str] = []
     thoughts: list[str] = []
     live: list[str] = []
-    watch = {"on_text": texts.append, "on_reasoning": thoughts.append,
+    watch: dict[str, Any] = {"on_text": texts.append, "on_reasoning": thoughts.append,
              "on_event": lambda e: live.append(getattr(e, "type", ""))} if stream else {}
     result = app.run("read three files", **watch)
     assert result.outcome == "completed", result.reason
@@ -271,9 +272,9 @@ def test_only_anthropic_parts_are_replayed_first_and_in_order() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(texts=st.lists(st.text(st.characters(blacklist_categories=("Cs",))), min_size=1,
+@given(texts=st.lists(st.text(st.characters(blacklist_categories=["Cs"])), min_size=1,
                       max_size=3),
-       opaque=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1))
+       opaque=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1))
 def test_reasoning_survives_the_ledger_and_is_sent_byte_for_byte(texts: list[str],
                                                                  opaque: str) -> None:
     """Whatever the strings (escapes, controls, non-ASCII, secret shapes), the text,
@@ -633,7 +634,8 @@ def test_runaway_thinking_is_an_error_and_nothing_is_recorded(
     sim = AnthropicSim([[("thinking", "x" * 300), ("redacted", "R" * 300), ("text", "no")]])
     server.responder = sim
     app = sim_app(tmp_path, server, tool_plugin(plugin_module))
-    result = app.run("go", **({"on_text": lambda _: None} if stream else {}))
+    watch: dict[str, Any] = {"on_text": lambda _: None} if stream else {}
+    result = app.run("go", **watch)
     assert result.outcome == "error"
     assert "its thinking exceeds 500 characters" in result.reason
     assert len(server.received) == 1  # not retried
