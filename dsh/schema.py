@@ -198,6 +198,15 @@ def response_format(schema: Mapping[str, Any], dialect: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": SCHEMA_NAME, "schema": schema}}
 
 
+def responses_format(body: dict[str, Any], schema: Mapping[str, Any]) -> None:
+    """OpenAI Responses API: ``text.format`` (kept beside other ``text`` settings such as
+    ``verbosity``). Not strict: strict mode rejects most hand-written schemas."""
+    text = dict(body.get("text") or {})
+    text["format"] = {"type": "json_schema", "name": SCHEMA_NAME, "schema": schema,
+                      "strict": False}
+    body["text"] = text
+
+
 def output_tool(body: dict[str, Any], schema: Mapping[str, Any], *, forced: bool) -> None:
     """Anthropic: add the output tool to ``body`` and make the model call it — that tool alone
     when the request has no other tools, any tool otherwise (``forced``; with extended

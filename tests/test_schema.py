@@ -223,6 +223,8 @@ def test_cli_bad_schema_is_exit_2_before_any_request(env: dict[str, str],
 def _models(tmp_path: Path, server: ScriptedServer, env: dict[str, str], **extra: str) -> None:
     lines = ["autoload = false", '[models."gpt"]', 'adapter = "openai"', 'model = "gpt-4o-mini"',
              f'base_url = "{server.url}/v1"', "retry_base = 0.001",
+             '[models."resp"]', 'adapter = "openai-responses"', 'model = "gpt-5"',
+             f'base_url = "{server.url}/v1"',
              '[models."claude"]', 'adapter = "anthropic"', 'model = "claude-sonnet-4-5"',
              f'base_url = "{server.url}"', 'api_key_env = "DSH_TEST_ANTHROPIC"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
@@ -297,3 +299,26 @@ def test_anthropic_forces_an_output_tool(server: ScriptedServer, env: dict[str, 
     answer = next(e for e in events if e["type"] == "assistant/message")
     assert json.loads(answer["text"]) == {"name": "Ada", "age": 36}
     assert answer["tool_calls"] == []
+
+
+def test_openai_responses_sends_text_format(server: ScriptedServer, env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    _models(tmp_path, server, env)
+    answer = '{"name": "Ada", "age": 36}'
+    server.script(Reply(body={
+        "id": "resp_1", "object": "response", "status": "completed", "model": "gpt-5",
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant",
+                    "status": "completed", "content": [
+                        {"type": "output_text", "text": answer, "annotations": []}]}],
+        "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": 15}}))
+    out = dsh(env, "run", "-m", "resp", "--schema", "name, age int", "-o",
+              'text={verbosity="low"}', "who?")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == '{"name": "Ada", "age": 36}\n'
+    body = server.bodies[0]
+    assert body["text"] == {"verbosity": "low", "format": {
+        "type": "json_schema", "name": "output", "schema": concise("name, age int"),
+        "strict": False}}
+    assert "output_schema" not in body and "response_format" not in body

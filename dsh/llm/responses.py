@@ -44,6 +44,8 @@ from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.sanitize import StreamText
 from dsh.sanitize import clean_text
+from dsh.schema import OPTION as OUTPUT_SCHEMA
+from dsh.schema import responses_format
 
 PROVIDER = "openai-responses"
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -167,6 +169,9 @@ class ResponsesModel(HTTPModel):
             body["tools"] = self.provider_tools(request.tools)  # memoised (D1)
         body["input"] = input_items(request.messages)
         body.update(request.options)  # recorded, protocol keys refused at assembly (C3)
+        schema = body.pop(OUTPUT_SCHEMA, None)
+        if schema is not None:  # structured output (dsh.schema)
+            responses_format(body, schema)
         body["stream"] = stream
         return body
 
