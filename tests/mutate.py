@@ -41,6 +41,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/test_ledger.py",
         "tests/test_ledger_pins.py",
         "tests/test_history.py",
+        "tests/test_attachments.py",  # the session's blob store (put/get_attachment)
     )),
     "runcontext": ("dsh/runcontext.py", (
         "tests/test_runcontext_pins.py",
