@@ -193,6 +193,16 @@ def test_an_llm_model_answers_and_the_ledger_records_it(env: Env) -> None:
                                 "output_tokens": len(said[0]["text"].split())}
 
 
+def test_an_output_schema_reaches_an_llm_model_as_llms_own_schema_option(env: Env) -> None:
+    """``--schema`` is consumed (llm's ``schema=`` where the model supports schemas; llm-echo
+    does not), never passed as a model option; llm-echo's JSON answer is then checked."""
+    proc = env.dsh("run", "-m", "llm:echo", "--schema", "prompt, stream bool", "hello there")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prompt"] == "hello there"
+    start = env.ledger()[0]
+    assert start["options"]["output_schema"]["required"] == ["prompt", "stream"]
+
+
 def test_the_text_is_the_same_as_llms_own(env: Env, tmp_path: Path) -> None:
     """Same model, same prompt: dsh's answer is the llm CLI's, and dsh's ledger holds what
     llm's own log shows (prompt, system, response, token counts)."""

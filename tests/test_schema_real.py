@@ -40,3 +40,23 @@ def test_schema_through_the_llama_cpp_server(llama_server: str, tmp_path: Path, 
     value = json.loads(done.stdout)
     assert done.stdout == json.dumps(value, ensure_ascii=False) + "\n"
     assert isinstance(value["name"], str) and isinstance(value["age"], int)
+
+
+def test_schema_in_process_through_dsh_llama(tmp_path: Path) -> None:
+    from tests.test_compaction_real import _gguf
+
+    _gguf()
+    import importlib.util
+
+    if importlib.util.find_spec("dsh_llama") is None:
+        pytest.skip("dsh-llama is not installed: pip install ./plugins/dsh-llama")
+    config = tmp_path / "config.toml"
+    config.write_text(tomli_w.dumps({
+        "model": "local", "autoload": False, "load": ["dsh_llama"],
+        "models": {"local": {"n_threads": 1, "options": {"max_tokens": 64, "temperature": 0.0,
+                                                         "seed": 1}}}}))
+    env = {**os.environ, "DSH_CONFIG": str(config), "DSH_HOME": str(tmp_path / "home")}
+    done = _dsh(["run", "--schema", SCHEMA, "Invent a person: give a name and an age."], env)
+    assert done.returncode == 0, done.stderr
+    value = json.loads(done.stdout)
+    assert isinstance(value["name"], str) and isinstance(value["age"], int)

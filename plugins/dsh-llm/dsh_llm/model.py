@@ -126,7 +126,11 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
     from llm.parts import ToolCallPart
     from llm.parts import ToolResultPart
 
-    options = make_options(model, request.options, where)
+    raw = dict(request.options)
+    schema = raw.pop("output_schema", None)  # dsh run --schema (dsh.schema.OPTION)
+    options = make_options(model, raw, where)
+    if schema is not None:  # llm's own schema support, where the model has it
+        schema = thaw(schema) if getattr(model, "supports_schema", False) else None
     system = request.system or None
     conversation = llm.Conversation(model=model)
     chain: list[Any] = []
@@ -138,7 +142,7 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
     def prompt(messages: list[Any] | None) -> Any:
         return llm.Prompt("\n\n".join(texts) or None, model, system=system,
                           tool_results=list(results), tools=list(tools), options=options,
-                          messages=messages)
+                          messages=messages, schema=schema)
 
     for m in request.messages:
         if m.role == "tool":
