@@ -364,6 +364,8 @@ def reasoning_line(part: Any, s: _Styler, full: bool) -> str:
 
     label = f"{part.kind} ({part.provider})"
     opaque = part.data or ""
+    if not part.text and not opaque:
+        return s(f"  ∴ [{label}, empty]", dim=True)
     if not part.text:
         what = "" if "redacted" in part.kind else "encrypted, "
         return s(f"  ∴ [{label}, {what}{_size(len(opaque.encode()))}]", dim=True)

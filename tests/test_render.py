@@ -267,3 +267,20 @@ def test_parse_key(key: str, parts: list[str]) -> None:
 ])
 def test_parse_value(raw: str, value: Any) -> None:
     assert parse_value(raw) == value
+
+
+def test_reasoning_parts_render_by_what_they_hold() -> None:
+    """A readable part shows its text, an opaque one a marker with its size, an empty one
+    (a thinking-mode server's empty ``reasoning_content``) says so: never "encrypted"."""
+    from dsh.messages import Reasoning
+    from dsh.render import _Styler
+    from dsh.render import reasoning_line
+
+    plain = _Styler(False)
+    assert reasoning_line(Reasoning(kind="reasoning_content", provider="openai"), plain,
+                          False) == "  ∴ [reasoning_content (openai), empty]"
+    assert reasoning_line(Reasoning(kind="reasoning", provider="openai-responses", data="xyz"),
+                          plain, False) == "  ∴ [reasoning (openai-responses), encrypted, 3 bytes]"
+    assert reasoning_line(Reasoning(kind="thinking", provider="anthropic", text="a  b\nc",
+                                    signature="s"), plain, False) == (
+        "  ∴ thinking (anthropic): a b c")
