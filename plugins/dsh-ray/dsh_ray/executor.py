@@ -162,13 +162,20 @@ class RayBudget(Budget):
     def reserve(self, **counts: int) -> str | None:
         if self.counter is None:
             return None
+        if not self._counted and not self._spent:
+            # The batch sets no limit: nothing can refuse, so the counts are sent without
+            # waiting (an actor runs one caller's calls in order).
+            self.counter.add.remote(counts)
+            return None
         reason, state = ray.get(self.counter.reserve.remote(counts))
         self._seen(state)
         return reason
 
     def add(self, **counts: float) -> None:
+        # Usage already spent: recorded without waiting for the answer (limits on tokens and
+        # cost are checked by the next reserve, which the actor serves after this add).
         if self.counter is not None:
-            self._seen(ray.get(self.counter.add.remote(counts)))
+            self.counter.add.remote(counts)
 
     def exceeded(self) -> str | None:
         if self.counter is None:
