@@ -170,6 +170,18 @@ def test_installed_for_real_and_found_by_its_entry_point() -> None:
     assert importlib.metadata.version("dsh-ray") == "0.1.0"
 
 
+def test_installed_copy_is_not_stale() -> None:
+    """The tests exercise the installed copy; make sure it is the code in this checkout."""
+    import dsh_ray
+
+    installed = Path(dsh_ray.__file__).parent
+    for src in sorted((ROOT / "plugins" / "dsh-ray" / "dsh_ray").glob("*.py")):
+        copy = installed / src.name
+        assert copy.exists() and copy.read_bytes() == src.read_bytes(), (
+            f"installed dsh-ray ({installed}) differs from {src}: reinstall it with "
+            f"`{sys.executable} -m pip install --no-deps {ROOT / 'plugins' / 'dsh-ray'}`")
+
+
 IMPORTS = """
 import json, sys
 from dsh.cli import main
