@@ -75,6 +75,10 @@ _NESTED_DUMP = {
 _PLAIN_DUMP = {"int", "str", "str | None", "float | None", "dict[str, Any]",
                "dict[str, Any] | None", "bool"}
 _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
+#: Fields most lines have empty (attachments, reasoning parts): a line carries them only when
+#: there are any, which keeps every other line as it was before they existed.
+_OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
+                       "tuple[Reasoning, ...]": "_dump_reasoning"}
 
 
 def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
@@ -94,8 +98,8 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         ann = str(f.type)
         if ann in _PLAIN_DUMP:
             items.append(f"{f.name!r}: e.{f.name}")
-        elif ann == "tuple[Attachment, ...]":  # written only when there are any (issue 17)
-            items.append(f"**({{{f.name!r}: _dump_attachments(e.{f.name})}} "
+        elif ann in _OMITTED_WHEN_EMPTY:  # written only when there are any (issue 17)
+            items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_EMPTY[ann]}(e.{f.name})}} "
                          f"if e.{f.name} else {{}})")
         elif ann in _NESTED_DUMP:
             items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
@@ -134,6 +138,8 @@ def _generic_dict(event: Event) -> dict[str, Any]:
     }
     for name in _field_names(type(event)):
         value = getattr(event, name)
+        if value == () and name in ("attachments", "reasoning"):  # see _OMITTED_WHEN_EMPTY
+            continue
         if value is not None and not isinstance(value, (str, int, float, bool)):
             value = _plain(value)
         d[name] = value

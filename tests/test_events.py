@@ -126,3 +126,24 @@ def test_generated_dumper_writes_what_the_generic_path_writes(cls: type[Event]):
     event = cls(seq=3, ts="t", session="s", **SAMPLES[cls.type])
     assert _dumper(cls) is not _generic_dict  # every built-in event gets a generated one
     assert _dumper(cls)(event) == _generic_dict(event)
+
+
+def test_lines_without_reasoning_or_attachments_are_as_they_always_were():
+    """Empty reasoning and attachments are not written: a line of a session that uses neither
+    is byte for byte what dsh wrote before they existed."""
+    from dsh.events import UserMessage
+    from dsh.serialize import _generic_dict
+    from dsh.serialize import _dumper
+
+    said = AssistantMessage(seq=3, ts="t", session="s", text="ok",
+                            usage=Usage(input_tokens=1, output_tokens=2))
+    asked = UserMessage(seq=2, ts="t", session="s", text="hi")
+    assert dump_event(said) == (
+        '{"v":1,"type":"assistant/message","seq":3,"ts":"t","session":"s","text":"ok",'
+        '"tool_calls":[],"usage":{"input_tokens":1,"output_tokens":2},'
+        '"tool_call_source":null,"model":null,"stop_reason":null}')
+    assert dump_event(asked) == ('{"v":1,"type":"user/message","seq":2,"ts":"t",'
+                                 '"session":"s","text":"hi","source":"user"}')
+    for event in (said, asked):
+        assert _dumper(type(event))(event) == _generic_dict(event)
+        assert load_event(dump_event(event)) == event
