@@ -116,6 +116,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "uninstall": "dsh.commands.install:uninstall",
     "keys": "dsh.commands.keys:keys",
     "sessions": "dsh.commands.sessions:sessions",
+    "chat": "dsh.commands.chat:chat",
     "config": "dsh.commands.config:config",
 }
 
@@ -449,47 +450,6 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
             except (OSError, ValueError):
                 pass
         os._exit(code)
-    click.get_current_context().exit(code)
-
-
-@cli.command()
-@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
-@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
-@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
-@click.option("-c", "--continue", "continue_", is_flag=True,
-              help="Continue the agent's latest session.")
-@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
-@click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in each turn.")
-@click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
-              help="Budget limit of each turn (repeatable), as for dsh run.")
-@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="Model option, e.g. -o temperature=0.2 (repeatable).")
-@click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
-              help="Allow only this tool (repeatable, or comma-separated).")
-@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
-@pass_state
-def chat(state: State, model: str | None, system: str | None, agent: str | None,
-         continue_: bool, session_id: str | None, max_steps: int | None,
-         limits: tuple[str, ...], options: tuple[str, ...], tools: tuple[str, ...],
-         yes: bool) -> None:
-    """Talk with an agent: type while it works to steer it.
-
-    A line typed while a turn runs is taken at the turn's next step boundary; start it with
-    > to keep it for after the turn. /help lists the commands. Without a terminal, reads one
-    message per line from stdin. The session can be continued by dsh run --session ID.
-    """
-    if continue_ and session_id:
-        raise click.UsageError("--continue and --session cannot be combined")
-    budget = parse_limits(limits)
-    app = state.app
-    assembled, overrides = assemble_agent(
-        app, agent, agent_overrides(model, system, max_steps, options), tools)
-    resume = session_to_resume(app, assembled, continue_, session_id)
-    from dsh.chat import Chat
-
-    with app.open_session(assembled, resume) as session:
-        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
-                    limits=budget).run()
     click.get_current_context().exit(code)
 
 
