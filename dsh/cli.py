@@ -116,6 +116,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "uninstall": "dsh.commands.install:uninstall",
     "keys": "dsh.commands.keys:keys",
     "sessions": "dsh.commands.sessions:sessions",
+    "batch": "dsh.commands.batch:batch",
     "chat": "dsh.commands.chat:chat",
     "config": "dsh.commands.config:config",
 }
@@ -450,49 +451,6 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
             except (OSError, ValueError):
                 pass
         os._exit(code)
-    click.get_current_context().exit(code)
-
-
-@cli.command()
-@click.argument("tasks", metavar="TASKS.jsonl")
-@click.option("--results", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-              help="Append result lines to FILE (default: stdout); its record is FILE.journal.")
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Tasks running at once.")
-@click.option("-a", "--agent", help="Agent of tasks that name none (default: the config's).")
-@click.option("-m", "--model", help="Model of tasks that name none.")
-@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="Model option of every task (a task's own options win; repeatable).")
-@click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
-              help="Budget limit of the whole batch, across all workers (repeatable).")
-@click.option("--task-limit", "task_limits", multiple=True, metavar="KEY=VALUE",
-              help="Budget limit of each task (repeatable).")
-@click.option("--retries", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Runs again a task that failed, up to N more times.")
-@click.option("--executor", default="local", show_default=True,
-              help="Where tasks run: local (threads), or an executor a plugin adds.")
-@click.option("--ordered", is_flag=True, help="Write result lines in input order.")
-@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
-@pass_state
-def batch(state: State, tasks: str, results: Path | None, workers: int, agent: str | None,
-          model: str | None, options: tuple[str, ...], limits: tuple[str, ...],
-          task_limits: tuple[str, ...], retries: int, executor: str, ordered: bool,
-          yes: bool) -> None:
-    """Run every task of TASKS.jsonl (`-`: stdin), one JSON object a line.
-
-    A task has an `id`, a `prompt`, and optionally `input`, `agent`, `model`, `options`,
-    `session`. One result line per task (the `dsh run --json` object plus `id`). Running
-    the same command again skips completed tasks and runs what is left (docs/batch.md).
-    Exit codes: 0 all completed, 1 some failed or left, 3 batch limit reached, 130
-    interrupted.
-    """
-    overrides = agent_overrides(model, None, None, options)
-    batch_limits, each = parse_limits(limits), parse_limits(task_limits)
-    from dsh.batch import run_batch
-
-    code = run_batch(state.app, tasks, results=results, workers=workers, agent=agent,
-                     overrides=overrides, limits=batch_limits, task_limits=each,
-                     retries=retries, executor=executor, ordered=ordered, approve=yes)
     click.get_current_context().exit(code)
 
 
