@@ -26,6 +26,7 @@ import hashlib
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -382,8 +383,44 @@ def payload(att: Attachment) -> bytes:
     return verified(transport.blobs(), att)
 
 
+#: Base64 of attachments already read and verified in this process: a session's history is
+#: resent with every request, so later steps skip the read, the hash check and the encoding.
+#: Keyed by the hash and the stored file's identity (inode, size, mtime: one ``stat`` per
+#: step), so a blob deleted or rewritten since is read and checked again. Bounded (oldest
+#: dropped first).
+_ENCODED: dict[tuple[Any, ...], str] = {}
+_ENCODED_LIMIT = 128 * 1024 * 1024  # characters
+_encoded_lock = threading.Lock()
+
+
+def _identity(att: Attachment) -> tuple[Any, ...] | None:
+    from dsh.llm import transport
+
+    blobs = transport.blobs()
+    where = getattr(blobs, "attachment_path", None)
+    if not callable(where):
+        return (att.sha256, id(blobs))  # in memory: the bytes cannot change under us
+    try:
+        st = os.stat(where(att.sha256), follow_symlinks=False)
+    except (OSError, ValueError):
+        return None  # missing: payload() says so
+    return (att.sha256, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def base64_of(att: Attachment) -> str:
-    return base64.b64encode(payload(att)).decode("ascii")
+    """The base64 of a recorded attachment's verified bytes (see :data:`_ENCODED`)."""
+    key = _identity(att)
+    text = _ENCODED.get(key) if key is not None else None
+    if text is not None:
+        return text
+    text = base64.b64encode(payload(att)).decode("ascii")
+    if key is not None:
+        with _encoded_lock:
+            _ENCODED[key] = text
+            total = sum(len(v) for v in _ENCODED.values())
+            while total > _ENCODED_LIMIT and len(_ENCODED) > 1:
+                total -= len(_ENCODED.pop(next(iter(_ENCODED))))
+    return text
 
 
 def data_url(att: Attachment) -> str:
