@@ -13,8 +13,10 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,7 @@ ray.shutdown()
 TOOLS = '''
 """Tools the Ray workers run in tests/test_ray_plugin.py."""
 import os
+import signal
 import signal
 
 import dsh
@@ -374,3 +377,38 @@ def test_a_worker_that_always_dies_is_the_tasks_error_not_a_loop(env: dict[str, 
     for start in (x for x in journal if "session" in x):
         events = ledger(env["sessions"] / f"{start['session']}.jsonl")
         assert closed_as_interrupted(events)
+
+
+def test_ctrl_c_twice_aborts_the_runs_on_the_workers(env: dict[str, Any]) -> None:
+    """Two SIGINTs while four tasks wait 20 s on the model: the driver tells the workers
+    (through the budget actor), their runs end ``aborted`` within seconds, no result line,
+    exit code 130; the next run does every task."""
+    slow = model(env["dir"], {"text": "late", "delay": 20}, name="slow")
+    write_tasks(env["dir"] / "tasks.jsonl", 6)
+    journal = env["dir"] / "r.jsonl.journal"
+    proc = subprocess.Popen([sys.executable, "-m", "dsh", "batch", "tasks.jsonl", "-m", slow,
+                             "--executor", "ray", "--workers", "4", "--results", "r.jsonl"],
+                            env=env["env"], cwd=env["dir"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (journal.exists() and journal.read_text().count("\n") >= 4):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)  # the runs are waiting on the model
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - started < 10  # not the 20 s the model would take
+    assert out == "" and not (env["dir"] / "r.jsonl").read_text()
+    assert "6 left (interrupted)" in err
+    ends = [ledger(p)[-1] for p in sorted(env["sessions"].glob("*.jsonl"))]
+    assert len(ends) == 4
+    assert {(e["type"], e["outcome"]) for e in ends} == {("turn/end", "aborted")}
+
+    fast = model(env["dir"], {"text": "ok"})
+    again = batch(env, "tasks.jsonl", "-m", fast, "--executor", "ray", "--results", "r.jsonl")
+    assert again.returncode == 0, again.stderr
+    assert sorted(x["id"] for x in lines(env["dir"] / "r.jsonl")) == [f"t{i}" for i in range(6)]
