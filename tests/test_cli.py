@@ -685,3 +685,22 @@ def test_run_limit_option_sets_budgets(tmp_path, monkeypatch):
     assert "model requests limit reached (2/2)" in result.stderr
     bad = runner.invoke(cli, ["run", "-m", "echo", "-L", "reqests=2", "go"])
     assert bad.exit_code == 2 and "did you mean 'requests'" in bad.stderr
+
+
+def test_names_moved_to_dsh_commands_still_resolve_from_dsh_cli() -> None:
+    """A plugin that imported a built-in command (or ``newest``) from dsh.cli before the
+    commands got modules of their own (dsh/commands/) gets the same object; other names are
+    still an AttributeError."""
+    import importlib
+
+    import dsh.cli
+
+    moved = {**dsh.cli.LAZY_COMMANDS, **dsh.cli.MOVED}
+    assert {"sessions", "config", "chat", "batch", "newest"} <= set(moved)
+    for name, target in moved.items():
+        module, _, attr = target.partition(":")
+        assert getattr(dsh.cli, name) is getattr(importlib.import_module(module), attr)
+        assert isinstance(getattr(dsh.cli, name), click.Command) == (name in dsh.cli.LAZY_COMMANDS)
+    missing = "no_such_name"
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        getattr(dsh.cli, missing)

@@ -144,10 +144,17 @@ def test_uninstall_of_a_package_that_is_no_plugin_says_so(venv: Path, tmp_path: 
 
 
 def test_run_and_help_do_not_import_the_command_modules_they_do_not_use(tmp_path: Path) -> None:
-    """`dsh run` imports none of dsh/commands/; `dsh --help` lists them (cheap: click only)."""
+    """`dsh run` imports none of dsh/commands/ (nor dsh.chat, dsh.batch); `dsh --help` lists
+    every command with its one-line help (cheap: click only)."""
+    import click
+
+    from dsh.cli import LAZY_COMMANDS
+    from dsh.cli import cli
+
     code = ("import atexit, sys\n"
             "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(\n"
-            "    m for m in sys.modules if m.startswith('dsh.commands.'))) + '\\n'))\n"
+            "    m for m in sys.modules if m.startswith('dsh.commands')\n"
+            "    or m in ('dsh.chat', 'dsh.batch'))) + '\\n'))\n"
             "from dsh.cli import main\n"
             "sys.argv = ['dsh'] + sys.argv[1:]\n"
             "main()\n")
@@ -158,8 +165,13 @@ def test_run_and_help_do_not_import_the_command_modules_they_do_not_use(tmp_path
     assert "MODULES \n" in run.stderr
     helped = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True,
                             text=True, env=env)
-    for name in ("install", "uninstall", "plugins", "agents"):
-        assert f"  {name} " in helped.stdout
+    listed = dict(line.split(None, 1) for line in helped.stdout.split("Commands:\n")[1]
+                  .splitlines() if line.startswith("  ") and not line.startswith("   "))
+    assert set(listed) == {"run", *LAZY_COMMANDS}
+    for name in listed:  # each with its one-line help (the start of its docstring)
+        cmd = cli.get_command(click.Context(cli), name)
+        assert cmd is not None and cmd.help is not None
+        assert listed[name].startswith(" ".join(cmd.help.split()[:3])), (name, listed[name])
     assert "pluggy" not in subprocess.run(
         [sys.executable, "-c", "import sys; sys.argv=['dsh','--help']\n"
          "import dsh.cli\ntry:\n    dsh.cli.main()\nexcept SystemExit:\n    pass\n"
