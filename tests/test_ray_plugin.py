@@ -21,8 +21,16 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from typing import ClassVar
 
+import attrs
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from dsh.runcontext import Budget
+from dsh.runcontext import Limits
 
 if importlib.util.find_spec("ray") is None or importlib.util.find_spec("dsh_ray") is None:
     pytest.skip("ray or dsh-ray is not installed (pip install 'ray>=2.40' ./plugins/dsh-ray)",
@@ -232,6 +240,116 @@ def test_bad_settings_are_one_line_naming_the_key(env: dict[str, Any], setting: 
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------
+# Settings and the remote budget level (in-process, without ray)
+# ------------------------------------------------------------------------------------------
+
+_SETTING_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 8),
+                            st.floats(-1, 8, allow_nan=False), st.text(max_size=5),
+                            st.dictionaries(st.sampled_from(["pip", "env_vars"]),
+                                            st.just(["x"]), max_size=2))
+
+
+@given(st.dictionaries(st.sampled_from(["address", "num_cpus", "task_cpus", "runtime_env",
+                                        "namespace", "adress", "cpus"]),
+                       _SETTING_VALUES, max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_settings_accept_exactly_the_valid_tables(raw: dict[str, Any]) -> None:
+    from dsh_ray.settings import settings_from
+
+    from dsh.errors import ConfigError
+
+    def ok(key: str, value: Any) -> bool:
+        if value is None:
+            return key in ("address", "namespace", "num_cpus", "task_cpus", "runtime_env")
+        if key in ("address", "namespace"):
+            return isinstance(value, str)
+        if key in ("num_cpus", "task_cpus"):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return number and value >= 0 and (key == "task_cpus" or value > 0)
+        return key == "runtime_env" and isinstance(value, dict)
+
+    valid = all(ok(k, v) for k, v in raw.items())
+    if valid:
+        got = settings_from(raw)
+        cpus = raw.get("task_cpus")
+        assert got.task_cpus == (1.0 if cpus is None else float(cpus))
+        assert got.num_cpus == raw.get("num_cpus")
+        assert got.address == (raw.get("address") or None)
+    else:
+        with pytest.raises(ConfigError) as info:
+            settings_from(raw)
+        bad = [k for k, v in raw.items() if not ok(k, v)]
+        assert any(k in str(info.value) for k in bad), (info.value, bad)
+        assert str(info.value).startswith("[plugins.dsh-ray]")
+
+
+@attrs.define(eq=False)
+class _ElsewhereBudget(Budget):
+    """A level with ``remote = True`` whose counters live in another object, as dsh-ray's
+    live in an actor (dsh_ray.executor.BudgetCounter serves reserve/add/exceeded the same
+    way: through a child of the real level, so refusals say "in a parent run")."""
+
+    remote: ClassVar[bool] = True
+    root: Budget | None = None
+    child: Budget | None = None
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.root = Budget(self.limits)
+        self.child = Budget(parent=self.root)
+
+    def reserve(self, **counts: int) -> str | None:
+        assert self.child is not None
+        return self.child.reserve(**counts)
+
+    def add(self, **counts: float) -> None:
+        assert self.root is not None
+        self.root.add(**counts)
+
+    def exceeded(self) -> str | None:
+        assert self.child is not None
+        return self.child.exceeded()
+
+
+_LIMIT = st.one_of(st.none(), st.integers(0, 6))
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("reserve"),
+              st.dictionaries(st.sampled_from(["steps", "requests", "tool_calls"]),
+                              st.integers(1, 3), min_size=1, max_size=2)),
+    st.tuples(st.just("add"), st.fixed_dictionaries({"input_tokens": st.integers(0, 40),
+                                                     "output_tokens": st.integers(0, 9)})),
+    st.tuples(st.just("exceeded"), st.just({}))), max_size=25)
+
+
+@given(run=st.tuples(_LIMIT, _LIMIT, _LIMIT), batch=st.tuples(_LIMIT, _LIMIT, _LIMIT, _LIMIT),
+       ops=_OPS)
+@settings(max_examples=300, deadline=None)
+def test_a_remote_budget_level_behaves_as_a_local_parent(
+        run: tuple[int | None, ...], batch: tuple[int | None, ...],
+        ops: list[tuple[str, dict[str, int]]]) -> None:
+    """dsh/runcontext.py's walk up the chain stops at a ``remote`` level and hands it the
+    rest: every reserve/add/exceeded answers as with a local parent, and every count lands
+    at the same levels (the remote level's counters where it keeps them)."""
+    run_limits = Limits(steps=run[0], requests=run[1], tool_calls=run[2])
+    batch_limits = Limits(steps=batch[0], requests=batch[1], tool_calls=batch[2],
+                          total_tokens=batch[3] and batch[3] * 20)
+    local_parent = Budget(batch_limits)
+    local = Budget(run_limits, parent=local_parent)
+    elsewhere = _ElsewhereBudget(batch_limits)
+    chained = Budget(run_limits, parent=elsewhere)
+    for op, counts in ops:
+        a = getattr(local, op)(**counts)
+        b = getattr(chained, op)(**counts)
+        assert a == b, (op, counts)
+    keys = ("steps", "requests", "tool_calls", "input_tokens", "output_tokens")
+    assert [getattr(local, k) for k in keys] == [getattr(chained, k) for k in keys]
+    assert elsewhere.root is not None
+    assert [getattr(local_parent, k) for k in keys] == [getattr(elsewhere.root, k) for k in keys]
+    # The remote level's own fields are never written by the chain's walk.
+    assert [getattr(elsewhere, k) for k in keys] == [0] * len(keys)
 
 
 # ------------------------------------------------------------------------------------------

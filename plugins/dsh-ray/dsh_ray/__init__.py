@@ -29,7 +29,9 @@ def batch_executor(name: str, app: Any) -> Any:
     """The Ray executor for ``--executor ray`` (None for any other name)."""
     if name != NAME:
         return None
-    from dsh_ray.executor import RayExecutor
-    from dsh_ray.executor import settings_from
+    from dsh_ray.settings import settings_from
 
-    return RayExecutor(settings_from(app.config.plugin_settings(SETTINGS)))
+    settings = settings_from(app.config.plugin_settings(SETTINGS))  # bad ones: before ray
+    from dsh_ray.executor import RayExecutor
+
+    return RayExecutor(settings)
