@@ -5,6 +5,10 @@ load no plugin and import no provider, pluggy, httpx or cattrs. The app is assem
 on first use by a command (:class:`State`). Plugin commands (``register_commands``) are looked
 up only for a name that is not built in; ``dsh --help`` lists them only with
 ``DSH_HELP_PLUGINS=1`` (``dsh plugins`` always does).
+
+This module holds the root group, the global options, the helpers several commands share and
+``dsh run``; every other built-in command has a module of its own in :mod:`dsh.commands`,
+imported only when that command is asked for or listed (:data:`LAZY_COMMANDS`).
 """
 
 from __future__ import annotations
@@ -247,6 +251,23 @@ def cli(ctx: click.Context, config: Path | None) -> None:
     _state(ctx)
 
 
+def main() -> None:
+    """The ``dsh`` console script."""
+    try:
+        try:
+            cli.main(prog_name="dsh")
+        finally:
+            sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
+    except BrokenPipeError:
+        from dsh.terminal import silence_stdout
+
+        silence_stdout()
+        sys.exit(0)
+    except OSError as exc:  # the last flush of stdout failed (a full disk)
+        click.echo(f"dsh: error: {io_error_message(exc)}", err=True)
+        sys.exit(errors.EXIT_ERROR)
+
+
 # --------------------------------------------------------------------------------------------
 # dsh run
 # --------------------------------------------------------------------------------------------
@@ -266,71 +287,6 @@ def read_prompt(prompt: str | None) -> str:
     if not (prompt or data):
         raise click.UsageError("no prompt: give PROMPT or pipe text on stdin")
     return prompt or data
-
-
-def parse_limits(pairs: tuple[str, ...]) -> Any:
-    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None). Values
-    follow the same rule as ``[limits]`` in the config (:func:`dsh.config.check_limit`)."""
-    if not pairs:
-        return None
-    from dsh.config import check_limit
-    from dsh.config_edit import parse_value
-    from dsh.errors import UsageError
-    from dsh.runcontext import Limits
-
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = (part.strip() for part in pair.partition("="))
-        if not sep:
-            raise UsageError(f"--limit: expected KEY=VALUE, got {pair!r}")
-        value = parse_value(raw)
-        if isinstance(value, str):  # not TOML (".5"), or a word
-            try:
-                value = float(raw)
-            except ValueError:
-                pass
-        try:
-            values[key] = check_limit(key, value)
-        except ValueError as exc:
-            raise UsageError(f"--limit {key}: {exc}" if str(exc).startswith("expected") else
-                             f"--limit: {exc}") from None
-    return Limits(**values)
-
-
-def _utf8(value: Any, option: str) -> Any:
-    """``value`` with bytes that were not UTF-8 (Python hands them over as lone surrogates)
-    replaced by U+FFFD, said on stderr. Cleaned here, where it is parsed, because the
-    turn/start record and the request the transport checks against it must agree."""
-    if value is None:
-        return None
-    from dsh.sanitize import clean_value
-
-    cleaned, replaced = clean_value(value)
-    if replaced:
-        warn(f"warning: {option}: replaced {replaced} byte(s) that are not UTF-8 with U+FFFD")
-    return cleaned
-
-
-def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``-o temperature=0.2`` → ``{"temperature": 0.2}``: each value parsed as TOML when it is
-    one. A value JSON cannot carry (a TOML date) is refused here, before any session exists."""
-    if not pairs:
-        return {}
-    from dsh.config import options_error
-    from dsh.config_edit import parse_value
-    from dsh.errors import UsageError
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"-o: expected KEY=VALUE, got {pair!r}")
-        value = parse_value(raw)
-        problem = options_error(value, key.strip())
-        if problem:
-            raise UsageError(f"-o {problem} (quote it to pass text: -o '{key.strip()}=\"…\"')")
-        out[key.strip()] = value
-    return out
 
 
 @cli.command()
@@ -454,6 +410,114 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     click.get_current_context().exit(code)
 
 
+def _send(session: Any, text: str, output: Any, *, timeout: float | None,
+          approve: bool, limits: Any = None) -> int:
+    """Run the turn, print the result, report on stderr; return the exit code."""
+    for note in session.ledger.notes:
+        warn(f"note: {note}")
+    result = output.run(session, text, timeout=timeout, approve=approve, limits=limits)
+    lost = getattr(session.ledger, "lost", None)
+    if lost and result.outcome != "error":  # the ledger was deleted during the run
+        import attrs
+
+        result = attrs.evolve(result, outcome="error", reason=lost)
+    output.finish(result, session.agent.name, session.agent.model_id)
+    if output.out.error:  # stdout failed (a full disk): the turn is in the ledger
+        warn(f"error: {output.out.error}; the answer is in session {session.id}")
+        return errors.EXIT_ERROR
+    if output.out.closed:
+        return 0  # the reader has what it wanted: end quietly
+    code = EXIT_CODES.get(result.outcome, 1)
+    if output.terminated:
+        import signal
+
+        code = 128 + output.terminated  # errors.EXIT_SIGTERM, errors.EXIT_SIGHUP
+        warn(f"terminated by {signal.Signals(output.terminated).name} ({result.outcome}); "
+             f"session {session.id}")
+    elif result.outcome == "error":
+        code = getattr(result.error, "exit_code", 1)
+        warn(f"error: {result.reason}")
+    elif output.timed_out:
+        code = 3
+        warn(f"time limit reached ({timeout:g}s); session {session.id}")
+    elif output.interrupts or result.outcome in ("stopped", "aborted"):
+        code = 130
+        warn(f"interrupted ({result.outcome}); session {session.id}")
+    elif result.outcome != "completed":
+        warn(f"{result.outcome}: {result.reason}; session {session.id}")
+    return code
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared by run and the commands in dsh/commands/ (which import them from here)
+# --------------------------------------------------------------------------------------------
+
+
+def parse_limits(pairs: tuple[str, ...]) -> Any:
+    """``-L requests=5 -L cost=0.1`` → :class:`dsh.runcontext.Limits` (or None). Values
+    follow the same rule as ``[limits]`` in the config (:func:`dsh.config.check_limit`)."""
+    if not pairs:
+        return None
+    from dsh.config import check_limit
+    from dsh.config_edit import parse_value
+    from dsh.errors import UsageError
+    from dsh.runcontext import Limits
+
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = (part.strip() for part in pair.partition("="))
+        if not sep:
+            raise UsageError(f"--limit: expected KEY=VALUE, got {pair!r}")
+        value = parse_value(raw)
+        if isinstance(value, str):  # not TOML (".5"), or a word
+            try:
+                value = float(raw)
+            except ValueError:
+                pass
+        try:
+            values[key] = check_limit(key, value)
+        except ValueError as exc:
+            raise UsageError(f"--limit {key}: {exc}" if str(exc).startswith("expected") else
+                             f"--limit: {exc}") from None
+    return Limits(**values)
+
+
+def _utf8(value: Any, option: str) -> Any:
+    """``value`` with bytes that were not UTF-8 (Python hands them over as lone surrogates)
+    replaced by U+FFFD, said on stderr. Cleaned here, where it is parsed, because the
+    turn/start record and the request the transport checks against it must agree."""
+    if value is None:
+        return None
+    from dsh.sanitize import clean_value
+
+    cleaned, replaced = clean_value(value)
+    if replaced:
+        warn(f"warning: {option}: replaced {replaced} byte(s) that are not UTF-8 with U+FFFD")
+    return cleaned
+
+
+def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-o temperature=0.2`` → ``{"temperature": 0.2}``: each value parsed as TOML when it is
+    one. A value JSON cannot carry (a TOML date) is refused here, before any session exists."""
+    if not pairs:
+        return {}
+    from dsh.config import options_error
+    from dsh.config_edit import parse_value
+    from dsh.errors import UsageError
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"-o: expected KEY=VALUE, got {pair!r}")
+        value = parse_value(raw)
+        problem = options_error(value, key.strip())
+        if problem:
+            raise UsageError(f"-o {problem} (quote it to pass text: -o '{key.strip()}=\"…\"')")
+        out[key.strip()] = value
+    return out
+
+
 def agent_overrides(model: str | None, system: str | None, max_steps: int | None,
                     options: tuple[str, ...]) -> dict[str, Any]:
     """The agent overrides of ``dsh run`` and ``dsh chat`` (``-m -s --max-steps -o``)."""
@@ -503,44 +567,6 @@ def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
          "OPENAI_API_KEY), or pass -m MODEL; `dsh models` lists them")
 
 
-def _send(session: Any, text: str, output: Any, *, timeout: float | None,
-          approve: bool, limits: Any = None) -> int:
-    """Run the turn, print the result, report on stderr; return the exit code."""
-    for note in session.ledger.notes:
-        warn(f"note: {note}")
-    result = output.run(session, text, timeout=timeout, approve=approve, limits=limits)
-    lost = getattr(session.ledger, "lost", None)
-    if lost and result.outcome != "error":  # the ledger was deleted during the run
-        import attrs
-
-        result = attrs.evolve(result, outcome="error", reason=lost)
-    output.finish(result, session.agent.name, session.agent.model_id)
-    if output.out.error:  # stdout failed (a full disk): the turn is in the ledger
-        warn(f"error: {output.out.error}; the answer is in session {session.id}")
-        return errors.EXIT_ERROR
-    if output.out.closed:
-        return 0  # the reader has what it wanted: end quietly
-    code = EXIT_CODES.get(result.outcome, 1)
-    if output.terminated:
-        import signal
-
-        code = 128 + output.terminated  # errors.EXIT_SIGTERM, errors.EXIT_SIGHUP
-        warn(f"terminated by {signal.Signals(output.terminated).name} ({result.outcome}); "
-             f"session {session.id}")
-    elif result.outcome == "error":
-        code = getattr(result.error, "exit_code", 1)
-        warn(f"error: {result.reason}")
-    elif output.timed_out:
-        code = 3
-        warn(f"time limit reached ({timeout:g}s); session {session.id}")
-    elif output.interrupts or result.outcome in ("stopped", "aborted"):
-        code = 130
-        warn(f"interrupted ({result.outcome}); session {session.id}")
-    elif result.outcome != "completed":
-        warn(f"{result.outcome}: {result.reason}; session {session.id}")
-    return code
-
-
 def latest_session(app: App, agent: str | None = None) -> str | None:
     """The newest session (of ``agent``) that is not a sub-agent's; sessions that cannot be
     read (or are empty) are passed over."""
@@ -572,6 +598,7 @@ def resolve_session(app: App, text: str) -> str:
 
 
 def _dump(data: Any) -> None:
+    """A ``--json`` view on stdout (``sessions list``, ``plugins``, …): indented JSON."""
     import json
 
     text = json.dumps(data, ensure_ascii=False, indent=2, default=str)
@@ -580,20 +607,3 @@ def _dump(data: Any) -> None:
 
         text = escape_json_controls(text)
     click.echo(text)
-
-
-def main() -> None:
-    """The ``dsh`` console script."""
-    try:
-        try:
-            cli.main(prog_name="dsh")
-        finally:
-            sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
-    except BrokenPipeError:
-        from dsh.terminal import silence_stdout
-
-        silence_stdout()
-        sys.exit(0)
-    except OSError as exc:  # the last flush of stdout failed (a full disk)
-        click.echo(f"dsh: error: {io_error_message(exc)}", err=True)
-        sys.exit(errors.EXIT_ERROR)
