@@ -530,3 +530,44 @@ def test_ctrl_c_twice_aborts_the_runs_on_the_workers(env: dict[str, Any]) -> Non
     again = batch(env, "tasks.jsonl", "-m", fast, "--executor", "ray", "--results", "r.jsonl")
     assert again.returncode == 0, again.stderr
     assert sorted(x["id"] for x in lines(env["dir"] / "r.jsonl")) == [f"t{i}" for i in range(6)]
+
+
+MARKER = """
+import json, sys
+from pathlib import Path
+import dsh_ray.executor as ex
+from dsh.batch import Task, Unit
+from dsh.config import config_from_dict
+from dsh.runcontext import Limits
+
+ex.MARKER_WAIT = 0.0
+store = Path(sys.argv[1])
+config = config_from_dict({"autoload": False, "sessions_dir": "/nonexistent"})
+def unit(sid):
+    return Unit(config=config, store=str(store), task=Task(id="a", line=1, index=0, text="hi"),
+                agent=None, overrides={"model": "echo"}, limits=None, session=sid, create=True)
+budget = ex.RayBudget(Limits())  # no actor: nothing to reserve against
+refused = ex.run_remote(unit("s1"), budget, ".dsh-ray-missing")
+(store / ".dsh-ray-here").touch()
+ran = ex.run_remote(unit("s2"), budget, ".dsh-ray-here")
+print(json.dumps([refused, ran]))
+"""
+
+
+def test_a_worker_that_does_not_share_the_drivers_directory_refuses(tmp_path: Path) -> None:
+    """A worker that cannot see the driver's marker file in the session directory (another
+    machine, no shared filesystem) returns an error naming the directory instead of writing
+    the ledger where the driver never looks; one that sees it runs the unit there."""
+    store = tmp_path / "sessions"
+    store.mkdir()
+    proc = subprocess.run([sys.executable, "-c", MARKER, str(store)], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    refused, ran = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert refused["outcome"] == "error"
+    assert refused["reason"].startswith(f"dsh-ray: the driver's session directory {store} is "
+                                        "not shared with this worker (node ")
+    assert not (store / "s1.jsonl").exists()
+    assert ran["outcome"] == "completed" and ran["output"] == "hi"
+    assert ran["path"] == str(store / "s2.jsonl")  # the Unit's store, not the config's
+    assert closed_as_interrupted(ledger(store / "s2.jsonl")) is False

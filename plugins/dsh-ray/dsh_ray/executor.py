@@ -23,9 +23,12 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
@@ -179,8 +182,38 @@ class Watch:
                 return
 
 
-def run_remote(unit: Unit, budget: RayBudget) -> dict[str, Any]:
-    """The Ray task: run ``unit`` here, its budget chained to the batch's actor."""
+#: How long a worker looks for the driver's marker before refusing (a network filesystem may
+#: cache a directory's listing for some seconds: NFS's acdirmin/acdirmax).
+MARKER_WAIT = 10.0
+
+
+def _sees(path: str) -> bool:
+    deadline = time.monotonic() + MARKER_WAIT
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None) -> dict[str, Any]:
+    """The Ray task: run ``unit`` here, its budget chained to the batch's actor.
+
+    ``marker``: a file the driver made in its session directory. A worker that does not see
+    it does not share the driver's filesystem: it refuses the unit (an ``error`` result)
+    instead of writing the ledger where the driver will never find it.
+    """
+    if unit.store is not None and marker is not None and not _sees(
+            os.path.join(unit.store, marker)):
+        from dsh.app import RunResult
+        from dsh.batch import result_data
+
+        node = os.uname().nodename
+        return result_data(RunResult(
+            output="", session_id=unit.session, outcome="error",
+            reason=f"dsh-ray: the driver's session directory {unit.store} is not shared with "
+                   f"this worker (node {node}): the workers must write into it "
+                   "(a shared filesystem, docs/ray.md)"))
     watch = Watch(budget)
     return run_unit(unit, budget_parent=budget, context_hook=watch.attach)
 
@@ -201,6 +234,7 @@ class RayExecutor(LocalExecutor):
         self._owns = False
         self._refs: set[Any] = set()
         self._lock = threading.Lock()
+        self._marker: Path | None = None
 
     # -- the contract -------------------------------------------------------------------
 
@@ -221,7 +255,7 @@ class RayExecutor(LocalExecutor):
 
     def dispatch(self, unit: Unit) -> dict[str, Any]:
         assert self._remote is not None and self.budget is not None
-        ref = self._remote.remote(unit, self.budget)
+        ref = self._remote.remote(unit, self.budget, self._mark(unit.store))
         with self._lock:
             self._refs.add(ref)
         try:
@@ -250,6 +284,9 @@ class RayExecutor(LocalExecutor):
             timer.start()
 
     def close(self) -> None:
+        if self._marker is not None:
+            self._marker.unlink(missing_ok=True)
+            self._marker = None
         if self._counter is not None:
             try:
                 ray.kill(self._counter)
@@ -284,6 +321,19 @@ class RayExecutor(LocalExecutor):
         self._counter = actor.remote(self.budget.limits)
         self.budget.counter = self._counter
         self._remote = ray.remote(max_retries=0, num_cpus=s.task_cpus)(run_remote)
+
+    def _mark(self, store: str | None) -> str | None:
+        """The name of the marker file in the driver's session directory (made once)."""
+        if store is None:
+            return None
+        with self._lock:
+            if self._marker is None:
+                directory = Path(store)
+                directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                marker = directory / f".dsh-ray-{secrets.token_hex(8)}"
+                marker.touch(mode=0o600, exist_ok=False)
+                self._marker = marker
+            return self._marker.name
 
     def _cancel(self, refs: list[Any]) -> None:
         for ref in refs:
