@@ -34,6 +34,11 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 #: How many times an invalid answer is sent back before the run gives up.
 RETRIES = 1
 _RETRIED = "dsh.schema.retried"
+#: The largest schema file, in bytes; how deeply a schema and an answer may nest (the JSON
+#: parser and the validator recurse: deeper is an error, never a RecursionError).
+MAX_SCHEMA_BYTES = 1024 * 1024
+MAX_SCHEMA_DEPTH = 64
+MAX_ANSWER_DEPTH = 100
 
 
 def concise(spec: str) -> dict[str, Any]:
@@ -74,17 +79,14 @@ def load(spec: str | Mapping[str, Any]) -> dict[str, Any]:
     or the concise language. The schema itself is checked (a clear error names what is wrong
     and where); its top level must be an object schema."""
     if isinstance(spec, Mapping):
-        schema, where = _plain(spec), "output_schema"
+        try:
+            schema, where = _plain(spec), "output_schema"
+        except RecursionError:
+            raise UsageError("output_schema: nested too deeply") from None
     elif spec.lstrip().startswith("{"):
         schema, where = _json(spec, "--schema"), "--schema"
     elif Path(spec).expanduser().is_file() or spec.endswith(".json"):
-        path = Path(spec).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise UsageError(f"schema file {spec}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"schema file {spec}: cannot read it ({exc})") from None
+        text = _read_file(spec)
         schema, where = _json(text, f"schema file {spec}"), f"schema file {spec}"
     else:
         schema, where = concise(spec), "--schema"
@@ -94,15 +96,89 @@ def load(spec: str | Mapping[str, Any]) -> dict[str, Any]:
     if schema.get("type", "object") != "object":
         raise UsageError(f"{where}: the top level must be an object schema "
                          f"(\"type\": \"object\"), not {schema.get('type')!r}")
+    from dsh.sanitize import nesting_depth
+
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise UsageError(f"{where}: nested more than {MAX_SCHEMA_DEPTH} levels deep")
+    ref = _outside_ref(schema)
+    if ref is not None:
+        raise UsageError(f"{where}: $ref {ref[:200]!r} points outside the schema; dsh resolves "
+                         "only references inside it ('#/$defs/...') and never fetches one")
     problem = schema_error(schema)
     if problem:
         raise UsageError(f"{where}: not a valid JSON Schema: {problem}")
     return schema
 
 
+def _read_file(spec: str) -> str:
+    """A schema file's text: a regular file (a FIFO or device is refused without a read) of
+    at most :data:`MAX_SCHEMA_BYTES`."""
+    import os
+    import stat
+
+    where = f"schema file {spec}"
+    try:
+        fd = os.open(Path(spec).expanduser(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise UsageError(f"{where}: not a regular file")
+            raw = f.read(MAX_SCHEMA_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror})") from None
+    if len(raw) > MAX_SCHEMA_BYTES:
+        raise UsageError(f"{where}: larger than {MAX_SCHEMA_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc})") from None
+
+
+def _outside_ref(schema: Any) -> str | None:
+    """The first ``$ref``/``$dynamicRef`` of ``schema`` that is not a fragment of the schema
+    itself (``#...``), or None. Walked without recursion (the depth is checked first)."""
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Mapping):
+            for key, sub in value.items():
+                if key in ("$ref", "$dynamicRef") and isinstance(sub, str):
+                    if not sub.startswith("#"):
+                        return sub
+                else:
+                    stack.append(sub)
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+    return None
+
+
+def _refuse(uri: str) -> Any:
+    """The registry's ``retrieve``: no schema is ever fetched (not a URL, not a file)."""
+    from referencing.exceptions import NoSuchResource
+
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """A Draft 2020-12 validator whose references resolve only inside ``schema`` (and the
+    metaschemas jsonschema ships): jsonschema's default registry would fetch an ``http``
+    ``$ref`` with urllib."""
+    import jsonschema  # type: ignore[import-untyped]
+    from referencing import Registry
+
+    return jsonschema.Draft202012Validator(_plain(schema),
+                                           registry=Registry(retrieve=_refuse))  # type: ignore[call-arg]
+
+
 def _json(text: str, where: str) -> Any:
     try:
         return json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply") from None
     except ValueError as exc:
         raise UsageError(f"{where}: not JSON: {exc}") from None
 
@@ -117,7 +193,7 @@ def _plain(value: Any) -> Any:
 
 def schema_error(schema: Mapping[str, Any]) -> str | None:
     """Why ``schema`` is not a valid JSON Schema (Draft 2020-12), or None."""
-    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema
 
     try:
         jsonschema.Draft202012Validator.check_schema(_plain(schema))
@@ -130,25 +206,39 @@ def schema_error(schema: Mapping[str, Any]) -> str | None:
 def parse_answer(text: str) -> Any:
     """The JSON document of an answer. A document wrapped in a Markdown code fence is taken
     from inside it (models add one even when asked not to); anything else around it is not."""
+    from dsh.sanitize import nesting_depth
+
     body = text.strip()
     fence = re.fullmatch(r"```[A-Za-z0-9_-]*\n(.*?)\n?```", body, flags=re.DOTALL)
     if fence:
         body = fence.group(1).strip()
-    return json.loads(body)
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_ANSWER_DEPTH} levels deep") from None
+    if nesting_depth(value, MAX_ANSWER_DEPTH) > MAX_ANSWER_DEPTH:
+        raise ValueError(f"nested more than {MAX_ANSWER_DEPTH} levels deep")
+    return value
 
 
 def problems(text: str, schema: Mapping[str, Any]) -> tuple[Any, list[str]]:
     """``(value, [])`` when ``text`` is a JSON document matching ``schema``; otherwise
     ``(None, problems)``, each naming where in the document it is (``$.items[2].name``)."""
-    import jsonschema
-
     try:
         value = parse_answer(text)
     except ValueError as exc:
         return None, [f"the answer is not a JSON document ({exc})"]
-    validator = jsonschema.Draft202012Validator(_plain(schema))
+    from referencing.exceptions import Unresolvable
+
+    try:
+        errors = list(_validator(schema).iter_errors(value))
+    except Unresolvable as exc:  # a schema from a hand-edited ledger: load() refuses these
+        raise OutputSchemaError(f"the output schema's reference {str(exc)[:200]} cannot be "
+                                "resolved (dsh never fetches one)") from None
+    except RecursionError:
+        return None, ["the answer is nested too deeply to be checked against the schema"]
     found = []
-    for error in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))[:5]:
+    for error in sorted(errors, key=lambda e: list(e.absolute_path))[:5]:
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
                              for p in error.absolute_path)
         found.append(f"{path}: {error.message}")

@@ -1,0 +1,201 @@
+"""A hostile review of the wave-2 features (issues 11 and 17): each test reproduces a defect
+found by attacking a feature, and pins the class of inputs it belongs to (docs/security.md).
+
+Each was checked to fail on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from dsh.errors import OutputSchemaError
+from dsh.errors import UsageError
+
+DSH = [sys.executable, "-m", "dsh"]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    config = tmp_path / "dsh.toml"
+    config.write_text("autoload = false\n")
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS") and not k.endswith("_API_KEY")}
+    e.update(DSH_CONFIG=str(config), XDG_DATA_HOME=str(tmp_path / "data"))
+    return e
+
+
+def dsh(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DSH, *args], env=env, input="", capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        type(self).hits.append(self.path)
+        body = b'{"type": "integer"}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def schema_host() -> Iterator[tuple[str, list[str]]]:
+    """A loopback server that would serve a schema to anyone who fetched one (it counts)."""
+    hits: list[str] = []
+    handler = type("Handler", (_Counting,), {"hits": hits})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}", hits
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+# -- structured output: a schema's $ref never fetches anything ------------------------------------
+#
+# Defect: jsonschema's default registry fetches an http(s) `$ref` with urllib (with only a
+# DeprecationWarning), so `--schema` with `{"$ref": "http://169.254.169.254/..."}` made dsh
+# send a GET there at validation time, and the answer was judged by a remote document the
+# ledger does not hold. A `file:` ref was a traceback.
+
+_REF_FORMS = ["{host}/s.json", "{host}/s.json#/x", "file:///etc/hostname", "other.json",
+              "//127.0.0.1:1/x", "urn:example:x", "{host}/"]
+
+
+def _with_ref_at(ref: str, depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"$ref": ref}
+    for i in range(depth):
+        node = {"type": "object", "properties": {f"p{i}": node}} if i % 2 else \
+            {"type": "array", "items": node}
+    return {"type": "object", "properties": {"a": node}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(form=st.sampled_from(_REF_FORMS), depth=st.integers(0, 6),
+       key=st.sampled_from(["$ref", "$dynamicRef"]))
+def test_schema_refs_outside_the_schema_are_refused_and_never_fetched(
+        schema_host: tuple[str, list[str]], form: str, depth: int, key: str) -> None:
+    from dsh.schema import load
+    from dsh.schema import problems
+
+    host, hits = schema_host
+    ref = form.format(host=host)
+    schema = json.loads(json.dumps(_with_ref_at(ref, depth)).replace('"$ref"', f'"{key}"'))
+    with pytest.raises(UsageError, match="points outside the schema"):
+        load(schema)
+    with pytest.raises(UsageError, match="points outside the schema"):
+        load(json.dumps(schema))
+    # A schema that never went through load() (a hand-edited ledger's options): validating
+    # with it fails clearly, and still fetches nothing.
+    answer = json.dumps({"a": "x"})
+    try:
+        problems(answer, schema)
+    except OutputSchemaError as exc:
+        assert "dsh never fetches" in str(exc)
+    assert hits == []
+
+
+def test_schema_refs_inside_the_schema_still_work() -> None:
+    from dsh.schema import load
+    from dsh.schema import problems
+
+    schema = load({"type": "object", "$defs": {"n": {"type": "integer"}},
+                   "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]})
+    assert problems('{"a": 1}', schema) == ({"a": 1}, [])
+    assert problems('{"a": "x"}', schema)[1] == ["$.a: 'x' is not of type 'integer'"]
+
+
+# -- structured output: deep and huge documents are answers the schema refuses, never a crash ----
+#
+# Defect: an answer nested a few thousand levels deep raised RecursionError out of the
+# built-in schema plugin (`plugin dsh.schema raised in hook turn_stopping: RecursionError`),
+# so the model was never told and the run failed blaming dsh; a deeply nested schema file
+# was a traceback at `--schema`.
+
+
+@settings(max_examples=40, deadline=None)
+@given(depth=st.integers(1, 30_000), opener=st.sampled_from(["[", '{"a":']))
+def test_any_answer_depth_is_a_verdict_never_an_exception(depth: int, opener: str) -> None:
+    from dsh.schema import MAX_ANSWER_DEPTH
+    from dsh.schema import problems
+
+    closer = "]" if opener == "[" else "}"
+    text = opener * depth + ("1" if opener != "[" else "") + closer * depth
+    schema = {"type": "object", "$defs": {"n": {"anyOf": [{"type": "integer"},
+                                                          {"type": "array",
+                                                           "items": {"$ref": "#/$defs/n"}},
+                                                          {"type": "object",
+                                                           "additionalProperties":
+                                                               {"$ref": "#/$defs/n"}}]}},
+              "additionalProperties": {"$ref": "#/$defs/n"}}
+    value, found = problems(text, schema)
+    if depth > MAX_ANSWER_DEPTH:
+        assert value is None and found and "nested" in found[0]
+    else:
+        assert (value is None) == bool(found)
+
+
+def test_a_deeply_nested_answer_is_sent_back_not_a_plugin_crash(env: dict[str, str],
+                                                                tmp_path: Path) -> None:
+    deep = "[" * 50_000 + "]" * 50_000
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [{"text": deep}, {"text": deep}]}))
+    out = dsh(env, "run", "-m", f"scripted:{script}", "--schema", "name", "who?")
+    assert out.returncode == 1, out.stderr
+    assert "RecursionError" not in out.stderr and "raised in hook" not in out.stderr
+    assert "does not match the output schema" in out.stderr
+    assert "nested more than" in out.stderr
+    assert out.stdout == ""
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda p: p.write_text('{"type": "object", "properties": {"a": '
+                            + '{"items": ' * 5000 + "{}" + "}" * 5000 + "}}"),
+     "nested too deeply"),
+    (lambda p: p.write_text('{"type": "object", "properties": {"a": '
+                            + '{"items": ' * 80 + "{}" + "}" * 80 + "}}"),
+     "nested more than 64 levels"),
+    (lambda p: p.write_text('{"type": "object", "description": "' + "x" * (1 << 20) + '"}'),
+     "larger than 1048576 bytes"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+])
+def test_hostile_schema_files_are_one_clear_error(env: dict[str, str], tmp_path: Path,
+                                                  make: Any, said: str) -> None:
+    path = tmp_path / "schema.json"
+    make(path)
+    out = dsh(env, "run", "-m", "echo", "--schema", str(path), "hi", timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert said in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_deep_output_schema_mapping_is_a_usage_error() -> None:
+    from dsh.schema import load
+
+    node: dict[str, Any] = {}
+    for _ in range(5000):
+        node = {"items": node}
+    with pytest.raises(UsageError, match="nested too deeply"):
+        load({"type": "object", "properties": {"a": node}})
