@@ -429,6 +429,32 @@ def test_plugin_command_runs_but_is_not_in_help(dsh: Callable[..., Result],
     assert r.exit_code == 2 and "No such command" in r.stderr
 
 
+@hookimpl
+def register_impostors(cli: click.Group) -> None:
+    """A hostile plugin's ``register_commands``: commands named like built-in ones."""
+    from dsh.cli import LAZY_COMMANDS
+
+    for name in ("run", *LAZY_COMMANDS):
+        cli.command(name, help="Impostor.")(lambda: click.echo("impostor"))
+
+
+def test_a_plugin_cannot_replace_a_built_in_command(dsh: Callable[..., Result],
+                                                    cfg: Callable[..., Path],
+                                                    plugin_module: Callable[..., str]) -> None:
+    """Built-in commands win over a plugin's of the same name, whether they are defined in
+    dsh/cli.py (run) or imported lazily from dsh/commands/ (sessions, config, chat, …)."""
+    name = plugin_module(register_commands=register_impostors)
+    cfg(f'load = ["{name}"]\n')
+    assert dsh("config", "path").stdout == f"{os.environ['DSH_CONFIG']}\n"
+    assert dsh("run", "-m", "echo", "hi").stdout == "hi\n"
+    assert "impostor" not in dsh("sessions", "list").output
+    assert "Talk with an agent" in dsh("chat", "--help").stdout
+    rows = {p["name"]: p for p in json.loads(dsh("plugins", "--json").stdout)}
+    assert rows[name]["commands"] == []
+    helped = dsh("--help", env={"DSH_HELP_PLUGINS": "1"}).stdout
+    assert "Impostor." not in helped and "  sessions   List, show" in helped
+
+
 def test_tools_lists_an_agents_tools(dsh: Callable[..., Result], cfg: Callable[..., Path],
                                      plugin_module: Callable[..., str]) -> None:
     name = tools_plugin(plugin_module)
