@@ -50,7 +50,7 @@ TOOLS = '''
 """Tools the Ray workers run in tests/test_ray_plugin.py."""
 import os
 import signal
-import signal
+import time
 
 import dsh
 
@@ -60,11 +60,13 @@ def whoami() -> str:
     return str(os.getpid())
 
 
-def die(marker: str = "") -> str:
-    """SIGKILL this process: every time, or (with ``marker``) the first time only."""
+def die(marker: str = "", wait: float = 0.0) -> str:
+    """SIGKILL this process (after ``wait`` seconds): every time, or (with ``marker``) the
+    first time only."""
     if not marker or not os.path.exists(marker):
         if marker:
             open(marker, "w").close()
+        time.sleep(wait)
         os.kill(os.getpid(), signal.SIGKILL)
     return "survived"
 
@@ -571,3 +573,40 @@ def test_a_worker_that_does_not_share_the_drivers_directory_refuses(tmp_path: Pa
     assert ran["outcome"] == "completed" and ran["output"] == "hi"
     assert ran["path"] == str(store / "s2.jsonl")  # the Unit's store, not the config's
     assert closed_as_interrupted(ledger(store / "s2.jsonl")) is False
+
+
+def test_shipped_ledgers_reach_the_drivers_store_also_from_a_killed_worker(
+        env: dict[str, Any]) -> None:
+    """``ledgers = "ship"``: workers write their own copy and stream it to the driver, which
+    writes it into its store: every ledger is there, whole, with no marker file; a worker
+    killed mid-task has its partial ledger (streamed up to the last half second) kept and
+    closed as interrupted, and the retry completes."""
+    env["config"].write_text(env["config"].read_text() + 'ledgers = "ship"\n')
+    ok = model(env["dir"], {"tool_calls": [{"name": "whoami", "arguments": {}}]},
+               {"text": "done"})
+    marker = env["dir"] / "died-once"
+    dying = model(env["dir"], {"tool_calls": [{"name": "die", "arguments": {
+        "marker": str(marker), "wait": 1.5}}]}, {"text": "done after a death"}, name="dying")
+    (env["dir"] / "tasks.jsonl").write_text("".join(
+        json.dumps({"id": f"t{i}", "prompt": f"task {i}", **({"model": dying} if i == 1 else {})})
+        + "\n" for i in range(4)))
+    proc = batch(env, "tasks.jsonl", "-m", ok, "--executor", "ray", "--workers", "4",
+                 "--results", "r.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    out = {x["id"]: x for x in lines(env["dir"] / "r.jsonl")}
+    assert sorted(out) == ["t0", "t1", "t2", "t3"]
+    for line in out.values():
+        assert line["path"] == str(env["sessions"] / f"{line['session']}.jsonl")
+        events = ledger(line["path"])
+        assert events[0]["type"] == "turn/start" and events[0]["seq"] == 0
+        assert events[-1]["type"] == "turn/end" and events[-1]["outcome"] == "completed"
+    assert not list(env["sessions"].glob(".dsh-ray-*"))
+    journal = [x for x in lines(env["dir"] / "r.jsonl.journal") if x["task"] == "t1"]
+    starts = [x for x in journal if "session" in x]
+    assert [x["outcome"] for x in journal if "outcome" in x] == ["died", "completed"]
+    dead = ledger(env["sessions"] / f"{starts[0]['session']}.jsonl")
+    assert any(e["type"] == "tool/call" and e["name"] == "die" for e in dead)
+    assert next(e for e in dead if e["type"] == "tool/result")["status"] == "interrupted"
+    assert closed_as_interrupted(dead)
+    again = batch(env, "tasks.jsonl", "-m", ok, "--executor", "ray", "--results", "r.jsonl")
+    assert again.returncode == 0 and "4 completed (4 before)" in again.stderr, again.stderr

@@ -150,12 +150,54 @@ class RayBudget(Budget):
 # --------------------------------------------------------------------------------------------
 
 
+class LedgerSink:
+    """``ledgers = "ship"``: the ledgers of running units, as their workers stream them."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[str, bytearray] = {}
+
+    def append(self, session: str, offset: int, data: bytes) -> None:
+        buf = self.ledgers.setdefault(session, bytearray())
+        if offset <= len(buf) < offset + len(data):
+            buf += data[len(buf) - offset:]
+
+    def take(self, session: str) -> bytes:
+        return bytes(self.ledgers.pop(session, b""))
+
+
+class Shipper:
+    """Streams what a worker's run appends to its local ledger to the :class:`LedgerSink`
+    (every :data:`POLL` seconds, and once more, waited for, when the run ends)."""
+
+    def __init__(self, sink: Any, session: str, path: Path) -> None:
+        self.sink, self.session, self.path = sink, session, path
+        self.offset = 0
+        self._lock = threading.Lock()
+
+    def flush(self, *, wait: bool = False) -> None:
+        with self._lock:  # sent in offset order (one caller's actor calls run in order)
+            try:
+                with self.path.open("rb") as f:
+                    f.seek(self.offset)
+                    data = f.read()
+            except FileNotFoundError:
+                return
+            if not data:
+                return
+            ref = self.sink.append.remote(self.session, self.offset, data)
+            self.offset += len(data)
+        if wait:
+            ray.get(ref)
+
+
 class Watch:
     """Stops or aborts a worker's run when the driver's batch stops (read from the actor on
-    every budget call, and every :data:`POLL` seconds while the run lasts)."""
+    every budget call, and every :data:`POLL` seconds while the run lasts); ships the
+    ledger's new lines as often, with ``ledgers = "ship"``."""
 
-    def __init__(self, budget: RayBudget) -> None:
+    def __init__(self, budget: RayBudget, shipper: Shipper | None = None) -> None:
         self.budget = budget
+        self.shipper = shipper
         self.ctx: RunContext | None = None
         self._done = threading.Event()
 
@@ -177,6 +219,8 @@ class Watch:
     def _poll(self) -> None:
         while not self._done.wait(POLL):
             try:
+                if self.shipper is not None:
+                    self.shipper.flush()
                 self.budget.exceeded()
             except Exception:  # noqa: BLE001 - the driver gone: the run ends on its own
                 return
@@ -196,13 +240,44 @@ def _sees(path: str) -> bool:
     return True
 
 
-def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None) -> dict[str, Any]:
+_LOCAL: list[Path] = []
+
+
+def _local_store() -> Path:
+    """This worker process's own session directory (``ledgers = "ship"``)."""
+    if not _LOCAL:
+        import tempfile
+
+        _LOCAL.append(Path(tempfile.mkdtemp(prefix="dsh-ray-ledgers-")))
+    return _LOCAL[0]
+
+
+def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: Any = None,
+               prior: bytes | None = None) -> dict[str, Any]:
     """The Ray task: run ``unit`` here, its budget chained to the batch's actor.
 
     ``marker``: a file the driver made in its session directory. A worker that does not see
     it does not share the driver's filesystem: it refuses the unit (an ``error`` result)
     instead of writing the ledger where the driver will never find it.
+
+    ``sink`` (``ledgers = "ship"``): the ledger is written in a directory of this worker's
+    own, starting from ``prior`` (a continued session's ledger, from the driver), and
+    streamed to ``sink`` as it grows; the local copy is removed at the end.
     """
+    if sink is not None:
+        path = _local_store() / f"{unit.session}.jsonl"
+        if prior is not None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(prior)
+        shipper = Shipper(sink, unit.session, path)
+        watch = Watch(budget, shipper)
+        try:
+            return run_unit(attrs.evolve(unit, store=str(path.parent)), budget_parent=budget,
+                            context_hook=watch.attach)
+        finally:
+            shipper.flush(wait=True)
+            path.unlink(missing_ok=True)
     if unit.store is not None and marker is not None and not _sees(
             os.path.join(unit.store, marker)):
         from dsh.app import RunResult
@@ -235,6 +310,7 @@ class RayExecutor(LocalExecutor):
         self._refs: set[Any] = set()
         self._lock = threading.Lock()
         self._marker: Path | None = None
+        self._sink: Any = None
 
     # -- the contract -------------------------------------------------------------------
 
@@ -255,11 +331,21 @@ class RayExecutor(LocalExecutor):
 
     def dispatch(self, unit: Unit) -> dict[str, Any]:
         assert self._remote is not None and self.budget is not None
-        ref = self._remote.remote(unit, self.budget, self._mark(unit.store))
+        ship = self._sink is not None and unit.store is not None
+        if ship:
+            assert unit.store is not None
+            path = Path(unit.store) / f"{unit.session}.jsonl"
+            prior = path.read_bytes() if not unit.create and path.exists() else None
+            ref = self._remote.remote(unit, self.budget, None, self._sink, prior)
+        else:
+            ref = self._remote.remote(unit, self.budget, self._mark(unit.store))
         with self._lock:
             self._refs.add(ref)
         try:
-            return ray.get(ref)
+            data: dict[str, Any] = ray.get(ref)
+            if ship:
+                data["path"] = str(path)
+            return data
         except LOST as exc:
             raise WorkerLost(f"ray: {type(exc).__name__}: {_first_line(exc)}") from None
         except ray.exceptions.RayTaskError as exc:
@@ -268,6 +354,8 @@ class RayExecutor(LocalExecutor):
         finally:
             with self._lock:
                 self._refs.discard(ref)
+            if ship:
+                self._land(path, unit.session)
 
     def stop(self, reason: str, *, abort: bool) -> None:
         if self._counter is None:
@@ -287,6 +375,12 @@ class RayExecutor(LocalExecutor):
         if self._marker is not None:
             self._marker.unlink(missing_ok=True)
             self._marker = None
+        if self._sink is not None:
+            try:
+                ray.kill(self._sink)
+            except Exception:  # noqa: BLE001
+                pass
+            self._sink = None
         if self._counter is not None:
             try:
                 ray.kill(self._counter)
@@ -321,6 +415,23 @@ class RayExecutor(LocalExecutor):
         self._counter = actor.remote(self.budget.limits)
         self.budget.counter = self._counter
         self._remote = ray.remote(max_retries=0, num_cpus=s.task_cpus)(run_remote)
+        if s.ledgers == "ship":
+            self._sink = ray.remote(num_cpus=0, max_restarts=0)(LedgerSink).remote()
+
+    def _land(self, path: Path, session: str) -> None:
+        """Write what the workers shipped of ``session`` into the driver's store (a temporary
+        file renamed over the ledger: it is whole or absent)."""
+        data = ray.get(self._sink.take.remote(session))
+        if not data:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def _mark(self, store: str | None) -> str | None:
         """The name of the marker file in the driver's session directory (made once)."""

@@ -9,6 +9,9 @@ import attrs
 
 from dsh.errors import ConfigError
 
+#: The values of ``ledgers``.
+LEDGERS = ("shared", "ship")
+
 
 @attrs.frozen
 class Settings:
@@ -26,6 +29,9 @@ class Settings:
     runtime_env: dict[str, Any] | None = None
     #: Ray namespace of the job.
     namespace: str | None = None
+    #: How ledgers reach the driver's store: ``shared`` (workers write into its directory:
+    #: a shared filesystem) or ``ship`` (workers write a local copy and stream it back).
+    ledgers: str = "shared"
 
 
 def settings_from(raw: Mapping[str, Any]) -> Settings:
@@ -36,6 +42,8 @@ def settings_from(raw: Mapping[str, Any]) -> Settings:
     for key in raw:
         if key not in known:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+    if raw.get("ledgers") is not None and raw["ledgers"] not in LEDGERS:
+        raise ConfigError(f"{where} ledgers: must be one of {', '.join(LEDGERS)}")
     for key in ("address", "namespace"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise ConfigError(f"{where} {key}: must be a string")
@@ -50,4 +58,5 @@ def settings_from(raw: Mapping[str, Any]) -> Settings:
     return Settings(address=raw.get("address") or None, num_cpus=raw.get("num_cpus"),
                     task_cpus=float(raw["task_cpus"]) if raw.get("task_cpus") is not None
                     else 1.0,
-                    runtime_env=dict(env) if env else None, namespace=raw.get("namespace"))
+                    runtime_env=dict(env) if env else None, namespace=raw.get("namespace"),
+                    ledgers=raw.get("ledgers") or "shared")
