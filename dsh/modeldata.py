@@ -89,18 +89,32 @@ def table() -> dict[str, ModelFacts]:
     return names
 
 
-def candidates(model_id: str) -> list[str]:
+@lru_cache(maxsize=1)
+def _longest() -> int:
+    """The length of the longest id or alias in the data file."""
+    return max(map(len, table()), default=0)
+
+
+def candidates(model_id: str, limit: int | None = None) -> list[str]:
     """The forms of ``model_id`` to match: whole and after each ``:``, each also without
     its first ``/``-separated part (one ``vendor/``: a file path's last part is not a model
-    name, so ``scripted:/tmp/gpt-4o.json`` matches nothing)."""
+    name, so ``scripted:/tmp/gpt-4o.json`` matches nothing). ``limit``: each form cut to its
+    first ``limit`` characters (all a prefix match can use), so the forms of an id of any
+    length take O(its length) to make."""
     name = model_id.strip().lower()
-    forms = [name] + [name[i + 1:] for i, ch in enumerate(name) if ch == ":"]
+    starts = [0] + [i + 1 for i, ch in enumerate(name) if ch == ":"]
+    slash = [-1] * (len(name) + 1)  # the first "/" at or after each position
+    found = -1
+    for k in range(len(name) - 1, -1, -1):
+        if name[k] == "/":
+            found = k
+        slash[k] = found
     out: list[str] = []
-    for form in forms:
-        out.append(form)
-        vendor, sep, rest = form.partition("/")
-        if sep and rest and vendor:
-            out.append(rest)
+    for a in starts:
+        out.append(name[a:] if limit is None else name[a:a + limit])
+        s = slash[a]
+        if s > a and s + 1 < len(name):  # a vendor part and something after it
+            out.append(name[s + 1:] if limit is None else name[s + 1:s + 1 + limit])
     return [f for f in out if f]
 
 
@@ -109,8 +123,9 @@ def lookup(model_id: str) -> ModelFacts | None:
     ``anthropic:claude-sonnet-4-5-20250929``), or ``None``: the longest id or alias that one
     of its :func:`candidates` starts with."""
     names = table()
+    longest = _longest()  # no longer prefix can match: an id of any length costs O(its size)
     best: tuple[int, ModelFacts] | None = None
-    for form in candidates(model_id):
+    for form in candidates(model_id, longest):
         for length in range(len(form), 0, -1):
             facts = names.get(form[:length])
             if facts is not None:

@@ -199,3 +199,67 @@ def test_a_deep_output_schema_mapping_is_a_usage_error() -> None:
         node = {"items": node}
     with pytest.raises(UsageError, match="nested too deeply"):
         load({"type": "object", "properties": {"a": node}})
+
+
+# -- model data: a lookup costs O(the id's length), whatever the id ------------------------------
+#
+# Defect: `lookup` tried every prefix of every `:`-suffix of the id (and sliced each), so an
+# id of 10,000 characters like `a:a:a:…` took 54 s (O(n^3)) inside `window`/`price_for`,
+# which a run calls for its model. Now a prefix longer than the longest name in the data file
+# is never tried and the forms are made in one pass.
+
+
+def _reference_lookup(model_id: str) -> Any:
+    """The lookup as it was (the semantics to keep), for ids short enough to afford it."""
+    from dsh import modeldata
+
+    name = model_id.strip().lower()
+    forms = [name] + [name[i + 1:] for i, ch in enumerate(name) if ch == ":"]
+    out: list[str] = []
+    for form in forms:
+        out.append(form)
+        vendor, sep, rest = form.partition("/")
+        if sep and rest and vendor:
+            out.append(rest)
+    names = modeldata.table()
+    best: Any = None
+    for form in (f for f in out if f):
+        for length in range(len(form), 0, -1):
+            facts = names.get(form[:length])
+            if facts is not None:
+                if best is None or length > best[0]:
+                    best = (length, facts)
+                break
+    return best[1] if best else None
+
+
+def _known_names() -> list[str]:
+    from dsh import modeldata
+
+    return sorted(modeldata.table())
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.one_of(st.sampled_from(_known_names()),
+                                st.sampled_from([":", "/", " ", "-", "x", "ollama", "openai",
+                                                 "anthropic", "a:b", "//", "::"]),
+                                st.text(max_size=6)), max_size=8))
+def test_model_lookup_keeps_its_meaning_for_any_id(parts: list[str]) -> None:
+    from dsh import modeldata
+
+    model_id = "".join(parts)
+    assert modeldata.lookup(model_id) == _reference_lookup(model_id)
+
+
+@pytest.mark.parametrize("model_id", ["a:" * 50_000, "a:/" * 40_000, "x/" * 50_000,
+                                      "openai:" + "gpt-4o" * 20_000, ":" * 100_000])
+def test_model_lookup_of_a_huge_adversarial_id_is_fast(model_id: str) -> None:
+    import time
+
+    from dsh import modeldata
+
+    modeldata.table()
+    started = time.perf_counter()
+    modeldata.lookup(model_id)
+    modeldata.price_for(model_id)
+    assert time.perf_counter() - started < 3.0  # was 54 s for 'a:' * 5_000 (O(n^3))
