@@ -263,3 +263,28 @@ def test_model_lookup_of_a_huge_adversarial_id_is_fast(model_id: str) -> None:
     modeldata.lookup(model_id)
     modeldata.price_for(model_id)
     assert time.perf_counter() - started < 3.0  # was 54 s for 'a:' * 5_000 (O(n^3))
+
+
+# -- dsh install: a PKG is never a pip option ----------------------------------------------------
+#
+# Defect: `dsh install -- --index-url=URL NAME` (or a script's `dsh install "$NAME"` with a
+# name starting with '-') passed the option through to pip, which then fetched from URL.
+
+
+@pytest.mark.parametrize("args", [
+    ["install", "--", "--index-url={host}/simple", "dsh-no-such-plugin"],
+    ["install", "--", "--extra-index-url={host}/simple", "dsh-no-such-plugin"],
+    ["install", "--", "-i", "{host}/simple", "dsh-no-such-plugin"],
+    ["install", "dsh-no-such-plugin", "--", "-r{host}/req.txt"],
+    ["uninstall", "--yes", "--", "-r", "/etc/hostname"],
+])
+def test_install_refuses_a_package_that_pip_would_read_as_an_option(
+        env: dict[str, str], schema_host: tuple[str, list[str]], args: list[str]) -> None:
+    host, hits = schema_host
+    before = len(hits)
+    env = {**env, "PIP_DRY_RUN": "1", "PIP_NO_INPUT": "1", "PIP_RETRIES": "0",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    out = dsh(env, *[a.format(host=host) for a in args], timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "starts with '-'" in out.stderr
+    assert len(hits) == before  # pip was never run: nothing fetched from the given index

@@ -46,6 +46,17 @@ def requirement_name(arg: str) -> str | None:
     return canonical(m.group(0)) if m else None
 
 
+def not_options(packages: tuple[str, ...]) -> None:
+    """Refuse a PKG that pip would read as an option (``--index-url=URL``, ``-r FILE``, what
+    ``dsh install -- ARG`` or a script's ``dsh install "$NAME"`` could pass): dsh passes
+    packages to pip, and its own options only."""
+    for pkg in packages:
+        if pkg.startswith("-"):
+            raise click.UsageError(f"PKG {pkg[:80]!r} is not a package (it starts with '-', "
+                                   "so pip would take it as an option); give pip's options to "
+                                   "pip itself: python -m pip ...")
+
+
 def snapshot() -> dict[str, tuple[str, str]]:
     """``{entry point name: (value, distribution)}`` of the ``dsh`` group, read from disk now
     (no cache: called again after pip, in the same process)."""
@@ -97,6 +108,7 @@ def install(state: State, packages: tuple[str, ...], upgrade: bool, editable: tu
     """
     if not packages and not editable:
         raise click.UsageError("nothing to install: give PKG or -e PATH")
+    not_options(packages)
     args = ["install"]
     args += ["--upgrade"] * upgrade + ["--force-reinstall"] * force_reinstall
     args += ["--no-cache-dir"] * no_cache_dir + ["--pre"] * pre
@@ -138,6 +150,7 @@ def uninstall(packages: tuple[str, ...], yes: bool) -> None:
 
     Says which dsh plugins went with them.
     """
+    not_options(packages)
     before = snapshot()
     code = run_pip(["uninstall", *(["--yes"] if yes else []), *packages])
     if code != 0:
