@@ -407,26 +407,26 @@ def test_a_batch_of_20_runs_on_workers_like_the_local_executor(env: dict[str, An
 
 
 def test_the_batch_budget_is_exact_across_workers(env: dict[str, Any]) -> None:
-    """``-L requests=13``, 20 tasks of two requests each, 8 at once on the cluster: exactly
-    13 requests are made in all; the batch says so and exits 3; a rerun finishes the rest."""
+    """``-L requests=9``, 12 tasks of two requests each, 6 at once on the cluster: exactly
+    9 requests are made in all; the batch says so and exits 3; a rerun finishes the rest."""
     m = model(env["dir"], {"tool_calls": [{"name": "whoami", "arguments": {}}],
                            "delay": 0.05},
               {"text": "done", "delay": 0.05})
-    write_tasks(env["dir"] / "tasks.jsonl", 20)
-    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "8",
-                 "-L", "requests=13", "--results", "r.jsonl")
+    write_tasks(env["dir"] / "tasks.jsonl", 12)
+    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "6",
+                 "-L", "requests=9", "--results", "r.jsonl")
     assert proc.returncode == 3, proc.stderr
     requests = sum(1 for e in all_events(env["sessions"]) if e["type"] == "assistant/message")
-    assert requests == 13
-    assert "(batch budget: model requests limit reached in a parent run (13/13))" in proc.stderr
+    assert requests == 9
+    assert "(batch budget: model requests limit reached in a parent run (9/9))" in proc.stderr
     done = lines(env["dir"] / "r.jsonl")
-    assert all(x["outcome"] == "completed" for x in done) and len(done) <= 6
-    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "8",
+    assert all(x["outcome"] == "completed" for x in done) and len(done) <= 4
+    proc = batch(env, "tasks.jsonl", "-m", m, "--executor", "ray", "--workers", "6",
                  "--results", "r.jsonl")
     assert proc.returncode == 0, proc.stderr
-    assert f"20 completed ({len(done)} before)" in proc.stderr
+    assert f"12 completed ({len(done)} before)" in proc.stderr
     final = lines(env["dir"] / "r.jsonl")
-    assert Counter(x["id"] for x in final) == Counter(f"t{i}" for i in range(20))
+    assert Counter(x["id"] for x in final) == Counter(f"t{i}" for i in range(12))
     assert {x["outcome"] for x in final} == {"completed"}
 
 
