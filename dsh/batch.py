@@ -390,7 +390,8 @@ class Unit:
     leaves a ledger the driver knows about.
     """
 
-    #: The driver's configuration (keys are never in it: they come from the environment).
+    #: The driver's configuration (a literal ``api_key`` in it travels with it; keys in the
+    #: environment do not).
     config: Config
     #: The driver's session directory, when its store has one (the worker writes there:
     #: a filesystem shared with the driver); None: the config's own store.
