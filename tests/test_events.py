@@ -132,8 +132,8 @@ def test_lines_without_reasoning_or_attachments_are_as_they_always_were():
     """Empty reasoning and attachments are not written: a line of a session that uses neither
     is byte for byte what dsh wrote before they existed."""
     from dsh.events import UserMessage
-    from dsh.serialize import _generic_dict
     from dsh.serialize import _dumper
+    from dsh.serialize import _generic_dict
 
     said = AssistantMessage(seq=3, ts="t", session="s", text="ok",
                             usage=Usage(input_tokens=1, output_tokens=2))
