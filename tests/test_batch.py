@@ -232,11 +232,11 @@ def test_tasks_from_stdin_with_their_own_model_and_options(env: dict[str, Any]) 
 
 
 def test_ordered_writes_in_input_order(env: dict[str, Any]) -> None:
-    """Task i waits (n - i) × 60 ms: they end in reverse order; --ordered restores it."""
+    """Task i waits (n - i) × 250 ms (wide enough for a loaded machine): they end in reverse order; --ordered restores it."""
     n = 6
     lines = []
     for i in range(n):
-        m = model(env["dir"], {"text": f"a{i}", "delay": (n - i) * 0.06}, name=f"m{i}")
+        m = model(env["dir"], {"text": f"a{i}", "delay": (n - i) * 0.25}, name=f"m{i}")
         lines.append(json.dumps({"id": i, "prompt": f"task {i}", "model": m}))
     (env["dir"] / "tasks.jsonl").write_text("\n".join(lines) + "\n")
     proc = batch(env, "tasks.jsonl", "--workers", str(n))
