@@ -232,7 +232,8 @@ def test_tasks_from_stdin_with_their_own_model_and_options(env: dict[str, Any]) 
 
 
 def test_ordered_writes_in_input_order(env: dict[str, Any]) -> None:
-    """Task i waits (n - i) × 250 ms (wide enough for a loaded machine): they end in reverse order; --ordered restores it."""
+    """Task i waits (n - i) × 250 ms (wide for a loaded machine): they end in reverse order;
+    --ordered restores it."""
     n = 6
     lines = []
     for i in range(n):
