@@ -226,6 +226,19 @@ def test_help_and_a_local_batch_never_import_ray(env: dict[str, Any]) -> None:
     assert len(lines(env["dir"] / "r.jsonl")) == 3
 
 
+def test_without_ray_the_executor_says_how_to_install_it(env: dict[str, Any]) -> None:
+    code = ("import sys\nsys.modules['ray'] = None  # as if not installed\n"
+            "from dsh.cli import main\nsys.argv = ['dsh', *sys.argv[1:]]\nmain()\n")
+    write_tasks(env["dir"] / "tasks.jsonl", 2)
+    proc = subprocess.run([sys.executable, "-c", code, "batch", "tasks.jsonl", "-m", "echo",
+                           "--executor", "ray"], env=env["env"], cwd=env["dir"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "dsh: error: --executor ray: the ray package is not installed in dsh's environment "
+        "(pip install 'ray>=2.40,<3')")
+
+
 @pytest.mark.parametrize(("setting", "message"), [
     ("task_cpus = -1", "[plugins.dsh-ray] task_cpus: must be a positive number"),
     ('adress = "x"', "[plugins.dsh-ray]: unknown key 'adress'"),

@@ -32,6 +32,13 @@ def batch_executor(name: str, app: Any) -> Any:
     from dsh_ray.settings import settings_from
 
     settings = settings_from(app.config.plugin_settings(SETTINGS))  # bad ones: before ray
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        from dsh.errors import ConfigError
+
+        raise ConfigError("--executor ray: the ray package is not installed in dsh's "
+                          "environment (pip install 'ray>=2.40,<3')")
     from dsh_ray.executor import RayExecutor
 
     return RayExecutor(settings)
