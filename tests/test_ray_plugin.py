@@ -71,10 +71,17 @@ def die(marker: str = "", wait: float = 0.0) -> str:
     return "survived"
 
 
+def block(seconds: float) -> str:
+    """Sleep, deaf to the run's abort (a tool that does not check its cancel token)."""
+    time.sleep(seconds)
+    return "woke"
+
+
 @dsh.hookimpl
 def register_tools(register):
     register(whoami)
     register(die)
+    register(block)
 '''
 
 
@@ -513,21 +520,32 @@ def test_a_worker_that_always_dies_is_the_tasks_error_not_a_loop(env: dict[str, 
 
 
 def test_ctrl_c_twice_aborts_the_runs_on_the_workers(env: dict[str, Any]) -> None:
-    """Two SIGINTs while four tasks wait 20 s on the model: the driver tells the workers
-    (through the budget actor), their runs end ``aborted`` within seconds, no result line,
-    exit code 130; the next run does every task."""
+    """Two SIGINTs while three tasks wait 20 s on the model and one is in a tool that ignores
+    aborts: the driver tells the workers (through the budget actor), their runs end
+    ``aborted`` within seconds; the deaf tool's Ray task is cancelled (its worker killed),
+    its ledger closed as interrupted; no result line, exit code 130; the next run does every
+    task."""
     slow = model(env["dir"], {"text": "late", "delay": 20}, name="slow")
-    write_tasks(env["dir"] / "tasks.jsonl", 6)
+    deaf = model(env["dir"], {"tool_calls": [{"name": "block", "arguments": {"seconds": 30}}]},
+                 {"text": "late"}, name="deaf")
+    (env["dir"] / "tasks.jsonl").write_text("".join(
+        json.dumps({"id": f"t{i}", "prompt": f"task {i}", **({"model": deaf} if i == 0 else {})})
+        + "\n" for i in range(6)))
     journal = env["dir"] / "r.jsonl.journal"
     proc = subprocess.Popen([sys.executable, "-m", "dsh", "batch", "tasks.jsonl", "-m", slow,
                              "--executor", "ray", "--workers", "4", "--results", "r.jsonl"],
                             env=env["env"], cwd=env["dir"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    def running() -> bool:  # four runs waiting on the model or in the deaf tool
+        texts = [p.read_text() for p in env["sessions"].glob("*.jsonl")]
+        return (sum('"type":"user/message"' in t for t in texts) >= 4
+                and any('"type":"tool/call"' in t for t in texts))
+
     deadline = time.monotonic() + 60
-    while not (journal.exists() and journal.read_text().count("\n") >= 4):
+    while not (env["sessions"].exists() and running()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
-    time.sleep(1.0)  # the runs are waiting on the model
+    time.sleep(0.3)
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
@@ -540,8 +558,12 @@ def test_ctrl_c_twice_aborts_the_runs_on_the_workers(env: dict[str, Any]) -> Non
     ends = [ledger(p)[-1] for p in sorted(env["sessions"].glob("*.jsonl"))]
     assert len(ends) == 4
     assert {(e["type"], e["outcome"]) for e in ends} == {("turn/end", "aborted")}
+    t0 = [x for x in lines(journal) if x["task"] == "t0"]
+    assert [x["outcome"] for x in t0 if "outcome" in x] == ["died"]
+    assert closed_as_interrupted(ledger(env["sessions"] / f"{t0[0]['session']}.jsonl"))
 
     fast = model(env["dir"], {"text": "ok"})
+    write_tasks(env["dir"] / "tasks.jsonl", 6)  # the same ids, none deaf now
     again = batch(env, "tasks.jsonl", "-m", fast, "--executor", "ray", "--results", "r.jsonl")
     assert again.returncode == 0, again.stderr
     assert sorted(x["id"] for x in lines(env["dir"] / "r.jsonl")) == [f"t{i}" for i in range(6)]
