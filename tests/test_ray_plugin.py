@@ -497,7 +497,10 @@ def test_a_worker_killed_mid_task_leaves_an_interrupted_ledger_and_a_completed_r
 
 def test_a_worker_that_always_dies_is_the_tasks_error_not_a_loop(env: dict[str, Any]) -> None:
     """A task whose worker dies every time ends ``error`` after three deaths (each attempt
-    journalled, each partial ledger closed as interrupted); the other task completes."""
+    journalled, each partial ledger closed as interrupted); the other task completes.
+    Without an address, the batch starts a local Ray of its own (``num_cpus``) and stops it."""
+    env["env"].pop("RAY_ADDRESS")
+    env["config"].write_text(env["config"].read_text() + "num_cpus = 1\n")
     ok = model(env["dir"], {"text": "done"})
     killer = model(env["dir"], {"tool_calls": [{"name": "die", "arguments": {}}]},
                    {"text": "never"}, name="killer")
@@ -511,6 +514,8 @@ def test_a_worker_that_always_dies_is_the_tasks_error_not_a_loop(env: dict[str, 
     assert out["b"]["outcome"] == "error"
     assert out["b"]["reason"].startswith("the worker running it died 3 times: ray: ")
     assert "task b (line 2): error: the worker running it died 3 times" in proc.stderr
+    # Ray's own logging stays quiet: stderr is dsh's lines only (the failed task, the summary).
+    assert [x[:5] for x in proc.stderr.splitlines()] == ["dsh: "] * 2, proc.stderr
     journal = [x for x in lines(env["dir"] / "r.jsonl.journal") if x["task"] == "b"]
     ends = [x["outcome"] for x in journal if "outcome" in x]
     assert ends == ["died", "died", "error"]
