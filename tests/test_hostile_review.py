@@ -288,3 +288,112 @@ def test_install_refuses_a_package_that_pip_would_read_as_an_option(
     assert out.returncode == 2, out.stderr
     assert "starts with '-'" in out.stderr
     assert len(hits) == before  # pip was never run: nothing fetched from the given index
+
+
+# -- a stream shows the user exactly what is recorded --------------------------------------------
+#
+# Defect: the openai-responses adapter printed the `output_text` deltas while it recorded the
+# text of `response.completed`'s output, so a server could show the user one answer and put
+# another in the ledger (and in the next request). The Anthropic adapter recorded text a
+# `content_block_start` carried without ever showing it, and recorded blocks in index order
+# while showing them in arrival order. Now such a stream is a malformed-stream error and
+# nothing is recorded.
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+
+
+@pytest.fixture(scope="module")
+def stream_server() -> Iterator[Any]:
+    from tests.servers import scripted_server
+
+    yield from scripted_server()
+
+
+def _shown_or_refused(model: Any, req: Any) -> tuple[Any, str]:
+    from dsh.errors import ProviderError
+    from dsh.llm.transport import send
+
+    seen: list[str] = []
+    try:
+        response = send(req, on_text=seen.append, model=model)
+    except ProviderError as exc:
+        assert "differs from the text it streamed" in str(exc), str(exc)
+        return None, "".join(seen)
+    return response, "".join(seen)
+
+
+@settings(max_examples=60, deadline=None)
+@given(deltas=st.lists(_TEXT, max_size=5), final=st.one_of(st.none(), _TEXT),
+       refusal=st.booleans())
+def test_responses_stream_records_only_what_it_showed(stream_server: Any,
+                                                      deltas: list[str], final: str | None,
+                                                      refusal: bool) -> None:
+    from dsh.llm.responses import ResponsesModel
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+    from tests.servers import sse
+
+    text = "".join(deltas) if final is None else final  # None: an honest server
+    kind = "refusal" if refusal else "output_text"
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": kind, kind if refusal else "text": text}]}
+    chunks = [sse({"type": "response.output_item.added", "output_index": 0,
+                   "item": {**item, "content": []}})]
+    chunks += [sse({"type": f"response.{kind}.delta", "output_index": 0, "content_index": 0,
+                    "delta": d}) for d in deltas]
+    chunks += [sse({"type": "response.output_item.done", "output_index": 0, "item": item}),
+               sse({"type": "response.completed",
+                    "response": {"id": "resp_1", "status": "completed", "model": "o4-mini",
+                                 "output": [item], "usage": {"input_tokens": 1,
+                                                             "output_tokens": 1}}})]
+    stream_server.script(Reply(chunks=chunks, headers={"content-type": "text/event-stream"}))
+    model = ResponsesModel("o4-mini", {"base_url": stream_server.url + "/v1", "retries": 0,
+                                        "api_key": "sk-test-review-0000000000"})
+    req = ModelRequest(model="openai-responses:o4-mini",
+                       messages=[Message(role="user", content="hi")], stream=True,
+                       options={"store": False})
+    response, shown = _shown_or_refused(model, req)
+    if response is not None:
+        assert response.text == shown or not "".join(deltas)
+    if final is None or final == "".join(deltas) or not "".join(deltas):
+        assert response is not None  # an honest stream is never refused
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.lists(st.tuples(_TEXT, st.lists(_TEXT, max_size=3)), min_size=1, max_size=3),
+       reverse=st.booleans())
+def test_anthropic_stream_records_only_what_it_showed(stream_server: Any,
+                                                      blocks: list[tuple[str, list[str]]],
+                                                      reverse: bool) -> None:
+    from dsh.llm.anthropic import AnthropicModel
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+    from tests.servers import sse
+
+    chunks = [sse({"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+        "content": [], "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}})]
+    order = list(range(len(blocks)))[::-1] if reverse else list(range(len(blocks)))
+    for i in order:  # a hostile server may start a block with text, or send them out of order
+        start, deltas = blocks[i]
+        chunks.append(sse({"type": "content_block_start", "index": i,
+                           "content_block": {"type": "text", "text": start}}))
+        chunks += [sse({"type": "content_block_delta", "index": i,
+                        "delta": {"type": "text_delta", "text": d}}) for d in deltas]
+        chunks.append(sse({"type": "content_block_stop", "index": i}))
+    chunks += [sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": 2}}), sse({"type": "message_stop"})]
+    stream_server.script(Reply(chunks=chunks, headers={"content-type": "text/event-stream"}))
+    model = AnthropicModel("claude-sonnet-4-5", {"base_url": stream_server.url, "retries": 0,
+                                                  "api_key": "sk-ant-test-review-000000000"})
+    req = ModelRequest(model="anthropic:claude-sonnet-4-5",
+                       messages=[Message(role="user", content="hi")], stream=True)
+    response, shown = _shown_or_refused(model, req)
+    if response is not None:
+        assert response.text == shown
+    honest = all(not s for s, _ in blocks) and (not reverse or sum(
+        1 for _, d in blocks if "".join(d)) <= 1)
+    if honest:
+        assert response is not None

@@ -53,6 +53,7 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.sanitize import StreamText
+from dsh.sanitize import join_pairs
 from dsh.schema import OPTION as OUTPUT_SCHEMA
 from dsh.schema import answer_from_tool
 from dsh.schema import output_tool
@@ -338,6 +339,7 @@ class AnthropicModel(HTTPModel):
         done = False
         safe = StreamText()  # a surrogate pair split across two deltas is printed whole
         safe_reasoning = StreamText()
+        shown: list[str] = []  # the text deltas, as the user saw them stream
         for event in events:
             payload = self.event_json(event)
             if not isinstance(payload, dict):
@@ -364,6 +366,7 @@ class AnthropicModel(HTTPModel):
                 if delta.get("type") == "text_delta":
                     piece = str(delta.get("text") or "")
                     block["text"] = str(block.get("text") or "") + piece
+                    shown.append(piece)
                     emit(safe.feed(piece))
                 elif delta.get("type") == "input_json_delta":
                     block["parts"].append(str(delta.get("partial_json") or ""))
@@ -415,6 +418,11 @@ class AnthropicModel(HTTPModel):
                         arguments=parse_tool_arguments(raw if raw else block.get("input")),
                     )
                 )
+        if join_pairs("".join(text)) != join_pairs("".join(shown)):
+            # Text in a content_block_start, or blocks streamed out of index order: what would
+            # be recorded (and sent back next) is not what the user saw stream.
+            raise ProviderError(f"anthropic: malformed stream from {self.url}: the message's "
+                                "text differs from the text it streamed (nothing was recorded)")
         usage = _usage(start_usage, output_tokens)
         response = make_response("".join(text), calls, usage, stop_reason,
                                  model or self.model_name)

@@ -44,6 +44,7 @@ from dsh.messages import ToolSpec
 from dsh.messages import Usage
 from dsh.sanitize import StreamText
 from dsh.sanitize import clean_text
+from dsh.sanitize import join_pairs
 from dsh.schema import OPTION as OUTPUT_SCHEMA
 from dsh.schema import responses_format
 
@@ -265,6 +266,7 @@ class ResponsesModel(HTTPModel):
         done: set[int] = set()
         safe = StreamText()  # a surrogate pair split across two deltas is printed whole
         shown = StreamText()
+        shown_text: tuple[list[str], list[str]] = ([], [])  # the text and refusal deltas
         reasoning = 0
         final: dict[str, Any] | None = None
         for event in events:
@@ -295,6 +297,7 @@ class ResponsesModel(HTTPModel):
                 pieces.setdefault(self._index(data, kind), []).append(delta)
                 if kind != "response.function_call_arguments.delta":
                     emit(safe.feed(delta))  # the answer's text (a refusal is the answer too)
+                    shown_text[kind == "response.refusal.delta"].append(delta)
             elif kind in ("response.reasoning_summary_text.delta",
                           "response.reasoning_text.delta"):
                 delta = self._delta(data, kind)
@@ -314,7 +317,16 @@ class ResponsesModel(HTTPModel):
         if not isinstance(output, list) or not output:
             # a server that leaves the final output empty: the items as they streamed
             output = [self._finished(items[i], pieces.get(i), i in done) for i in sorted(items)]
-        return self._response(final, output)
+        response = self._response(final, output)
+        # What the user saw stream is what is recorded: the completed response's text may not
+        # differ from its deltas (else the ledger, and the next request, would hold an answer
+        # nobody was shown, and the shown one would be in no record).
+        streamed = join_pairs("".join(shown_text[0]) or "".join(shown_text[1]))
+        if (shown_text[0] or shown_text[1]) and streamed != join_pairs(response.text):
+            raise self.stream_malformed(
+                "the completed response's text differs from the text it streamed (nothing "
+                "was recorded)")
+        return response
 
     @staticmethod
     def _finished(item: dict[str, Any], pieces: list[str] | None, done: bool) -> dict[str, Any]:
