@@ -299,7 +299,7 @@ def test_install_refuses_a_package_that_pip_would_read_as_an_option(
 # while showing them in arrival order. Now such a stream is a malformed-stream error and
 # nothing is recorded.
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=8)
 
 
 @pytest.fixture(scope="module")
