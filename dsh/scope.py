@@ -21,6 +21,7 @@ import attrs
 
 from dsh.errors import NoRunContext
 from dsh.hookspecs import hookimpl
+from dsh.messages import freeze
 from dsh.stash import Stash
 
 if TYPE_CHECKING:
@@ -44,13 +45,15 @@ class AgentHandle:
     name: str
     #: The agent's model id as configured (``openai:gpt-4o``, an alias, ``echo``).
     model: str
-    #: The agent's config table (``[agents.NAME]``, every key with its default filled in).
-    settings: Mapping[str, Any] = attrs.field(factory=dict, hash=False)
+    #: The agent's config table (``[agents.NAME]``, every key with its default filled in);
+    #: read-only, nested values too.
+    settings: Mapping[str, Any] = attrs.field(factory=dict, hash=False, converter=freeze)
     #: The plugins the agent enables (its ``plugins`` list), or None for every installed one.
     plugins: tuple[str, ...] | None = None
-    #: ``[plugins.NAME]`` tables of the config, for :meth:`plugin_settings`.
+    #: ``[plugins.NAME]`` tables of the config, for :meth:`plugin_settings`; read-only (a
+    #: frozen copy: two apps made from one config never see each other's changes).
     all_plugin_settings: Mapping[str, Mapping[str, Any]] = attrs.field(
-        factory=dict, hash=False, repr=False
+        factory=dict, hash=False, repr=False, converter=freeze
     )
     #: Agent scope: lives as long as the app; shared by every run and session of this agent
     #: in this :class:`dsh.App` (also by its variants with overrides, ``app.agent(NAME,
@@ -61,7 +64,8 @@ class AgentHandle:
 
     def plugin_settings(self, name: str) -> Mapping[str, Any]:
         """The ``[plugins.NAME]`` table of the config, overlaid key by key with the agent's
-        own ``[agents.AGENT.plugin_settings.NAME]`` (empty if neither exists)."""
+        own ``[agents.AGENT.plugin_settings.NAME]`` (empty if neither exists): a new dict
+        each call, its nested tables and lists read-only."""
         base = dict(self.all_plugin_settings.get(name, {}))
         own = self.settings.get("plugin_settings", {}).get(name, {})
         base.update(own)

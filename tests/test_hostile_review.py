@@ -397,3 +397,45 @@ def test_anthropic_stream_records_only_what_it_showed(stream_server: Any,
         1 for _, d in blocks if "".join(d)) <= 1)
     if honest:
         assert response is not None
+
+
+# -- the agent handle: settings are read-only and never shared between apps ---------------------
+#
+# Defect: `AgentHandle.all_plugin_settings` was the config's own `plugins` dict, so two Apps
+# made from one config shared it: a plugin changing its settings in place in one app changed
+# them in the other (issue 11: two apps keep separate state), and `settings`, documented as
+# frozen, was a plain dict a hook could change under every later hook of the agent.
+
+_MUTATIONS = [
+    ("settings", lambda h: h.settings.__setitem__("model", "other")),
+    ("settings.options", lambda h: h.settings["options"].__setitem__("temperature", 9)),
+    ("plugin settings list", lambda h: h.all_plugin_settings["x"]["a"].append(2)),
+    ("plugin settings table", lambda h: h.all_plugin_settings["x"]["t"].update(k=2)),
+    ("plugin_settings() nested", lambda h: h.plugin_settings("x")["a"].append(3)),
+    ("plugin_settings() table", lambda h: h.plugin_settings("x")["t"].pop("k")),
+]
+
+
+@pytest.mark.parametrize("what, mutate", _MUTATIONS, ids=[m[0] for m in _MUTATIONS])
+def test_agent_handle_settings_cannot_be_changed_in_place_nor_leak_across_apps(
+        what: str, mutate: Any) -> None:
+    from dsh.app import App
+    from dsh.config import config_from_dict
+
+    cfg = config_from_dict({"autoload": False,
+                            "plugins": {"x": {"a": [1], "t": {"k": 1}}},
+                            "agents": {"default": {"model": "echo",
+                                                   "options": {"temperature": 1}}}})
+    one, two = App(cfg), App(cfg)
+    handle = one.agent().handle
+    with pytest.raises(TypeError):
+        mutate(handle)
+    for h in (handle, two.agent().handle):
+        assert h.plugin_settings("x") == {"a": [1], "t": {"k": 1}}
+        assert h.settings["options"] == {"temperature": 1}
+        assert h.settings["model"] == "echo"
+    assert cfg.plugins == {"x": {"a": [1], "t": {"k": 1}}}
+    # the top level of plugin_settings() is the caller's own copy, as before
+    mine: Any = handle.plugin_settings("x")
+    mine["extra"] = 1
+    assert "extra" not in handle.plugin_settings("x")
