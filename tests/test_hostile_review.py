@@ -439,3 +439,43 @@ def test_agent_handle_settings_cannot_be_changed_in_place_nor_leak_across_apps(
     mine: Any = handle.plugin_settings("x")
     mine["extra"] = 1
     assert "extra" not in handle.plugin_settings("x")
+
+
+# -- plugin events: naming a plugin by its distribution costs nothing per event -----------------
+#
+# Defect: for a plugin loaded by module (`load = ["dsh_hooks"]`), or any name that is not a
+# loaded plugin, every `record_event` scanned every installed distribution
+# (`importlib.metadata.packages_distributions()`, ~80 ms here): dsh-hooks, which writes under
+# its distribution name `dsh-hooks`, paid that per event. Now once per app.
+
+
+def test_plugin_event_names_are_checked_without_rescanning_installed_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from dsh.app import App
+    from dsh.config import config_from_dict
+    from dsh.plugin_events import PluginEventError
+
+    real = importlib.metadata.packages_distributions
+    scans: list[int] = []
+
+    def counting() -> Any:
+        scans.append(1)
+        return real()
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", counting)
+    app = App(config_from_dict({"autoload": False, "sessions_dir": str(tmp_path / "s"),
+                                "model": "echo", "load": ["dsh_hooks"]}))
+    with app.session() as s:
+        for i in range(50):
+            s.record_event("dsh-hooks", "seen", {"i": i})  # the distribution's name
+            s.record_event("dsh_hooks", "seen", {"i": i})  # the registered name
+            with pytest.raises(PluginEventError, match="no plugin 'nope'"):
+                s.record_event("nope", "x")
+        assert len(s.plugin_events("dsh-hooks")) == 50
+    assert len(scans) <= 1
+    other = App(config_from_dict({"autoload": False, "sessions_dir": str(tmp_path / "t"),
+                                  "model": "echo"}))  # dsh_hooks not loaded here
+    with other.session() as s, pytest.raises(PluginEventError, match="no plugin 'dsh-hooks'"):
+        s.record_event("dsh-hooks", "seen")
