@@ -125,3 +125,53 @@ def nesting_depth(value: Any, limit: int) -> int:
             return depth
         level = nxt
     return depth
+
+
+# -- JSON that other readers can read back: no NaN, no infinities ------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is out of range for a JSON number")
+    return value
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """``json.loads`` without Python's extensions: ``NaN``, ``Infinity`` and numbers that
+    overflow to infinity (``1e999``) raise ``ValueError``. What dsh takes from a provider
+    (and records) must be JSON every other reader accepts, and that the next request can
+    carry."""
+    global _STRICT
+    if _STRICT is None:
+        import json
+
+        _STRICT = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+    if isinstance(text, bytes | bytearray):
+        import json
+
+        text = bytes(text).decode(json.detect_encoding(text), "surrogatepass")
+    return _STRICT.decode(text)
+
+
+_STRICT: Any = None
+
+
+def has_nonfinite(value: Any) -> bool:
+    """Whether a NaN or an infinity is anywhere in ``value`` (dicts, lists, tuples), walked
+    without recursion."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return False

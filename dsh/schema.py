@@ -206,6 +206,7 @@ def schema_error(schema: Mapping[str, Any]) -> str | None:
 def parse_answer(text: str) -> Any:
     """The JSON document of an answer. A document wrapped in a Markdown code fence is taken
     from inside it (models add one even when asked not to); anything else around it is not."""
+    from dsh.sanitize import loads_strict
     from dsh.sanitize import nesting_depth
 
     body = text.strip()
@@ -213,7 +214,7 @@ def parse_answer(text: str) -> Any:
     if fence:
         body = fence.group(1).strip()
     try:
-        value = json.loads(body)
+        value = loads_strict(body)  # no NaN/Infinity: stdout gets a JSON document
     except RecursionError:
         raise ValueError(f"nested more than {MAX_ANSWER_DEPTH} levels deep") from None
     if nesting_depth(value, MAX_ANSWER_DEPTH) > MAX_ANSWER_DEPTH:

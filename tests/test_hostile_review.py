@@ -479,3 +479,68 @@ def test_plugin_event_names_are_checked_without_rescanning_installed_packages(
                                   "model": "echo"}))  # dsh_hooks not loaded here
     with other.session() as s, pytest.raises(PluginEventError, match="no plugin 'dsh-hooks'"):
         s.record_event("dsh-hooks", "seen")
+
+
+# -- NaN and infinities from a model never enter the ledger, a request or stdout -----------------
+#
+# Defect: Python's json accepts `NaN`, `Infinity` and `1e999` (inf). A model writing tool-call
+# arguments `{"n": NaN}` had them recorded as `NaN` (not JSON: `sessions export`, `--events`
+# and every other reader choke on it) and sent back on the next request (an Anthropic
+# `input` object with NaN is not JSON either); `--schema` printed `{"n": NaN}` on stdout as
+# "the JSON document"; a provider response holding them was taken as is.
+
+_JSON_FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _JSON_FLOATS | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(args=st.dictionaries(st.text(max_size=4), _JSON_VALUES, max_size=4),
+       as_text=st.booleans())
+def test_tool_arguments_are_always_strict_json(args: dict[str, Any], as_text: bool) -> None:
+    from dsh.llm.http import parse_tool_arguments
+
+    raw: Any = json.dumps(args) if as_text else args
+    parsed = parse_tool_arguments(raw)
+    json.dumps(parsed, allow_nan=False)  # what is recorded and sent back is JSON
+    from dsh.sanitize import has_nonfinite
+
+    if not has_nonfinite(args):
+        assert parsed == args or parsed == json.loads(json.dumps(args))
+
+
+@pytest.mark.parametrize("text", ['{"n": NaN}', '{"n": Infinity}', '{"n": -Infinity}',
+                                  '{"n": 1e999}', '```json\n{"n": NaN}\n```'])
+def test_schema_answer_with_nan_is_not_a_json_document(env: dict[str, str], tmp_path: Path,
+                                                       text: str) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [{"text": text}, {"text": text}]}))
+    out = dsh(env, "run", "-m", f"scripted:{script}", "--schema", "n float", "n?")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout == ""
+    assert "not a JSON document" in out.stderr
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},'
+    b' "finish_reason": "stop"}], "usage": {"prompt_tokens": NaN, "completion_tokens": 1}}',
+    b'{"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi",'
+    b' "x": 1e999}, "finish_reason": "stop"}]}',
+])
+def test_a_provider_reply_with_nan_is_malformed(stream_server: Any, body: bytes) -> None:
+    from dsh.errors import ProviderError
+    from dsh.llm.openai import OpenAIModel
+    from dsh.llm.transport import send
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+
+    stream_server.script(Reply(body=body, headers={"content-type": "application/json"}))
+    model = OpenAIModel("gpt-4o-mini", {"base_url": stream_server.url + "/v1", "retries": 0,
+                                        "api_key": "sk-test-review-0000000000"})
+    req = ModelRequest(model="openai:gpt-4o-mini", messages=[Message(role="user", content="hi")])
+    with pytest.raises(ProviderError, match="malformed response"):
+        send(req, model=model)

@@ -183,6 +183,8 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
     one nested more than :data:`MAX_ARGUMENT_DEPTH` levels deep — becomes
     ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
     the model receives an error result it can read and correct."""
+    from dsh.sanitize import has_nonfinite
+    from dsh.sanitize import loads_strict
     from dsh.sanitize import nesting_depth
 
     if raw is None or raw == "":
@@ -191,10 +193,13 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
         if nesting_depth(raw, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
             return {INVALID_JSON_KEY: f"(arguments nested more than {MAX_ARGUMENT_DEPTH} "
                                       "levels deep, not read)"}
+        if has_nonfinite(raw):  # NaN is not JSON: it could be neither recorded nor sent back
+            return {INVALID_JSON_KEY: "(arguments hold NaN or an infinity, which JSON has "
+                                      "no numbers for)"}
         return raw
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
+            value = loads_strict(raw)
         except (ValueError, RecursionError):
             return {INVALID_JSON_KEY: raw}
         if isinstance(value, dict):

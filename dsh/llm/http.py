@@ -741,8 +741,10 @@ class HTTPModel(Model):
             raise ProviderError(f"{p}: request to {self.shown_url} failed: {exc}") from None
 
     def decode_json(self, raw: bytes) -> Any:
+        from dsh.sanitize import loads_strict
+
         try:
-            return json.loads(raw)
+            return loads_strict(raw)  # no NaN/Infinity: what is recorded must be JSON
         except RecursionError:
             raise ProviderError(f"{self.provider}: malformed response from {self.url}: "
                                 "nested too deeply to read") from None
@@ -754,8 +756,10 @@ class HTTPModel(Model):
 
     def event_json(self, event: SSEEvent) -> Any:
         """Decode one stream event's data; garbage is a malformed stream, never retried."""
+        from dsh.sanitize import loads_strict
+
         try:
-            return json.loads(event.data)
+            return loads_strict(event.data)  # no NaN/Infinity: what is recorded must be JSON
         except RecursionError:
             raise ProviderError(f"{self.provider}: malformed stream from {self.url}: event "
                                 "data nested too deeply to read") from None
