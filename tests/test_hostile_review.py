@@ -544,3 +544,21 @@ def test_a_provider_reply_with_nan_is_malformed(stream_server: Any, body: bytes)
     req = ModelRequest(model="openai:gpt-4o-mini", messages=[Message(role="user", content="hi")])
     with pytest.raises(ProviderError, match="malformed response"):
         send(req, model=model)
+
+
+@settings(max_examples=150, deadline=None)
+@given(args=st.dictionaries(st.text(max_size=4), _JSON_VALUES, min_size=1, max_size=3),
+       form=st.sampled_from(["<tool_call>{call}</tool_call>", "{call}", "[{call}]",
+                             "```json\n{call}\n```", "<|python_tag|>{call}"]),
+       openai_style=st.booleans())
+def test_tool_calls_rescued_from_text_have_strict_json_arguments(
+        args: dict[str, Any], form: str, openai_style: bool) -> None:
+    from dsh.llm.builtin import rescue
+    from dsh.messages import ModelResponse
+    from dsh.messages import thaw
+
+    arguments: Any = json.dumps(args) if openai_style else args
+    call = json.dumps({"name": "calc", "arguments": arguments})
+    response = rescue(ModelResponse(text=form.replace("{call}", call)), ["calc"])
+    for c in response.tool_calls:
+        json.dumps(thaw(c.arguments), allow_nan=False)  # recorded, and sent back: JSON

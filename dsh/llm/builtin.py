@@ -33,6 +33,7 @@ from dsh.llm import transport
 from dsh.llm.base import MAX_ARGUMENT_DEPTH
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
+from dsh.llm.base import parse_tool_arguments
 from dsh.messages import MessageView
 from dsh.messages import ModelRequest
 from dsh.messages import ModelResponse
@@ -178,7 +179,9 @@ def rescue(response: ModelResponse, tool_names: list[str]) -> ModelResponse:
     if found is None:
         return response
     calls = tuple(
-        ToolCall(id=f"call_{i}_{abs(hash((response.text, i))) % 10**8:08d}", name=n, arguments=a)
+        # arguments checked as a native call's are (depth; NaN/Infinity are not JSON)
+        ToolCall(id=f"call_{i}_{abs(hash((response.text, i))) % 10**8:08d}", name=n,
+                 arguments=parse_tool_arguments(a))
         for i, (n, a) in enumerate(found.calls)
     )
     return attrs.evolve(
