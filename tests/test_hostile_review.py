@@ -562,3 +562,49 @@ def test_tool_calls_rescued_from_text_have_strict_json_arguments(
     response = rescue(ModelResponse(text=form.replace("{call}", call)), ["calc"])
     for c in response.tool_calls:
         json.dumps(thaw(c.arguments), allow_nan=False)  # recorded, and sent back: JSON
+
+
+# -- a provider response is bounded in size -------------------------------------------------------
+#
+# Defect: nothing bounded what dsh read of a provider response: one endless SSE line (no
+# newline ever) grew the parser's buffer, an endless stream of text deltas grew the answer, a
+# huge JSON body or error body was read whole — a runaway or hostile server could fill memory.
+# Now MAX_RESPONSE_BYTES (256 MiB) ends it with a non-retried error, nothing recorded (the
+# tests lower it to keep them fast).
+
+
+@pytest.mark.parametrize("shape", ["endless line", "endless deltas", "json body", "error body"])
+def test_a_provider_response_over_the_cap_is_an_error(stream_server: Any,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      shape: str) -> None:
+    from dsh.errors import ProviderError
+    from dsh.llm import http
+    from dsh.llm.openai import OpenAIModel
+    from dsh.llm.transport import send
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+    from tests.servers import sse
+
+    monkeypatch.setattr(http, "MAX_RESPONSE_BYTES", 256 * 1024, raising=False)
+    kb = b"x" * 1024
+    if shape == "endless line":
+        reply = Reply(chunks=[b"data: "] + [kb] * 400,
+                      headers={"content-type": "text/event-stream"})
+    elif shape == "endless deltas":
+        delta = sse({"choices": [{"index": 0, "delta": {"content": "y" * 1000}}]})
+        reply = Reply(chunks=[delta] * 400, headers={"content-type": "text/event-stream"})
+    elif shape == "json body":
+        reply = Reply(body=b'{"pad": "' + kb * 400 + b'"}',
+                      headers={"content-type": "application/json"})
+    else:
+        reply = Reply(status=400, body=b'{"error": {"message": "' + kb * 400 + b'"}}',
+                      headers={"content-type": "application/json"})
+    stream_server.script(reply)
+    model = OpenAIModel("gpt-4o-mini", {"base_url": stream_server.url + "/v1", "retries": 0,
+                                        "api_key": "sk-test-review-0000000000"})
+    req = ModelRequest(model="openai:gpt-4o-mini", messages=[Message(role="user", content="hi")],
+                       stream=shape.startswith("endless"))
+    with pytest.raises(ProviderError, match="larger than 262144 bytes") as caught:
+        send(req, on_text=lambda _: None, model=model)
+    assert not caught.value.retryable

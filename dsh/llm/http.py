@@ -404,10 +404,38 @@ def make_response(
     )
 
 
-def iter_sse(response: httpx.Response) -> Iterator[SSEEvent]:
-    """Parse a streaming response's body into SSE events as bytes arrive."""
-    parser = SSEParser()
+#: The most bytes of one provider response dsh reads (a stream, a body, an error body): a
+#: runaway or hostile server — one endless line, an endless stream of text — cannot fill
+#: memory. Far above any real response (a Responses API ``response.completed`` repeats every
+#: output item, encrypted reasoning included: a few MiB).
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+
+
+class ResponseTooLarge(ProviderError):
+    """A provider response over :data:`MAX_RESPONSE_BYTES`: not retried, nothing recorded."""
+
+
+def _capped(response: httpx.Response, where: str) -> Iterator[bytes]:
+    limit = MAX_RESPONSE_BYTES
+    total = 0
     for chunk in response.iter_bytes():
+        total += len(chunk)
+        if total > limit:
+            raise ResponseTooLarge(f"{where}: the response is larger than {limit} bytes (a "
+                                   "runaway or hostile server); nothing was recorded")
+        yield chunk
+
+
+def read_capped(response: httpx.Response, where: str) -> bytes:
+    """The whole body of ``response``, at most :data:`MAX_RESPONSE_BYTES`."""
+    return b"".join(_capped(response, where))
+
+
+def iter_sse(response: httpx.Response, where: str = "provider") -> Iterator[SSEEvent]:
+    """Parse a streaming response's body into SSE events as bytes arrive (at most
+    :data:`MAX_RESPONSE_BYTES`; ``where`` names the server in the error)."""
+    parser = SSEParser()
+    for chunk in _capped(response, where):
         yield from parser.feed(chunk)
     yield from parser.flush()
 
@@ -702,12 +730,14 @@ class HTTPModel(Model):
             ) as resp:
                 started = True
                 _remember_socket(client, resp)
+                where = f"{p}: {self.shown_url}"
                 if resp.status_code >= 400:
-                    raise self.status_error(resp.status_code, resp.read(), resp.headers)
+                    raise self.status_error(resp.status_code, read_capped(resp, where),
+                                            resp.headers)
                 try:
                     if stream and "json" not in resp.headers.get("content-type", ""):
-                        return self.parse_stream(iter_sse(resp), emit)
-                    result = self.parse_json(self.decode_json(resp.read()))
+                        return self.parse_stream(iter_sse(resp, where), emit)
+                    result = self.parse_json(self.decode_json(read_capped(resp, where)))
                 except (TypeError, KeyError, AttributeError, ValueError) as exc:
                     # JSON of an unexpected shape: say so instead of showing a traceback
                     raise ProviderError(
