@@ -608,3 +608,28 @@ def test_a_provider_response_over_the_cap_is_an_error(stream_server: Any,
     with pytest.raises(ProviderError, match="larger than 262144 bytes") as caught:
         send(req, on_text=lambda _: None, model=model)
     assert not caught.value.retryable
+
+
+# -- attachments: a redirect to an internal address (what holds, pinned) --------------------------
+#
+# Decided, not changed: dsh follows a URL attachment's redirects to any http(s) address,
+# loopback and link-local (cloud metadata) included — the user named the URL. What keeps
+# that from leaking an internal service's answer to the provider is the content check: only
+# bytes with an image or PDF signature are attached, and the refusal quotes none of them.
+
+
+def test_a_redirect_to_an_internal_text_endpoint_is_refused_without_quoting_it(
+        stream_server: Any) -> None:
+    from dsh.attachments import AttachmentError
+    from dsh.attachments import fetch
+    from tests.servers import Reply
+
+    secret = b'{"AccessKeyId": "ASIAEXAMPLEEXAMPLE", "SecretAccessKey": "wJalrXUtnFEMI"}'
+    stream_server.script(
+        Reply(status=302, headers={"location": f"{stream_server.url}/latest/meta-data/iam"}),
+        Reply(body=secret, headers={"content-type": "image/png"}))  # a lying content type
+    with pytest.raises(AttachmentError) as caught:
+        fetch(f"{stream_server.url}/photo.png?token=abc")
+    message = str(caught.value)
+    assert "not a PNG" in message
+    assert "ASIA" not in message and "wJal" not in message and "token" not in message
