@@ -390,7 +390,10 @@ def parse_line(line: bytes, codec: EventCodec, where: str, expected: int) -> Eve
     for key in ("ts", "session"):
         if type(d.get(key)) is not str:
             raise LedgerError(f"{where}: no {key!r} string")
-    return codec.from_dict(d, where)
+    try:
+        return codec.from_dict(d, where)
+    except RecursionError:  # JSON that loads but is too deep to become an event
+        raise LedgerError(f"{where}: nested too deeply to read") from None
 
 
 def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
@@ -467,7 +470,7 @@ def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
                 item: Any = d if raw else codec.from_dict(d)
                 expected += 1
                 sink(item)
-        except (LedgerError, InvalidLine, KeyError, TypeError):
+        except (LedgerError, InvalidLine, KeyError, TypeError, RecursionError):
             return None
         pos = end
     return good, len(data) - good

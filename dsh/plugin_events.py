@@ -47,6 +47,7 @@ from dsh.errors import NoRunContext
 from dsh.errors import UsageError
 from dsh.events import SCHEMA_VERSION
 from dsh.events import PluginEvent
+from dsh.sanitize import nesting_depth
 from dsh.serialize import InvalidLine
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ MAX_NAME = 64
 MAX_DATA_BYTES = 64 * 1024
 #: How deep lists and objects may nest inside ``data``.
 MAX_DEPTH = 32
+#: How deep a payload read from a ledger may nest (lenient: dsh writes at most MAX_DEPTH).
+MAX_READ_DEPTH = 128
 #: Integers are kept within 64 bits (what most JSON readers can hold exactly).
 INT_RANGE = (-(2**63), 2**63 - 1)
 #: The largest payload schema version.
@@ -395,6 +398,8 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     data = d.get("data", {})
     if type(data) is not dict:
         raise InvalidLine(f"'data' of {tag!r} is a {type(data).__name__}, not an object")
+    if nesting_depth(data, MAX_READ_DEPTH) > MAX_READ_DEPTH:  # freezing it would recurse
+        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep")
     version = d.get("version", 1)
     if type(version) is not int:
         raise InvalidLine(f"'version' of {tag!r} is a {type(version).__name__}, not an int")

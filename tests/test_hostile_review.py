@@ -633,3 +633,62 @@ def test_a_redirect_to_an_internal_text_endpoint_is_refused_without_quoting_it(
     message = str(caught.value)
     assert "not a PNG" in message
     assert "ASIA" not in message and "wJal" not in message and "token" not in message
+
+
+# -- plugin events: a hand-made deep payload is a clear error, not a traceback ------------------
+#
+# Defect: a ledger line `x/P/N` whose `data` nests a few hundred levels (valid JSON, which the
+# reader takes) made `sessions show`, `sessions export`, `--continue` — every command that
+# reads the session — end in a RecursionError traceback (freezing the payload recursed).
+# Now a payload deeper than MAX_READ_DEPTH is an invalid line naming the file and line, and
+# any event too deep to build is "nested too deeply to read" (dsh/ledger.py).
+
+
+def _session_with(env: dict[str, str], extra: dict[str, Any], last: bool = False) -> Path:
+    out = dsh(env, "run", "-m", "echo", "hello")
+    assert out.returncode == 0, out.stderr
+    path = next(Path(env["DSH_CONFIG"]).parent.rglob("*.jsonl"))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    head = {k: lines[0][k] for k in ("v", "ts", "session")}
+    at = len(lines) if last else 3
+    lines.insert(at, {**head, **extra})
+    for i, line in enumerate(lines):
+        line["seq"] = i
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_a_deep_plugin_event_payload_is_one_clear_error_everywhere(env: dict[str, str]) -> None:
+    deep = json.loads("[" * 700 + "]" * 700)
+    path = _session_with(env, {"type": "x/evil/deep", "plugin": "evil", "name": "deep",
+                               "data": {"d": deep}})
+    for args in (["sessions", "show", "latest"], ["sessions", "show", "latest", "--json"],
+                 ["sessions", "export", "latest", "--format", "jsonl"],
+                 ["run", "-m", "echo", "--continue", "again"]):
+        out = dsh(env, *args)
+        assert out.returncode == 1, (args, out.stderr[-300:])
+        assert "Traceback" not in out.stderr
+        assert out.stderr.strip().splitlines() == [
+            f"dsh: error: {path}:4: invalid plugin event: 'data' of 'x/evil/deep' nests more "
+            "than 128 levels deep"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(depth=st.integers(1, 900))
+def test_plugin_event_payload_depth_on_read_is_loaded_or_refused(depth: int) -> None:
+    from dsh.errors import LedgerError
+    from dsh.ledger import parse_line
+    from dsh.plugin_events import MAX_READ_DEPTH
+    from dsh.serialize import default_codec
+
+    data = {"d": json.loads("[" * (depth - 1) + "]" * (depth - 1))} if depth > 1 else {"d": 1}
+    line = json.dumps({"v": 1, "seq": 0, "ts": "t", "session": "s", "type": "x/p/n",
+                       "plugin": "p", "name": "n", "data": data}).encode()
+    try:
+        event = parse_line(line, default_codec(), "f.jsonl:1", 0)
+    except LedgerError as exc:
+        assert depth > MAX_READ_DEPTH, str(exc)
+        assert "f.jsonl:1" in str(exc)
+    else:
+        assert depth <= MAX_READ_DEPTH
+        assert json.loads(json.dumps(getattr(event, "data"))) == data  # noqa: B009
