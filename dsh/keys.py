@@ -146,7 +146,8 @@ class FileStore:
         return self._load().get(name)
 
     def names(self) -> list[str]:
-        return sorted(self._load())
+        # as the keyring store: only valid names (a hand-edited file's others are not shown)
+        return sorted(n for n in self._load() if NAME.fullmatch(n))
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -692,3 +692,41 @@ def test_plugin_event_payload_depth_on_read_is_loaded_or_refused(depth: int) -> 
     else:
         assert depth <= MAX_READ_DEPTH
         assert json.loads(json.dumps(getattr(event, "data"))) == data  # noqa: B009
+
+
+# -- stored keys: a key that can never be sent is refused when it is set --------------------------
+#
+# Defect: `dsh keys set` stored a key holding a control character (an escape sequence, NUL)
+# or non-ASCII text — pasted with the terminal's junk — and said "stored"; it failed only at
+# the first request. And `dsh keys list` printed every name of a hand-edited keys file, escape
+# sequences included, where the keyring store shows only valid names.
+
+
+@pytest.mark.parametrize("key", ["sk-live-\x1b[2J\x1b]52;c;QUFB\x07abcdef",
+                                 "sk-live-abc\x00def", "sk-live-ab\u00e9cdef", "sk-\x7fabcdef"])
+def test_keys_set_refuses_a_key_no_header_can_carry(env: dict[str, str], tmp_path: Path,
+                                                    key: str) -> None:
+    env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "DSH_KEYS_BACKEND": "file"}
+    out = subprocess.run([*DSH, "keys", "set", "openai"], env=env, input=key,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "not stored" in out.stderr and key not in out.stderr and "sk-live" not in out.stderr
+    listed = subprocess.run([*DSH, "keys", "list"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.stdout == ""
+
+
+def test_keys_list_shows_only_valid_names(env: dict[str, str], tmp_path: Path) -> None:
+    env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "DSH_KEYS_BACKEND": "file"}
+    out = subprocess.run([*DSH, "keys", "set", "good"], env=env, input="sk-good-123456789",
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "cfg" / "dsh" / "keys" / "keys.json"
+    data = json.loads(path.read_text())
+    data["keys"]["\x1b]52;c;QUFB\x07evil"] = "sk-evil-123456789"
+    data["keys"]["../x"] = "sk-other-123456789"
+    path.write_text(json.dumps(data))
+    listed = subprocess.run([*DSH, "keys", "list"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout == "good\n"

@@ -42,6 +42,11 @@ def keys_set(name: str) -> None:
         raise UsageError("no key given (type it at the prompt, or pipe it on stdin)")
     if "\n" in value or "\r" in value:
         raise UsageError("the key has more than one line; give one key")
+    from dsh.llm.http import header_value_problem
+
+    problem = header_value_problem(value)
+    if problem:  # it could never be sent: say so now, not at the first request
+        raise UsageError(f"the key {problem}; it was not stored (the key is not shown)")
     target = store()
     target.set(name, value)
     warn(f"stored key {name} in {target.where()}")
