@@ -26,6 +26,8 @@ import contextvars
 from collections.abc import Generator
 from typing import Any
 
+import attrs
+
 from dsh.hookspecs import hookimpl
 from dsh.runcontext import current_or_none
 
@@ -44,6 +46,10 @@ def request(call: Any) -> Generator[None, Any, Any]:
     # that is sent is counted, whoever made it, and one refused is never sent.
     response = yield
     u = response.usage
+    if min(u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens) < 0:
+        # a count below zero (a hostile server, a plugin adapter's bug) would give budget back
+        u = attrs.evolve(u, **{k: max(0, getattr(u, k)) for k in (
+            "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")})
     cost = request_cost(u, ctx.price) if ctx.price is not None else 0.0
     if u.cache_read_tokens or u.cache_write_tokens:
         ctx.budget.add(input_tokens=u.input_tokens, output_tokens=u.output_tokens, cost=cost,

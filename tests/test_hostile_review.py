@@ -730,3 +730,101 @@ def test_keys_list_shows_only_valid_names(env: dict[str, str], tmp_path: Path) -
                             timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout == "good\n"
+
+
+# -- usage a server reports cannot give budget back ------------------------------------------------
+#
+# Defect: the Anthropic adapter took `input_tokens`, `output_tokens` and the cache counts as
+# given, and the OpenAI adapter `prompt_tokens`/`completion_tokens`: a server reporting
+# `output_tokens: -1000000` lowered the run's token and cost counters, so token and cost
+# limits could be talked past. Now every count from a server is a non-negative int (else 0),
+# and the budget itself never adds a negative count, whatever adapter (a plugin's) made it.
+
+_BAD_COUNTS = [-1_000_000, -1, "12", 1.5, None, True, [3], {"a": 1}]
+
+
+@pytest.mark.parametrize("bad", _BAD_COUNTS, ids=repr)
+@pytest.mark.parametrize("adapter", ["anthropic-json", "anthropic-stream", "openai-json",
+                                     "openai-stream"])
+def test_reported_usage_is_never_negative(stream_server: Any, adapter: str, bad: Any) -> None:
+    from dsh.llm.anthropic import AnthropicModel
+    from dsh.llm.openai import OpenAIModel
+    from dsh.llm.transport import send
+    from dsh.messages import Message
+    from dsh.messages import ModelRequest
+    from tests.servers import Reply
+    from tests.servers import sse
+
+    stream = adapter.endswith("stream")
+    if adapter.startswith("anthropic"):
+        usage = {"input_tokens": bad, "output_tokens": bad, "cache_read_input_tokens": bad,
+                 "cache_creation_input_tokens": bad}
+        if stream:
+            start = {"id": "m", "type": "message", "role": "assistant", "model": "c",
+                     "content": [], "usage": usage}
+            chunks = [sse({"type": "message_start", "message": start}),
+                      sse({"type": "content_block_start", "index": 0,
+                           "content_block": {"type": "text", "text": ""}}),
+                      sse({"type": "content_block_delta", "index": 0,
+                           "delta": {"type": "text_delta", "text": "hi"}}),
+                      sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                           "usage": {"output_tokens": bad}}),
+                      sse({"type": "message_stop"})]
+            reply = Reply(chunks=chunks, headers={"content-type": "text/event-stream"})
+        else:
+            reply = Reply(body={"id": "m", "type": "message", "role": "assistant", "model": "c",
+                                "content": [{"type": "text", "text": "hi"}],
+                                "stop_reason": "end_turn", "usage": usage},
+                          headers={"content-type": "application/json"})
+        model: Any = AnthropicModel("c", {"base_url": stream_server.url, "retries": 0,
+                                          "api_key": "sk-ant-test-review-000000000"})
+        req = ModelRequest(model="anthropic:c", messages=[Message(role="user", content="q")],
+                           stream=stream)
+    else:
+        usage = {"prompt_tokens": bad, "completion_tokens": bad, "total_tokens": bad}
+        if stream:
+            chunks = [sse({"choices": [{"index": 0, "delta": {"content": "hi"}}]}),
+                      sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                           "usage": usage}), b"data: [DONE]\n\n"]
+            reply = Reply(chunks=chunks, headers={"content-type": "text/event-stream"})
+        else:
+            reply = Reply(body={"id": "x", "model": "g", "choices": [{
+                "index": 0, "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop"}], "usage": usage},
+                headers={"content-type": "application/json"})
+        model = OpenAIModel("g", {"base_url": stream_server.url + "/v1", "retries": 0,
+                                  "api_key": "sk-test-review-0000000000"})
+        req = ModelRequest(model="openai:g", messages=[Message(role="user", content="q")],
+                           stream=stream)
+    stream_server.script(reply)
+    from dsh.errors import ProviderError
+
+    try:
+        response = send(req, on_text=lambda _: None, model=model)
+    except ProviderError as exc:  # a count the adapter cannot read at all: malformed, fine
+        assert "malformed" in str(exc)
+        return
+    u = response.usage
+    assert min(u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens) >= 0
+    assert all(type(v) is int for v in (u.input_tokens, u.output_tokens))
+
+
+def test_the_budget_never_adds_a_negative_count(make_app: Any, plugin_module: Any) -> None:
+    from dsh.hookspecs import hookimpl
+    from dsh.llm.base import Model
+    from dsh.messages import ModelResponse
+    from dsh.messages import Usage
+
+    class Liar(Model):  # a plugin adapter that passes on what its server claimed
+        def complete(self, request: Any, on_text: Any = None) -> ModelResponse:
+            return ModelResponse(text="ok", usage=Usage(input_tokens=-5, output_tokens=-10**6,
+                                                        cache_read_tokens=-3))
+
+    @hookimpl
+    def register_models(register: Any) -> None:
+        register("liar", Liar)
+
+    app = make_app(model="liar:x", load=[plugin_module(register_models=register_models)])
+    result = app.run("hi")
+    assert result.outcome == "completed", result.reason
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (0, 0)

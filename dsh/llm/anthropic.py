@@ -156,9 +156,15 @@ def map_tool(t: ToolSpec) -> dict[str, Any]:
     return tool
 
 
+def _count(value: Any) -> int:
+    """A token count from the server: a non-negative integer, else 0 — a negative count would
+    give budget back (token and cost limits are spent from these)."""
+    return value if type(value) is int and value >= 0 else 0
+
+
 def _input_tokens(u: dict[str, Any]) -> int:
     return sum(
-        int(u.get(k) or 0)
+        _count(u.get(k))
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
 
@@ -167,9 +173,9 @@ def _usage(u: dict[str, Any], output_tokens: int) -> Usage:
     """Anthropic's usage: ``input_tokens`` counts only what follows the last cache
     breakpoint, so every input token is ``input_tokens + cache_creation_input_tokens +
     cache_read_input_tokens`` (the published accounting); reads and writes are kept apart."""
-    return Usage(input_tokens=_input_tokens(u), output_tokens=output_tokens,
-                 cache_read_tokens=int(u.get("cache_read_input_tokens") or 0),
-                 cache_write_tokens=int(u.get("cache_creation_input_tokens") or 0))
+    return Usage(input_tokens=_input_tokens(u), output_tokens=_count(output_tokens),
+                 cache_read_tokens=_count(u.get("cache_read_input_tokens")),
+                 cache_write_tokens=_count(u.get("cache_creation_input_tokens")))
 
 
 _EPHEMERAL = {"type": "ephemeral"}

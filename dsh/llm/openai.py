@@ -114,8 +114,8 @@ def map_usage(raw: Any) -> Usage:
     if cached is None:
         cached = raw.get("prompt_cache_hit_tokens")
     return Usage(
-        input_tokens=int(raw.get("prompt_tokens") or 0),
-        output_tokens=int(raw.get("completion_tokens") or 0),
+        input_tokens=count(raw.get("prompt_tokens")),  # never negative: budgets spend these
+        output_tokens=count(raw.get("completion_tokens")),
         cache_read_tokens=count(cached),
     )
 
