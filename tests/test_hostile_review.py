@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -325,6 +326,9 @@ def _shown_or_refused(model: Any, req: Any) -> tuple[Any, str]:
 @settings(max_examples=60, deadline=None)
 @given(deltas=st.lists(_TEXT, max_size=5), final=st.one_of(st.none(), _TEXT),
        refusal=st.booleans())
+@example(deltas=[""], final="0", refusal=False)  # an empty delta shows nothing
+@example(deltas=["a", "b"], final="ab", refusal=False)
+@example(deltas=["SHOWN"], final="RECORDED", refusal=False)
 def test_responses_stream_records_only_what_it_showed(stream_server: Any,
                                                       deltas: list[str], final: str | None,
                                                       refusal: bool) -> None:

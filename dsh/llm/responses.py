@@ -322,7 +322,7 @@ class ResponsesModel(HTTPModel):
         # differ from its deltas (else the ledger, and the next request, would hold an answer
         # nobody was shown, and the shown one would be in no record).
         streamed = join_pairs("".join(shown_text[0]) or "".join(shown_text[1]))
-        if (shown_text[0] or shown_text[1]) and streamed != join_pairs(response.text):
+        if streamed and streamed != join_pairs(response.text):  # "" deltas: nothing was shown
             raise self.stream_malformed(
                 "the completed response's text differs from the text it streamed (nothing "
                 "was recorded)")
