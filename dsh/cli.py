@@ -120,13 +120,14 @@ LAZY_COMMANDS: dict[str, str] = {
     "uninstall": "dsh.commands.install:uninstall",
     "keys": "dsh.commands.keys:keys",
     "sessions": "dsh.commands.sessions:sessions",
-    "batch": "dsh.commands.batch:batch",
-    "chat": "dsh.commands.chat:chat",
     "config": "dsh.commands.config:config",
+    "chat": "dsh.commands.chat:chat",
+    "batch": "dsh.commands.batch:batch",
 }
 
-#: Other names that moved from this module to dsh/commands/, still importable from here (a
-#: plugin may have imported them) without ``dsh run`` importing their modules.
+#: Other names that moved from this module to dsh/commands/. They, and the commands above,
+#: still resolve as ``dsh.cli.NAME`` (a plugin may have imported one from here), imported only
+#: then: ``dsh run`` does not pay for them.
 MOVED: dict[str, str] = {
     "newest": "dsh.commands.sessions:newest",
 }
@@ -134,6 +135,7 @@ MOVED: dict[str, str] = {
 if not TYPE_CHECKING:  # typed code imports them from their modules
 
     def __getattr__(name: str) -> Any:
+        """``dsh.cli.sessions``, ``from dsh.cli import newest``: from their new modules."""
         target = LAZY_COMMANDS.get(name) or MOVED.get(name)
         if target is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
