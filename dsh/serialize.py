@@ -316,39 +316,40 @@ def _usage(v: Any) -> Usage:
 _OPTIONAL_STR = (str, type(None))
 
 
-def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
-    """Reasoning parts from JSON, checking every field's type."""
+def _raw_parts(v: Any, build: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """A list field most lines lack: ``()`` for the caller's default, else each item built
+    (and checked) by ``build``."""
     if type(v) is not list:
         _check(v == ())  # only the caller's default; JSON gives lists
         return ()
-    if not v:
-        return ()
-    out = []
-    for r in v:
-        _check(type(r) is dict and type(r["kind"]) is str and type(r["provider"]) is str
-               and type(r.get("text", "")) is str
-               and type(r.get("signature")) in _OPTIONAL_STR
-               and type(r.get("data")) in _OPTIONAL_STR
-               and type(r.get("id")) in _OPTIONAL_STR)
-        out.append(Reasoning(kind=r["kind"], provider=r["provider"], text=r.get("text", ""),
-                             signature=r.get("signature"), data=r.get("data"), id=r.get("id")))
-    return tuple(out)
+    return tuple(build(item) for item in v) if v else ()
+
+
+def _reasoning_part(r: Any) -> Reasoning:
+    _check(type(r) is dict and type(r["kind"]) is str and type(r["provider"]) is str
+           and type(r.get("text", "")) is str
+           and type(r.get("signature")) in _OPTIONAL_STR
+           and type(r.get("data")) in _OPTIONAL_STR
+           and type(r.get("id")) in _OPTIONAL_STR)
+    return Reasoning(kind=r["kind"], provider=r["provider"], text=r.get("text", ""),
+                     signature=r.get("signature"), data=r.get("data"), id=r.get("id"))
+
+
+def _attachment(a: Any) -> Attachment:
+    _check(type(a) is dict and type(a["sha256"]) is str and type(a["media_type"]) is str
+           and type(a["size"]) is int and type(a.get("name")) in _OPTIONAL_STR)
+    return Attachment(sha256=a["sha256"], media_type=a["media_type"], size=a["size"],
+                      name=a.get("name"))
+
+
+def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
+    """Reasoning parts from JSON, checking every field's type."""
+    return _raw_parts(v, _reasoning_part)
 
 
 def raw_attachments(v: Any) -> tuple[Attachment, ...]:
     """Attachment references from JSON, checking every field's type."""
-    if type(v) is not list:
-        _check(v == ())  # only the caller's default; JSON gives lists
-        return ()
-    if not v:
-        return ()
-    out = []
-    for a in v:
-        _check(type(a) is dict and type(a["sha256"]) is str and type(a["media_type"]) is str
-               and type(a["size"]) is int and type(a.get("name")) in _OPTIONAL_STR)
-        out.append(Attachment(sha256=a["sha256"], media_type=a["media_type"], size=a["size"],
-                              name=a.get("name")))
-    return tuple(out)
+    return _raw_parts(v, _attachment)
 
 
 def raw_tools(v: Any) -> tuple[ToolSpec, ...] | None:
