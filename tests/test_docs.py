@@ -238,3 +238,26 @@ def test_hooks_md_has_a_table_per_reference_class_with_every_attribute():
             public_fields = [f.name for f in attrs.fields(cls) if not f.name.startswith("_")]
             assert listed[:len(public_fields)] == public_fields, public
         assert listed, public
+
+
+def test_every_first_party_distribution_accepts_this_dsh() -> None:
+    """Each plugin's (and the example's) requirement on dsh admits this version: pip installs
+    them together in .ci/run, where a plugin asking for a later dsh makes the whole install
+    fail (tests install plugins with --no-deps and would not notice)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from dsh import __version__
+
+    root = Path(__file__).parents[1]
+    found = 0
+    projects = [*root.glob("plugins/*/pyproject.toml"), *root.glob("examples/*/pyproject.toml")]
+    for project in projects:
+        deps = tomllib.loads(project.read_text())["project"].get("dependencies", [])
+        for dep in map(Requirement, deps):
+            if dep.name == "dsh":
+                found += 1
+                assert dep.specifier.contains(__version__, prereleases=True), (
+                    f"{project.relative_to(root)}: {dep} excludes dsh {__version__}")
+    assert found >= 6
