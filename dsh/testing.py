@@ -68,7 +68,7 @@ MODEL = "dsh-testing"
 
 #: Environment variables :func:`dsh_env` removes, besides every ``DSH_*`` variable.
 SECRET_VARIABLE = re.compile(r"(API_KEY|API_TOKEN|_TOKEN|_SECRET|SECRET_KEY|ACCESS_KEY|"
-                             r"_PASSWORD|_BASE_URL)$")
+                             r"_PASSWORD|_BASE_URL|^RAY_ADDRESS)$")
 
 E = TypeVar("E", bound="Event")
 
@@ -486,10 +486,10 @@ def dsh_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> IsolatedEnv:
     ``XDG_STATE_HOME`` to directories under ``tmp_path/dsh``; removes every other ``DSH_*``
     variable (``DSH_CONFIG``, ``DSH_LOAD_PLUGINS``…) and every variable that looks like a
     credential or an endpoint (names ending in ``API_KEY``, ``_TOKEN``, ``_SECRET``,
-    ``_PASSWORD``, ``_BASE_URL``…), so no test reads the developer's config or reaches a real
-    provider; sets ``DSH_KEYS_BACKEND=file``, so keys stored with ``dsh keys`` are read from
-    the empty config directory, never from the OS keyring. Everything is restored after the
-    test.
+    ``_PASSWORD``, ``_BASE_URL``…) or a cluster (``RAY_ADDRESS``), so no test reads the
+    developer's config or reaches a real provider or cluster; sets
+    ``DSH_KEYS_BACKEND=file``, so keys stored with ``dsh keys`` are read from the empty config
+    directory, never from the OS keyring. Everything is restored after the test.
     """
     env = IsolatedEnv(tmp_path / "dsh")
     for name in list(os.environ):

@@ -424,7 +424,8 @@ def dirty_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     config.write_text('model = "openai:gpt-4o"\n')
     for name, value in {"OPENAI_API_KEY": "sk-" + "x" * 40, "GITHUB_TOKEN": "ghp_x",
                         "OPENAI_BASE_URL": "http://127.0.0.1:9", "DSH_CONFIG": str(config),
-                        "DSH_LOAD_PLUGINS": "shell", "XDG_DATA_HOME": "/nonexistent"}.items():
+                        "DSH_LOAD_PLUGINS": "shell", "XDG_DATA_HOME": "/nonexistent",
+                        "RAY_ADDRESS": "10.0.0.1:6379"}.items():
         monkeypatch.setenv(name, value)
 
 
@@ -432,7 +433,7 @@ def test_the_environment_is_isolated(dirty_environment: None, request: pytest.Fi
                                      tmp_path: Path) -> None:
     env = request.getfixturevalue("dsh_env")  # after the developer's variables were set
     for name in ("OPENAI_API_KEY", "GITHUB_TOKEN", "OPENAI_BASE_URL", "DSH_CONFIG",
-                 "DSH_LOAD_PLUGINS"):
+                 "DSH_LOAD_PLUGINS", "RAY_ADDRESS"):
         assert name not in os.environ
         assert name in env.removed
     assert os.environ["DSH_HOME"] == str(env.home) and env.home.is_dir()
