@@ -709,3 +709,27 @@ def _uncached(block: Any) -> Any:
     if isinstance(block, dict) and "cache_control" in block:
         return {k: v for k, v in block.items() if k != "cache_control"}
     return block
+
+
+def reconstruct(path: Any, adapter: Any = None, *, stream: bool = False) -> list[Any]:
+    """The body of every request a session sent, rebuilt from its ledger file alone (C3): for
+    each ``assistant/message``, the request is the projection of every line before it, as
+    ``adapter`` (default: an OpenAI-compatible one) writes it."""
+    from pathlib import Path
+
+    from dsh.history import Projection
+    from dsh.llm.openai import OpenAIModel
+    from dsh.messages import ModelRequest
+
+    if adapter is None:
+        adapter = OpenAIModel("x", {"base_url": "http://127.0.0.1:9/v1"})
+    proj = Projection()
+    bodies = []
+    for line in Path(path).read_text().splitlines():
+        d = json.loads(line)
+        if d["type"] == "assistant/message":
+            req = ModelRequest(model=proj.model, system=proj.system, messages=proj.view(),
+                               tools=proj.tools, options=proj.options)
+            bodies.append(json.loads(json.dumps(adapter.build_body(req, stream=stream))))
+        proj.apply_raw(d)
+    return bodies

@@ -32,7 +32,6 @@ from dsh.config import config_from_dict
 from dsh.errors import ConfigError
 from dsh.errors import InvariantViolation
 from dsh.errors import PluginError
-from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.llm import transport
 from dsh.llm.builtin import EchoModel
@@ -46,6 +45,7 @@ from dsh.runcontext import context
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
+from tests.servers import reconstruct
 
 MODEL = "openai:gpt-4o-mini"
 
@@ -81,22 +81,6 @@ def http_app(folder: Path, server: ScriptedServer, *load: str, **config: Any) ->
                            "agents": {"default": {"options": {"seed": 7}}}}
     cfg.update(config)
     return App(config_from_dict(cfg))
-
-
-def reconstruct(path: Path) -> list[dict[str, Any]]:
-    """The body of every request the session sent, from its ledger file alone: for each
-    ``assistant/message``, the request is the projection of every line before it."""
-    proj = Projection()
-    bodies = []
-    adapter = OpenAIModel("x", {"base_url": "http://127.0.0.1:9/v1"})
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        if d["type"] == "assistant/message":
-            req = ModelRequest(model=proj.model, system=proj.system, messages=proj.view(),
-                               tools=proj.tools, options=proj.options)
-            bodies.append(json.loads(json.dumps(adapter.build_body(req, stream=False))))
-        proj.apply_raw(d)
-    return bodies
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

@@ -25,7 +25,6 @@ from dsh.app import RunResult
 from dsh.config import config_from_dict
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
-from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.llm import openai as openai_module
 from dsh.llm.openai import OpenAIModel
@@ -38,6 +37,7 @@ from dsh.messages import ToolCall
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import bytewise
+from tests.servers import reconstruct
 from tests.servers import sse
 from tests.servers_openai import CheckingServer
 from tests.servers_openai import deepseek_server
@@ -242,21 +242,6 @@ def app_for(tmp_path: Path, server: ScriptedServer, plugin: str, **model: Any) -
 def ledger_of(result: RunResult) -> Path:
     assert result.path is not None
     return result.path
-
-
-def reconstruct(path: Path) -> list[dict[str, Any]]:
-    """Every request body the session sent, from its ledger file alone (C3)."""
-    proj = Projection()
-    bodies = []
-    adapter = OpenAIModel("x", {"base_url": "http://127.0.0.1:9/v1"})
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        if d["type"] == "assistant/message":
-            req = ModelRequest(model=proj.model, system=proj.system, messages=proj.view(),
-                               tools=proj.tools, options=proj.options)
-            bodies.append(json.loads(json.dumps(adapter.build_body(req, stream=False))))
-        proj.apply_raw(d)
-    return bodies
 
 
 def three_steps() -> list[Reply]:

@@ -47,8 +47,8 @@ from dsh.serialize import event_to_dict
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
+from tests.servers import reconstruct
 from tests.test_c3_transport import http_app
-from tests.test_c3_transport import reconstruct
 
 REPO = Path(__file__).resolve().parents[1]
 

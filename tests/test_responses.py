@@ -28,7 +28,6 @@ from dsh.app import RunResult
 from dsh.config import config_from_dict
 from dsh.errors import ConfigError
 from dsh.errors import ProviderError
-from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.llm import responses as responses_module
 from dsh.llm.responses import ResponsesModel
@@ -41,6 +40,7 @@ from dsh.messages import ToolCall
 from dsh.messages import ToolSpec
 from tests.servers import Reply
 from tests.servers import bytewise
+from tests.servers import reconstruct
 from tests.servers import sse
 from tests.servers_openai import CheckingServer
 from tests.servers_openai import responses_body
@@ -48,6 +48,7 @@ from tests.servers_openai import responses_events
 from tests.servers_openai import responses_server
 
 MODEL = "openai-responses:o4-mini"
+URL9 = "http://127.0.0.1:9/v1"  # nothing listens: an adapter only to build bodies
 KEY = "sk-test-responses-Hq3xT9secret"
 #: Opaque blobs as the API returns them (base64 of encrypted bytes).
 BLOB_1 = "gAAAAABoISQ24OyVRYbkYfukKzOrwPBnkuiFaEiZqVmnWjUxTRDOrMKGz3Xz" * 8
@@ -370,21 +371,6 @@ def ledger_of(result: RunResult) -> Path:
     return result.path
 
 
-def reconstruct(path: Path) -> list[dict[str, Any]]:
-    """Every request body the session sent, from its ledger file alone (C3)."""
-    proj = Projection()
-    bodies = []
-    adapter = ResponsesModel("x", {"base_url": "http://127.0.0.1:9/v1"})
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        if d["type"] == "assistant/message":
-            req = ModelRequest(model=proj.model, system=proj.system, messages=proj.view(),
-                               tools=proj.tools, options=proj.options)
-            bodies.append(json.loads(json.dumps(adapter.build_body(req, stream=True))))
-        proj.apply_raw(d)
-    return bodies
-
-
 def test_a_three_step_tool_loop_replays_reasoning_items(
         tmp_path: Path, server: CheckingServer, plugin_module: Callable[..., str]) -> None:
     server.script(*three_steps())
@@ -398,7 +384,9 @@ def test_a_three_step_tool_loop_replays_reasoning_items(
     assert [i.get("type") for i in third] == [
         "message", "reasoning", "function_call", "function_call_output",
         "reasoning", "function_call", "function_call_output"]
-    assert server.bodies == reconstruct(ledger_of(result))  # what left is what the ledger says
+    rebuilt = reconstruct(ledger_of(result), ResponsesModel("x", {"base_url": URL9}),
+                          stream=True)
+    assert server.bodies == rebuilt  # what left is what the ledger says
     # the same items, byte for byte, in both later requests
     item = json.dumps(reasoning_item(expected_step_1()[0]), ensure_ascii=False).encode()
     assert item in server.raw[1] and item in server.raw[2]
