@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import stat
 import sys
 import threading
 import time
@@ -38,6 +37,10 @@ import attrs
 from dsh.errors import DshError
 from dsh.errors import LedgerError
 from dsh.errors import UsageError
+from dsh.files import NotRegular
+from dsh.files import TooLarge
+from dsh.files import read_regular
+from dsh.files import reason as _reason
 from dsh.ledger import MemoryBlobs as MemoryBlobs
 from dsh.messages import Attachment
 
@@ -191,35 +194,20 @@ def read_file(path: Path) -> Input:
     (files under ``/proc`` report size 0)."""
     where = repr(str(path))
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, READ_CAP)
     except FileNotFoundError:
         raise AttachmentError(f"cannot attach {where}: no such file") from None
+    except NotRegular as exc:
+        kind = exc.kind if exc.kind == "a directory" else "not a regular file"
+        raise AttachmentError(f"cannot attach {where}: {kind}") from None
+    except TooLarge as exc:
+        size = f"{exc.size} bytes, " if exc.exact else ""
+        raise AttachmentError(f"cannot attach {where}: {size}over the {_mib(READ_CAP)} limit "
+                              f"(images {_mib(MAX_BYTES['image'])}, PDFs "
+                              f"{_mib(MAX_BYTES['pdf'])})") from None
     except OSError as exc:
         raise AttachmentError(f"cannot attach {where}: {_reason(exc)}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise AttachmentError(f"cannot attach {where}: {kind}")
-        if st.st_size > READ_CAP:
-            raise AttachmentError(f"cannot attach {where}: {st.st_size} bytes, over the "
-                                  f"{_mib(READ_CAP)} limit (images {_mib(MAX_BYTES['image'])},"
-                                  f" PDFs {_mib(MAX_BYTES['pdf'])})")
-        chunks = []
-        total = 0
-        while total <= READ_CAP:
-            chunk = os.read(fd, min(1 << 20, READ_CAP + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > READ_CAP:
-            raise AttachmentError(f"cannot attach {where}: over the {_mib(READ_CAP)} limit")
-    except OSError as exc:
-        raise AttachmentError(f"cannot attach {where}: {_reason(exc)}") from None
-    finally:
-        os.close(fd)
-    return check_input(Input(b"".join(chunks), None, path.name or str(path)), where)
+    return check_input(Input(data, None, path.name or str(path)), where)
 
 
 def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Input:
@@ -285,13 +273,6 @@ def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     # httpx's messages may quote the URL: never its credentials or query
     return f" ({redact(text[0])[:200]})" if text and "://" not in text[0] else ""
-
-
-def _reason(exc: OSError) -> str:
-    if exc.errno is None:
-        return str(exc)
-    text = os.strerror(exc.errno)
-    return text[:1].lower() + text[1:]
 
 
 # -- the blob store -----------------------------------------------------------------------------

@@ -49,6 +49,10 @@ from dsh.events import ToolReturned
 from dsh.events import TurnEnded
 from dsh.events import TurnStarted
 from dsh.events import UserMessage
+from dsh.files import NotRegular
+from dsh.files import kind_of
+from dsh.files import read_regular
+from dsh.files import reason as _reason
 from dsh.history import Projection
 from dsh.hookspecs import hookimpl
 from dsh.sanitize import clean_value
@@ -103,14 +107,6 @@ def sanitized(event: E) -> E:
     if total:  # a joined pair alone is no replacement: nothing to say
         extra["sanitized"] = int(extra.get("sanitized") or 0) + total
     return attrs.evolve(event, **fields, extra=extra)
-
-
-def _reason(exc: OSError) -> str:
-    """An OS error as a short phrase: ``permission denied``, ``no space left on device``."""
-    if exc.errno is None:
-        return str(exc)
-    text = os.strerror(exc.errno)
-    return text[:1].lower() + text[1:]
 
 
 class MemoryBlobs:
@@ -329,32 +325,19 @@ def read_ledger_file(path: Path) -> bytes:
     blocking), a directory or a device named ``*.jsonl`` is a :class:`LedgerError` naming it,
     and so is a file this user may not read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular(path)
     except FileNotFoundError:
         raise UsageError(f"no session ledger at {path}") from None
+    except NotRegular as exc:
+        raise LedgerError(f"{path} is {exc.kind}, not a session ledger file") from None
     except OSError as exc:
         raise LedgerError(f"cannot read session ledger {path}: {_reason(exc)}") from None
-    try:
-        _check_regular(fd, path)
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise LedgerError(f"cannot read session ledger {path}: {_reason(exc)}") from None
-    finally:
-        os.close(fd)
 
 
 def _check_regular(fd: int, path: Path) -> None:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "a device")
-        raise LedgerError(f"{path} is {kind}, not a session ledger file")
+        raise LedgerError(f"{path} is {kind_of(mode)}, not a session ledger file")
 
 
 #: ``\uD800``–``\uDFFF`` escapes in a line: it may hold a lone surrogate (checked slowly).

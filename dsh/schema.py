@@ -113,25 +113,22 @@ def load(spec: str | Mapping[str, Any]) -> dict[str, Any]:
 def _read_file(spec: str) -> str:
     """A schema file's text: a regular file (a FIFO or device is refused without a read) of
     at most :data:`MAX_SCHEMA_BYTES`."""
-    import os
-    import stat
+    from dsh.files import NotRegular
+    from dsh.files import TooLarge
+    from dsh.files import read_regular
+    from dsh.files import reason
 
     where = f"schema file {spec}"
     try:
-        fd = os.open(Path(spec).expanduser(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw = read_regular(Path(spec).expanduser(), MAX_SCHEMA_BYTES)
     except FileNotFoundError:
         raise UsageError(f"{where}: no such file") from None
+    except NotRegular:
+        raise UsageError(f"{where}: not a regular file") from None
+    except TooLarge:
+        raise UsageError(f"{where}: larger than {MAX_SCHEMA_BYTES} bytes") from None
     except OSError as exc:
-        raise UsageError(f"{where}: cannot read it ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise UsageError(f"{where}: not a regular file")
-            raw = f.read(MAX_SCHEMA_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read it ({exc.strerror})") from None
-    if len(raw) > MAX_SCHEMA_BYTES:
-        raise UsageError(f"{where}: larger than {MAX_SCHEMA_BYTES} bytes")
+        raise UsageError(f"{where}: cannot read it ({reason(exc)})") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

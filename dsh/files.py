@@ -1,0 +1,76 @@
+"""Reading files a user or a plugin names: only regular files, within a size cap.
+
+One reader for ledgers, attachments and schema files. A FIFO is opened without blocking and
+refused before any read (a ``*.jsonl`` or ``schema.json`` that is a pipe would otherwise
+hang the command); the size is checked on the open descriptor, then reading stops just past
+the cap (``/proc`` files report size 0). Each caller turns :class:`NotRegular`,
+:class:`TooLarge` and other :class:`OSError` into its own error naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+class NotRegular(OSError):
+    """The path is not a regular file; ``kind`` says what it is (``a directory``, …)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class TooLarge(OSError):
+    """The file holds more than the cap: ``size`` bytes when its size said so (``exact``),
+    else reading went past the cap (a file whose reported size is 0, such as under /proc)."""
+
+    def __init__(self, size: int, exact: bool) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
+        self.exact = exact
+
+
+def reason(exc: OSError) -> str:
+    """An OS error as a short phrase: ``permission denied``, ``no space left on device``."""
+    if exc.errno is None:
+        return str(exc)
+    text = os.strerror(exc.errno)
+    return text[:1].lower() + text[1:]
+
+
+def kind_of(mode: int) -> str:
+    """What a non-regular file is, for a message."""
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device")
+
+
+def read_regular(path: str | os.PathLike[str], cap: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (symlinks followed, as any program opening a
+    path does). Raises :class:`FileNotFoundError`, :class:`NotRegular`, :class:`TooLarge`
+    (more than ``cap`` bytes, checked before reading and while reading) or another
+    :class:`OSError`."""
+    fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(kind_of(st.st_mode))
+        if cap is not None and st.st_size > cap:
+            raise TooLarge(st.st_size, exact=True)
+        limit = cap + 1 if cap is not None else None
+        chunks = []
+        total = 0
+        while limit is None or total < limit:
+            chunk = os.read(fd, _CHUNK if limit is None else min(_CHUNK, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if cap is not None and total > cap:
+            raise TooLarge(total, exact=False)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
