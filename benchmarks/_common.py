@@ -7,9 +7,9 @@ import tempfile
 import types
 from typing import Any
 
-from dsh.app import App
-from dsh.config import config_from_dict
+from dsh.config.loader import config_from_dict
 from dsh.hookspecs import hookimpl
+from dsh.run.app import App
 
 
 def noop(x: int) -> int:

@@ -49,8 +49,8 @@ def make_plugin(n: int) -> str:
 
 def assemble(plugin: str, tmp: str) -> float:
     t0 = time.perf_counter()
-    from dsh.app import App
-    from dsh.config import config_from_dict
+    from dsh.config.loader import config_from_dict
+    from dsh.run.app import App
 
     app = App(config_from_dict({"autoload": False, "load": [plugin], "sessions_dir": tmp}))
     agent = app.agent(model="echo")

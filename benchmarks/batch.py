@@ -4,7 +4,7 @@
 
 * **throughput**: tasks of 3 steps, a scripted model waiting 200 ms per request (an I/O-bound
   provider) and a trivial tool, run by the local executor in-process
-  (:func:`dsh.batch.run_batch`, results to a file) with ``--workers W``; ``per-worker × W``
+  (:func:`dsh.batch.runner.run_batch`, results to a file) with ``--workers W``; ``per-worker × W``
   tasks (at least 8), so each row takes about the same wall time. Ideal: ``W / 0.6 s``.
 * **overhead**: the same tasks with no delay, ``--workers 1``, against a bare loop of
   ``App.open_session`` + ``Session.send`` (what the executor adds per task: the journal, the
@@ -48,7 +48,7 @@ def tasks_file(tmp: str, n: int) -> Path:
 
 def run_batch_once(n: int, workers: int, delay: float, fsync: str = "step") -> float:
     """Seconds for ``n`` tasks through the local executor, in this process."""
-    from dsh.batch import run_batch
+    from dsh.batch.runner import run_batch
 
     tmp = tmpdir()
     app = bench_app(tmp, fsync=fsync)
@@ -83,7 +83,7 @@ RSS_CHILD = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
 from benchmarks._common import bench_app
-from dsh.batch import run_batch
+from dsh.batch.runner import run_batch
 from pathlib import Path
 app = bench_app(sys.argv[2])
 code = run_batch(app, sys.argv[3], results=Path(sys.argv[2]) / "results.jsonl", workers=8,

@@ -3,7 +3,7 @@
     python benchmarks/batch_ray.py [--tasks 60] [--workers 1,4] [--num-cpus 2]
 
 One local Ray is started in this process (``ray.init``, not timed) and every batch runs
-in-process through :func:`dsh.batch.run_batch` (the executor joins the running Ray). Tasks
+in-process through :func:`dsh.batch.runner.run_batch` (the executor joins the running Ray). Tasks
 are the overhead tasks of benchmarks/batch.py: 3 steps of a scripted model with no delay and
 a trivial tool, so what is measured is what each executor adds per task:
 
@@ -58,9 +58,9 @@ def setup(tmp: str) -> str:
 
 def once(model: str, n: int, workers: int, executor: str) -> float:
     """Seconds for ``n`` tasks through ``executor``, a fresh app and store."""
-    from dsh.app import App
-    from dsh.batch import run_batch
-    from dsh.config import config_from_dict
+    from dsh.batch.runner import run_batch
+    from dsh.config.loader import config_from_dict
+    from dsh.run.app import App
 
     sub = tmpdir()
     app = App(config_from_dict({"autoload": False, "load": ["dsh_bench_ray_tools", "dsh_ray"],

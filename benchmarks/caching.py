@@ -25,9 +25,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsh.app import App  # noqa: E402
-from dsh.config import config_from_dict  # noqa: E402
+from dsh.config.loader import config_from_dict  # noqa: E402
 from dsh.hookspecs import hookimpl  # noqa: E402
+from dsh.run.app import App  # noqa: E402
 from tests.servers import AnthropicSim  # noqa: E402
 from tests.servers import ScriptedServer  # noqa: E402
 

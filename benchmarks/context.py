@@ -43,8 +43,8 @@ STEP_TOKENS = 15
 
 @hookimpl
 def compact_context(request: Any) -> Any:
-    from dsh.compaction import Compaction
-    from dsh.messages import Message
+    from dsh.core.messages import Message
+    from dsh.run.compaction import Compaction
 
     if request.strategy != "keep-recent":
         return None
@@ -113,16 +113,16 @@ def window_cost(marks: list[float], start: int, width: int) -> float:
 def build_compacted(directory: str, events: int, every: int) -> str:
     from pathlib import Path
 
-    from dsh.events import AssistantMessage
-    from dsh.events import ContextCompacted
-    from dsh.events import StepEnded
-    from dsh.events import StepStarted
-    from dsh.events import TurnEnded
-    from dsh.events import TurnStarted
-    from dsh.events import UserMessage
-    from dsh.ledger import JsonlStore
-    from dsh.messages import Message
-    from dsh.messages import Usage
+    from dsh.core.messages import Message
+    from dsh.core.messages import Usage
+    from dsh.ledger.events import AssistantMessage
+    from dsh.ledger.events import ContextCompacted
+    from dsh.ledger.events import StepEnded
+    from dsh.ledger.events import StepStarted
+    from dsh.ledger.events import TurnEnded
+    from dsh.ledger.events import TurnStarted
+    from dsh.ledger.events import UserMessage
+    from dsh.ledger.store import JsonlStore
 
     store = JsonlStore(Path(directory), fsync="never")
     with store.create() as ledger:

@@ -33,10 +33,10 @@ import types
 from pathlib import Path
 from typing import Any
 
-from dsh.app import App
-from dsh.config import config_from_dict
+from dsh.config.loader import config_from_dict
 from dsh.hookspecs import hookimpl
 from dsh.llm.builtin import ScriptedModel
+from dsh.run.app import App
 
 HOOK = "cat > /dev/null"
 

@@ -104,10 +104,10 @@ def import_cost(runs: int) -> None:
 def per_request(requests: int) -> None:
     from dsh_llm.model import LLMModel
 
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
+    from dsh.core.messages import ToolCall
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
-    from dsh.messages import ToolCall
 
     adapter = LLMModel("echo", {})
     adapter.check()

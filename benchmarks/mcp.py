@@ -86,7 +86,7 @@ def startup(runs: int) -> None:
 
     # In-process: assembling the agent, the part of start-up the plugin adds to.
     os.environ["DSH_HOME"] = str(home)
-    from dsh.app import App
+    from dsh.run.app import App
 
     def assemble(cfg: Path) -> float:
         t0 = time.perf_counter()
@@ -110,9 +110,9 @@ def dsh_caller() -> tuple[Any, Any]:
     time; the tool list is cached and the server stopped, so the first call is cold."""
     from dsh_mcp import client
 
-    from dsh.app import App
-    from dsh.messages import ToolCall
-    from dsh.tools import ToolInvocation
+    from dsh.core.messages import ToolCall
+    from dsh.run.app import App
+    from dsh.tools.registry import ToolInvocation
 
     home = Path(tempfile.mkdtemp(prefix="dsh-mcp-bench-"))
     os.environ["DSH_HOME"] = str(home)

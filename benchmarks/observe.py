@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._common import bench_app  # noqa: E402
 from benchmarks._common import tmpdir  # noqa: E402
 from benchmarks._common import tool_loop_script  # noqa: E402
+from dsh.ledger.serialize import event_to_dict  # noqa: E402
 from dsh.llm.builtin import ScriptedModel  # noqa: E402
-from dsh.serialize import event_to_dict  # noqa: E402
 
 
 def one_run(steps: int, observed: bool, sink: object) -> float:

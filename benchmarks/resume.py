@@ -24,8 +24,8 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from dsh.ledger import JsonlStore
-from dsh.messages import ModelRequest
+from dsh.ledger.store import JsonlStore
+from dsh.core.messages import ModelRequest
 store = JsonlStore(Path(sys.argv[1]), fsync="never")
 with store.open(sys.argv[2]) as ledger:
     p = ledger.projection
@@ -47,18 +47,18 @@ print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 def build(directory: str, events: int) -> str:
     from pathlib import Path
 
-    from dsh.events import AssistantMessage
-    from dsh.events import StepEnded
-    from dsh.events import StepStarted
-    from dsh.events import ToolCalled
-    from dsh.events import ToolReturned
-    from dsh.events import TurnEnded
-    from dsh.events import TurnStarted
-    from dsh.events import UserMessage
-    from dsh.ledger import JsonlStore
-    from dsh.messages import ToolCall
-    from dsh.messages import ToolSpec
-    from dsh.messages import Usage
+    from dsh.core.messages import ToolCall
+    from dsh.core.messages import ToolSpec
+    from dsh.core.messages import Usage
+    from dsh.ledger.events import AssistantMessage
+    from dsh.ledger.events import StepEnded
+    from dsh.ledger.events import StepStarted
+    from dsh.ledger.events import ToolCalled
+    from dsh.ledger.events import ToolReturned
+    from dsh.ledger.events import TurnEnded
+    from dsh.ledger.events import TurnStarted
+    from dsh.ledger.events import UserMessage
+    from dsh.ledger.store import JsonlStore
 
     store = JsonlStore(Path(directory), fsync="never")
     tools = (ToolSpec(name="read_file", description="Read a file.",

@@ -14,33 +14,36 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from dsh import _compat
 from dsh._version import __version__
 
+_compat.install()  # old module paths (dsh.events, dsh.app…) still import, for one release
+
 if TYPE_CHECKING:
-    from dsh.app import App
-    from dsh.events import Event
     from dsh.hookspecs import hookimpl
-    from dsh.runcontext import RunContext
-    from dsh.runcontext import context
-    from dsh.scope import AgentHandle
-    from dsh.stash import Stash
-    from dsh.stash import StashKey
-    from dsh.tools import tool
+    from dsh.host.runcontext import RunContext
+    from dsh.host.runcontext import context
+    from dsh.host.scope import AgentHandle
+    from dsh.host.stash import Stash
+    from dsh.host.stash import StashKey
+    from dsh.ledger.events import Event
+    from dsh.run.app import App
+    from dsh.tools.registry import tool
 
 __all__ = ["AgentHandle", "App", "Event", "RunContext", "Stash", "StashKey", "__version__",
            "context", "hookimpl", "tool"]
 
 _LAZY = {
-    "App": "dsh.app",
-    "RunResult": "dsh.app",
-    "RunContext": "dsh.runcontext",
-    "context": "dsh.runcontext",
-    "Event": "dsh.events",
+    "App": "dsh.run.app",
+    "RunResult": "dsh.run.app",
+    "RunContext": "dsh.host.runcontext",
+    "context": "dsh.host.runcontext",
+    "Event": "dsh.ledger.events",
     "hookimpl": "dsh.hookspecs",
-    "tool": "dsh.tools",
-    "AgentHandle": "dsh.scope",
-    "Stash": "dsh.stash",
-    "StashKey": "dsh.stash",
+    "tool": "dsh.tools.registry",
+    "AgentHandle": "dsh.host.scope",
+    "Stash": "dsh.host.stash",
+    "StashKey": "dsh.host.stash",
 }
 
 

@@ -1,5 +1,5 @@
 """``python -m dsh``: the ``dsh`` command."""
 
-from dsh.cli import main
+from dsh.cli.root import main
 
 main()

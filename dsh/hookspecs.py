@@ -18,16 +18,16 @@ if TYPE_CHECKING:
 
     import click
 
-    from dsh.app import App
-    from dsh.compaction import Compaction
-    from dsh.compaction import CompactionRequest
+    from dsh.core.messages import ModelResponse
+    from dsh.host.scope import AgentHandle
     from dsh.llm.builtin import ModelCall
-    from dsh.loop import StepDraft
-    from dsh.loop import Turn
-    from dsh.messages import ModelResponse
-    from dsh.scope import AgentHandle
-    from dsh.tools import ToolInvocation
-    from dsh.tools import ToolOutcome
+    from dsh.run.app import App
+    from dsh.run.compaction import Compaction
+    from dsh.run.compaction import CompactionRequest
+    from dsh.run.loop import StepDraft
+    from dsh.run.loop import Turn
+    from dsh.tools.registry import ToolInvocation
+    from dsh.tools.registry import ToolOutcome
 
 hookspec = pluggy.HookspecMarker("dsh")
 hookimpl = pluggy.HookimplMarker("dsh")
@@ -50,7 +50,7 @@ def configure(app: App) -> None:
 
     Historic: a plugin registered later still receives the call. Cannot be wrapped.
 
-    **Use in plugins:** read settings and validate them; raise :class:`dsh.errors.ConfigError`
+    **Use in plugins:** read settings and validate them; raise :class:`dsh.core.errors.ConfigError`
     for bad settings. Do no I/O here (MISSION D1).
 
     .. versionadded:: 0.1
@@ -101,7 +101,7 @@ def register_tools(register: Callable[..., None], agent: AgentHandle) -> None:
         (``:param x:`` or ``Args:`` sections). A function decorated with :func:`dsh.tool`
         carries its own options. ``parameters`` gives the schema instead (``fn`` takes
         ``**kwargs``), ``validator(arguments) -> list of problems`` checks the arguments
-        instead of :func:`dsh.tools.validate` (dsh-mcp: whole JSON Schema).
+        instead of :func:`dsh.tools.registry.validate` (dsh-mcp: whole JSON Schema).
     :param agent: the :class:`dsh.AgentHandle` of the agent whose scope is being assembled
         (``agent.plugin_settings(NAME)``, ``agent.stash``); the same object the agent's other
         hooks reach as ``.handle``.
@@ -161,7 +161,7 @@ def register_chat_commands(register: Callable[..., None]) -> None:
     """Add ``/`` commands to ``dsh chat``.
 
     :param register: call ``register(name, fn, help="", during_turn=False)`` for each
-        command. ``fn(chat, argument)`` receives the :class:`dsh.chat.Chat` (its ``session``,
+        command. ``fn(chat, argument)`` receives the :class:`dsh.cli.repl.Chat` (its ``session``,
         ``app``, ``note(text)`` for a line on stderr, ``set_agent(**overrides)`` to switch
         model, system prompt or tools from the next message on) and the text after the
         command's name; it may return text to print. ``during_turn=True`` lets the command be
@@ -180,7 +180,7 @@ def session_store(app: App) -> Any:
     """Provide the session store (the ledger backend).
 
     :param app: the app being assembled.
-    :return: firstresult: an object with the interface of :class:`dsh.ledger.JsonlStore`.
+    :return: firstresult: an object with the interface of :class:`dsh.ledger.store.JsonlStore`.
 
     The built-in JSON Lines store (``dsh.ledger``) is ``trylast``: a plugin returning another
     store (SQLite, PostgreSQL) replaces it. A store that keeps attachments (issue 17) also has
@@ -198,13 +198,13 @@ def batch_executor(name: str, app: App) -> Any:
     :param name: the executor asked for (``local`` unless ``--executor`` says otherwise).
     :param app: the app running the batch; it owns the session store, the results and the
         batch's shared budget, so whatever runs elsewhere reports back to it.
-    :return: firstresult: an object with the interface of :class:`dsh.batch.Executor` —
+    :return: firstresult: an object with the interface of :class:`dsh.batch.runner.Executor` —
         ``run(job, tasks, *, workers)`` calls ``job(task)`` for each task (at most
         ``workers`` at once, taking the next task only when a slot is free) and yields each
         return value as it finishes; ``close()`` — or None when ``name`` is not yours.
 
     When no plugin answers for ``local``, the built-in executor runs the tasks in threads
-    of this process (:class:`dsh.batch.LocalExecutor`); answering for ``local`` replaces it.
+    of this process (:class:`dsh.batch.runner.LocalExecutor`); answering for ``local`` replaces it.
 
     **Use in plugins:** answer only for your own name, and import your heavy dependencies
     inside the hook, after checking the name (``dsh batch`` without ``--executor`` must not
@@ -245,7 +245,7 @@ def pre_step(step: StepDraft) -> None:
         from ``turn_stopping``), ``step.handle`` (the :class:`dsh.AgentHandle`:
         ``step.handle.plugin_settings(NAME)`` gives a plugin its settings for this agent,
         ``.stash`` / ``.session_stash`` / ``.run_stash`` its state) and ``step.turn`` (the
-        :class:`dsh.loop.Turn` it belongs to: ``turn.number``, ``turn.ctx``; ``None`` only
+        :class:`dsh.run.loop.Turn` it belongs to: ``turn.number``, ``turn.ctx``; ``None`` only
         for a draft built outside the loop). Call ``step.reject(reason)`` to refuse it.
 
     Called before every step, before anything of the step is written to the ledger, so a
@@ -275,10 +275,10 @@ def pre_step(step: StepDraft) -> None:
 def request(call: ModelCall) -> ModelResponse | None:
     """The chat chain: send ``call.request`` to the model (``agent/request``).
 
-    :param call: ``call.request`` (a deeply frozen :class:`dsh.messages.ModelRequest`),
+    :param call: ``call.request`` (a deeply frozen :class:`dsh.core.messages.ModelRequest`),
         ``call.model`` (the agent's adapter), ``call.agent`` (its name), ``call.handle``
         (the :class:`dsh.AgentHandle`: settings and stashes), ``call.on_text``.
-    :return: firstresult: the :class:`dsh.messages.ModelResponse`.
+    :return: firstresult: the :class:`dsh.core.messages.ModelResponse`.
 
     The built-in implementation (``dsh.llm.builtin``, ``trylast``) hands the request to
     ``dsh.llm.transport.send`` — which checks invariant C3 against the session's record, reserves
@@ -303,14 +303,15 @@ def request(call: ModelCall) -> ModelResponse | None:
 def execute(call: ToolInvocation) -> ToolOutcome | None:
     """The tool chain: run one tool call.
 
-    :param call: ``call.call`` (the model's :class:`dsh.messages.ToolCall`), ``call.tool``
+    :param call: ``call.call`` (the model's :class:`dsh.core.messages.ToolCall`), ``call.tool``
         (the registered tool, or None if unknown), ``call.arguments`` (mutable),
         ``call.handle`` (the :class:`dsh.AgentHandle`: settings and stashes).
-    :return: firstresult: the :class:`dsh.tools.ToolOutcome`.
+    :return: firstresult: the :class:`dsh.tools.registry.ToolOutcome`.
 
     The built-in implementation (``dsh.tools``, ``trylast``) validates the arguments against
     the schema and calls the function; exceptions and timeouts become error outcomes. The
-    built-in wrapper ``dsh.tools.dispatch`` calls :func:`pre_execute` and :func:`post_execute`.
+    built-in wrapper ``dsh.tools.registry.dispatch`` calls :func:`pre_execute` and
+    :func:`post_execute`.
 
     **Use in plugins:** wrappers are welcome; they run in the tool's worker thread, inside the
     run's context.
@@ -347,13 +348,13 @@ def turn_stopping(turn: Turn) -> str | None:
     """No work is due and the turn is about to close (``agent/turn-stopping``, B2).
 
     :param turn: the turn's state; ``turn.response`` is the final
-        :class:`dsh.messages.ModelResponse` of the turn (``text``, ``tool_calls``,
+        :class:`dsh.core.messages.ModelResponse` of the turn (``text``, ``tool_calls``,
         ``usage``, ``reasoning``; None when no step ran), ``turn.stopping_calls`` how many
         times this hook has been called in this turn (1 on the first call),
         ``turn.continuations`` and ``turn.max_continuations`` say whether an answer can still
         be taken, ``turn.steps`` how many steps ran (0 when the turn's input was empty),
         ``turn.handle`` is the :class:`dsh.AgentHandle`, ``turn.session`` the
-        :class:`dsh.app.Session`.
+        :class:`dsh.run.app.Session`.
     :return: firstresult: a message to continue the turn with one more step (it is written to
         the ledger as a ``user/message`` whose ``source`` names the plugin), or None to let the
         turn close. The first implementation that answers wins and the others are not called
@@ -388,12 +389,12 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
     as a ``context/compacted`` event *before* it takes effect, so the projection, a resumed
     session and the C3 check all see it; the original events stay in the ledger.
 
-    :param request: a :class:`dsh.compaction.CompactionRequest`: ``agent``, ``handle`` (the
+    :param request: a :class:`dsh.run.compaction.CompactionRequest`: ``agent``, ``handle`` (the
         :class:`dsh.AgentHandle`), ``messages`` (the projected history, read-only),
         ``window`` and ``used`` (tokens), ``target`` (tokens to get under), ``reason``,
         ``strategy`` (the agent's ``compaction`` setting), and
         ``estimate(messages)`` for a conservative token count.
-    :return: firstresult: a :class:`dsh.compaction.Compaction` replacing
+    :return: firstresult: a :class:`dsh.run.compaction.Compaction` replacing
         ``messages[start:end]`` by ``replacement`` (with the name of its ``strategy``), or
         None to leave the history as it is. The built-in implementation (``trylast``) knows
         ``auto``, ``mask`` and ``summarize``; a plugin providing its own strategy answers
@@ -404,7 +405,7 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
 
     **Use in plugins:** keep tool calls and their results together (replace whole steps, or
     only change contents); a summariser should make its model call in a recorded sub-run,
-    as the built-in one does (:func:`dsh.compaction.write_summary`).
+    as the built-in one does (:func:`dsh.run.compaction.write_summary`).
 
     .. versionadded:: 0.2
     """
@@ -419,8 +420,8 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
 def observe_event(event: Any) -> None:
     """Receive live events (observers, MISSION C2 and D7).
 
-    :param event: a persistent :class:`dsh.events.Event` as it is written, or a
-        :class:`dsh.recorder.LiveEvent` (``agent/pre-step``, ``agent/request``,
+    :param event: a persistent :class:`dsh.ledger.events.Event` as it is written, or a
+        :class:`dsh.run.recorder.LiveEvent` (``agent/pre-step``, ``agent/request``,
         ``llm/stream``, ``llm/reasoning``, ``tools/pre-execute``, ``tools/post-execute``,
         ``agent/turn-stopping``).
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dsh.app import App
-from dsh.config import config_from_dict
+from dsh.config.loader import config_from_dict
+from dsh.run.app import App
 
 
 @pytest.fixture(autouse=True)

@@ -37,18 +37,18 @@ WORK = ROOT / ".mutate"
 
 #: module name -> (source file, test files). Test files that do not exist are left out.
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ledger": ("dsh/ledger.py", (
+    "ledger": ("dsh/ledger/store.py", (
         "tests/test_ledger.py",
         "tests/test_ledger_pins.py",
         "tests/test_history.py",
         "tests/test_attachments.py",  # the session's blob store (put/get_attachment)
     )),
-    "runcontext": ("dsh/runcontext.py", (
+    "runcontext": ("dsh/host/runcontext.py", (
         "tests/test_runcontext_pins.py",
         "tests/test_budget_exact.py",
         "tests/test_execution.py",
     )),
-    "history": ("dsh/history.py", (
+    "history": ("dsh/ledger/history.py", (
         "tests/test_history.py",
         "tests/test_history_pins.py",
     )),
@@ -69,75 +69,75 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
 #: a line holding the first fragment and adds one holding the second is counted as equivalent.
 #: Matching by content, not by mutant number, keeps an entry right when the numbering shifts.
 EQUIVALENT: list[tuple[str, str, str, str]] = [
-    # dsh/history.py
-    ("dsh.history.xǁProjectionǁapply_raw", "if type(seq) is not int:",
+    # dsh/ledger/history.py
+    ("dsh.ledger.history.xǁProjectionǁapply_raw", "if type(seq) is not int:",
      "if type(None) is not int:",
      "the type check is a shortcut: checked(seq, int) passes an int anyway"),
-    ("dsh.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(None, int)",
+    ("dsh.ledger.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(None, int)",
      "reached only for a non-int seq, where checking None raises the same InvalidLine"),
-    ("dsh.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(seq, None)",
+    ("dsh.ledger.history.xǁProjectionǁapply_raw", "checked(seq, int)", "checked(seq, None)",
      "no value has type None, so this raises the same InvalidLine"),
-    ("dsh.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
+    ("dsh.ledger.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
-    # dsh/ledger.py
-    ("dsh.ledger.x__now", "second != _SECOND[0]", "second != _SECOND[1]",
+    # dsh/ledger/store.py
+    ("dsh.ledger.store.x__now", "second != _SECOND[0]", "second != _SECOND[1]",
      "compares the second with the cached string: always unequal, so the stamp is "
      "recomputed each time, with the same result (only the cache is lost)"),
-    ("dsh.ledger.x__scan_fast", "search(data, 0, good)", "search(data, 1, good)",
+    ("dsh.ledger.store.x__scan_fast", "search(data, 0, good)", "search(data, 1, good)",
      "a line that parses starts with '{' at byte 0, so no escape can start there"),
-    ("dsh.ledger.x__scan_fast", 'data.find(b"\\n", min(', 'data.rfind(b"\\n", min(',
+    ("dsh.ledger.store.x__scan_fast", 'data.find(b"\\n", min(', 'data.rfind(b"\\n", min(',
      "only the chunking changes (the rest of the file in one chunk); every line is still "
      "checked the same way"),
-    ("dsh.ledger.x_parse_line", "ensure_ascii=False", "ensure_ascii=None",
+    ("dsh.ledger.store.x_parse_line", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
-    ("dsh.ledger.x_parse_line", "nested too deeply to read", "LedgerError(None)",
+    ("dsh.ledger.store.x_parse_line", "nested too deeply to read", "LedgerError(None)",
      "the second 'nested too deeply' (from dumps, marked no cover) is unreachable: loads "
      "of the same line fails first"),
-    ("dsh.ledger.x_read_ledger_file", "os.read(fd, 1 << 20)", "2 << 20",
+    ("dsh.ledger.store.x_read_ledger_file", "os.read(fd, 1 << 20)", "2 << 20",
      "the read size only: the loop reads until end of file either way"),
-    ("dsh.ledger.x_read_ledger_file", "os.read(fd, 1 << 20)", "1 << 21",
+    ("dsh.ledger.store.x_read_ledger_file", "os.read(fd, 1 << 20)", "1 << 21",
      "the read size only: the loop reads until end of file either way"),
-    ("dsh.ledger.x_scan", "while pos < size:", "while pos <= size:",
+    ("dsh.ledger.store.x_scan", "while pos < size:", "while pos <= size:",
      "at pos == size the search finds no newline and returns (size, 0), as the loop's end "
      "does"),
-    *[("dsh.ledger.x_sanitized", '("seq", "ts", "session", "extra")', after,
+    *[("dsh.ledger.store.x_sanitized", '("seq", "ts", "session", "extra")', after,
        "seq is an int and ts is ASCII: cleaning them finds nothing")
       for after in ('"XXseqXX"', '"SEQ"', '"XXtsXX"', '"TS"')],
-    *[("dsh.ledger.x_sanitized", '("seq", "ts", "session", "extra")', after,
+    *[("dsh.ledger.store.x_sanitized", '("seq", "ts", "session", "extra")', after,
        "a session id with a surrogate is refused by JsonlStore.path (not printable), so "
        "cleaning it finds nothing in any stored session")
       for after in ('"XXsessionXX"', '"SESSION"')],
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", )',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", )',
      "maxsplit only saves work: the first 64 pieces are the same lines"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", 65)',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'data.split(b"\\n", 64)', 'data.split(b"\\n", 65)',
      "the first 64 pieces are the same lines either way"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'not line.strip() or b"\\n" in line',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'not line.strip() or b"\\n" in line',
      'not line.strip() and b"\\n" in line',
      "none of the first 64 pieces holds a newline; a blank line then fails parse_line, "
      "which breaks the same way"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'or b"\\n" in line', 'b"XX\\nXX" in line',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'or b"\\n" in line', 'b"XX\\nXX" in line',
      "none of the first 64 pieces holds a newline, so the test is false either way"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'f"{path}:{lineno}"', "parse_line(line, codec, None,",
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'f"{path}:{lineno}"', "parse_line(line, codec, None,",
      "where only names the error, and info() swallows the error"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
      'last > 0 or info["turns"] > 1',
      "with one turn the only turn/start is line 1, whose model the first pass already took"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1',
      'info["turns"] >= 1',
      "with one turn the only turn/start is line 1, whose model the first pass already took"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last >= 0 and",
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last >= 0 and",
      "a ledger line starts with '{', so the tag is never at byte 0"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last > 1 and",
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'last > 0 and info["turns"] > 1', "last > 1 and",
      "the tag can start at byte 1 only in line 1, and with two turns the last tag is later"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
      'data.rfind(b"\\n", None, last)', "a start of None is 0"),
-    ("dsh.ledger.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
+    ("dsh.ledger.store.xǁJsonlStoreǁinfo", 'data.rfind(b"\\n", 0, last)',
      'data.rfind(b"\\n", 1, last)',
      "differs only for a newline at byte 0, and then the line read has a leading newline, "
      "which JSON ignores"),
-    ("dsh.ledger.xǁJsonlStoreǁopen", "count = 0", "count = None",
+    ("dsh.ledger.store.xǁJsonlStoreǁopen", "count = 0", "count = None",
      "fresh() sets count to 0 before the first event is counted"),
-    ("dsh.ledger.xǁJsonlStoreǁopen", "count = 0", "count = 1",
+    ("dsh.ledger.store.xǁJsonlStoreǁopen", "count = 0", "count = 1",
      "fresh() sets count to 0 before the first event is counted"),
     # dsh/llm/rescue.py
     ("dsh.llm.rescue.x__fenced", "if m else", "if (m) or True else",
@@ -173,16 +173,16 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for before, after in (('getattr(impl.function, "__code__", None)',
                              'getattr(impl.function, "__code__", )'),
                             ("continue", "break"))],
-    # dsh/runcontext.py
-    ("dsh.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
+    # dsh/host/runcontext.py
+    ("dsh.host.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "
      "used + 1 <= limit, so the extra unit never changes the answer"),
-    *[(f"dsh.runcontext.xǁBudgetǁ{fn}", "depth += 1", after,
+    *[(f"dsh.host.runcontext.xǁBudgetǁ{fn}", "depth += 1", after,
        "depth is only tested for being non-zero (a parent run), which it is either way")
       for fn, after in (("exceeded", "depth = 1"), ("exceeded", "depth -= 1"),
                         ("exceeded", "depth += 2"), ("reserve", "depth -= 1"),
                         ("reserve", "depth += 2"))],
-    *[(f"dsh.runcontext.xǁRunContextǁ{fn}", f"stacklevel={n}", after,
+    *[(f"dsh.host.runcontext.xǁRunContextǁ{fn}", f"stacklevel={n}", after,
        "not measurable here: under mutmut every mutated function gains a trampoline frame, "
        "so which frame a warning names differs anyway (checked in the normal test run)")
       for fn, n in (("observe", 2), ("observer_plugins_changed", 3))

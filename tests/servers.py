@@ -717,9 +717,9 @@ def reconstruct(path: Any, adapter: Any = None, *, stream: bool = False) -> list
     ``adapter`` (default: an OpenAI-compatible one) writes it."""
     from pathlib import Path
 
-    from dsh.history import Projection
+    from dsh.core.messages import ModelRequest
+    from dsh.ledger.history import Projection
     from dsh.llm.openai import OpenAIModel
-    from dsh.messages import ModelRequest
 
     if adapter is None:
         adapter = OpenAIModel("x", {"base_url": "http://127.0.0.1:9/v1"})

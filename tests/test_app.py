@@ -49,7 +49,7 @@ def test_public_api_is_small_and_lazy():
 def test_one_turn_at_a_time_per_session(tmp_path: Path):
     import threading
 
-    from dsh.errors import SessionInUse
+    from dsh.core.errors import SessionInUse
 
     app = dsh.App.from_config({"autoload": False, "sessions_dir": str(tmp_path / "s")})
     script = tmp_path / "slow.json"

@@ -22,15 +22,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import dsh
-from dsh import attachments as att
-from dsh.attachments import AttachmentError
-from dsh.attachments import AttachmentMissing
-from dsh.attachments import NotAccepted
-from dsh.events import UserMessage
-from dsh.ledger import JsonlStore
-from dsh.messages import Attachment
-from dsh.serialize import dump_event
-from dsh.serialize import load_event
+from dsh.core.messages import Attachment
+from dsh.ledger.events import UserMessage
+from dsh.ledger.serialize import dump_event
+from dsh.ledger.serialize import load_event
+from dsh.ledger.store import JsonlStore
+from dsh.llm import attachments as att
+from dsh.llm.attachments import AttachmentError
+from dsh.llm.attachments import AttachmentMissing
+from dsh.llm.attachments import NotAccepted
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import anthropic_message
@@ -158,7 +158,7 @@ def test_a_traversal_looking_name_is_only_a_name(tmp_path: Path, server: Scripte
     assert ref.name == "../../../../etc/passwd"  # displayed, never used as a path
     stored = list((tmp_path / "sessions" / "attachments").iterdir())
     assert stored == [tmp_path / "sessions" / "attachments" / hashlib.sha256(PNG).hexdigest()]
-    with pytest.raises(dsh.errors.LedgerError, match="invalid attachment hash"):
+    with pytest.raises(dsh.core.errors.LedgerError, match="invalid attachment hash"):
         app.store.get_attachment("../../etc/passwd")
 
 
@@ -552,7 +552,7 @@ def test_openai_responses_sends_input_image_and_input_file(tmp_path: Path,
 def test_a_malformed_attachments_setting_is_a_config_error(tmp_path: Path,
                                                            server: ScriptedServer) -> None:
     app = make_app(tmp_path, server, oa={"attachments": "yes"})
-    with pytest.raises(dsh.errors.ConfigError, match="`attachments` must be true, false or a "
+    with pytest.raises(dsh.core.errors.ConfigError, match="`attachments` must be true, false or a "
                                                      "list of media types"):
         app.run("hi", model="oa", attachments=[PNG])
     assert server.received == []

@@ -22,13 +22,13 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.app import Session
-from dsh.errors import SessionInUse
+from dsh.core.errors import SessionInUse
 from dsh.hookspecs import hookimpl
+from dsh.host.runcontext import UnobservedRunWarning
 from dsh.llm.builtin import ScriptedModel
-from dsh.loop import Inbox
-from dsh.runcontext import UnobservedRunWarning
+from dsh.run.app import App
+from dsh.run.app import Session
+from dsh.run.loop import Inbox
 from tests.conftest import ledger_types
 
 #: Every character ``str.strip()`` removes (exactly the ``str.isspace()`` ones). Zero-width

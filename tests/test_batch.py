@@ -23,9 +23,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.batch import load_tasks
-from dsh.batch import task_text
-from dsh.errors import UsageError
+from dsh.batch.runner import load_tasks
+from dsh.batch.runner import task_text
+from dsh.core.errors import UsageError
 
 
 @pytest.fixture
@@ -528,7 +528,7 @@ def test_executor_hook_replaces_the_local_one(env: dict[str, Any]) -> None:
 
 
 def test_dsh_run_does_not_import_the_batch_module(env: dict[str, Any]) -> None:
-    code = ("import sys\nfrom dsh.cli import main\nsys.argv = ['dsh', 'run', 'hi']\n"
+    code = ("import sys\nfrom dsh.cli.root import main\nsys.argv = ['dsh', 'run', 'hi']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print('dsh.batch' in sys.modules, file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=env["env"], capture_output=True,
@@ -546,11 +546,11 @@ def test_a_429_pauses_every_request_to_that_endpoint(monkeypatch: pytest.MonkeyP
     reaches the server only once the pause is over (without the gate: at once)."""
     import threading
 
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm import http
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
     from tests.servers import ScriptedServer
     from tests.servers import openai_completion

@@ -25,17 +25,17 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import EXIT_LIMIT
-from dsh.errors import BudgetExceeded
-from dsh.errors import DshError
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import EXIT_LIMIT
+from dsh.core.errors import BudgetExceeded
+from dsh.core.errors import DshError
 from dsh.hookspecs import hookimpl
-from dsh.ledger import INTERRUPTED
-from dsh.runcontext import Budget
-from dsh.runcontext import CancelToken
-from dsh.runcontext import Limits
-from dsh.runcontext import RunContext
+from dsh.host.runcontext import Budget
+from dsh.host.runcontext import CancelToken
+from dsh.host.runcontext import Limits
+from dsh.host.runcontext import RunContext
+from dsh.ledger.store import INTERRUPTED
+from dsh.run.app import App
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
@@ -393,8 +393,8 @@ def test_parallel_sub_agents_and_their_tools_share_the_tool_call_limit(lead_and_
 def test_a_driver_that_does_not_reserve_is_held_by_the_budget_layer(make_app, plugin_module):
     """``dsh.budget`` is essential: a replacement loop that dispatches tool calls itself
     (without the built-in loop's reservation) still cannot run more than the limit."""
-    from dsh.messages import ToolCall
-    from dsh.tools import ToolInvocation
+    from dsh.core.messages import ToolCall
+    from dsh.tools.registry import ToolInvocation
 
     worker = Worker()
     outputs: list[str] = []
@@ -456,10 +456,10 @@ class Gate:
         self.work = work
 
     def plugin(self) -> Any:
+        from dsh.core.messages import ModelResponse
+        from dsh.core.messages import ToolCall
+        from dsh.core.messages import Usage
         from dsh.llm.base import Model
-        from dsh.messages import ModelResponse
-        from dsh.messages import ToolCall
-        from dsh.messages import Usage
 
         gate = self
 
@@ -544,7 +544,7 @@ def test_time_limit_stops_new_units_and_lets_running_ones_finish(gated, plugin_m
 
     @hookimpl
     def pre_step(step):  # type: ignore[no-untyped-def]
-        from dsh.runcontext import context
+        from dsh.host.runcontext import context
 
         budget = context().budget
         if step.agent == "lead" and step.index == 0:
@@ -796,9 +796,9 @@ def test_a_request_that_cannot_reserve_is_not_sent(make_app, plugin_module):
     """A request reserves before it is sent: when the chain has none left (here a plugin's
     request wrapper spent the last one after the step's check), the turn ends with outcome
     ``budget`` and the model is never called."""
+    from dsh.core.messages import ModelResponse
+    from dsh.host.runcontext import context
     from dsh.llm.base import Model
-    from dsh.messages import ModelResponse
-    from dsh.runcontext import context
 
     calls: list[Any] = []
 

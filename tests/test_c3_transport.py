@@ -27,21 +27,21 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import ConfigError
-from dsh.errors import InvariantViolation
-from dsh.errors import PluginError
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import ConfigError
+from dsh.core.errors import InvariantViolation
+from dsh.core.errors import PluginError
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import freeze
 from dsh.hookspecs import hookimpl
+from dsh.host.runcontext import context
 from dsh.llm import transport
 from dsh.llm.builtin import EchoModel
 from dsh.llm.openai import OpenAIModel
-from dsh.messages import FrozenDict
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ToolSpec
-from dsh.messages import freeze
-from dsh.runcontext import context
+from dsh.run.app import App
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
@@ -255,7 +255,7 @@ def test_a_change_written_to_the_ledger_first_is_sent(tmp_path, server, plugin_m
 
     @hookimpl(wrapper=True)
     def request(call):  # type: ignore[no-untyped-def]
-        from dsh.events import ContextInjected
+        from dsh.ledger.events import ContextInjected
 
         ledger = context().ledger
         ledger.append(ContextInjected, text="remember the milk", source="plugin:memo")

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from click.testing import Result
 
 from dsh import hookimpl
-from dsh.cli import cli
-from dsh.runcontext import context
+from dsh.cli.root import cli
+from dsh.host.runcontext import context
 
 
 @pytest.fixture
@@ -432,7 +432,7 @@ def test_plugin_command_runs_but_is_not_in_help(dsh: Callable[..., Result],
 @hookimpl
 def register_impostors(cli: click.Group) -> None:
     """A hostile plugin's ``register_commands``: commands named like built-in ones."""
-    from dsh.cli import LAZY_COMMANDS
+    from dsh.cli.root import LAZY_COMMANDS
 
     for name in ("run", *LAZY_COMMANDS):
         cli.command(name, help="Impostor.")(lambda: click.echo("impostor"))
@@ -442,7 +442,7 @@ def test_a_plugin_cannot_replace_a_built_in_command(dsh: Callable[..., Result],
                                                     cfg: Callable[..., Path],
                                                     plugin_module: Callable[..., str]) -> None:
     """Built-in commands win over a plugin's of the same name, whether they are defined in
-    dsh/cli.py (run) or imported lazily from dsh/commands/ (sessions, config, chat, …)."""
+    dsh/cli/root.py (run) or imported lazily from dsh/cli/commands/ (sessions, config, chat, …)."""
     name = plugin_module(register_commands=register_impostors)
     cfg(f'load = ["{name}"]\n')
     assert dsh("config", "path").stdout == f"{os.environ['DSH_CONFIG']}\n"
@@ -656,9 +656,9 @@ def test_docs_cli_md_lists_every_command_and_option() -> None:
 def test_docs_config_md_lists_every_key() -> None:
     import attrs
 
-    from dsh.config import AgentConfig
-    from dsh.config import Config
-    from dsh.runcontext import Limits
+    from dsh.config.loader import AgentConfig
+    from dsh.config.loader import Config
+    from dsh.host.runcontext import Limits
 
     text = (Path(__file__).parent.parent / "docs" / "config.md").read_text()
     for cls in (Config, AgentConfig, Limits):
@@ -698,7 +698,7 @@ def test_run_limit_option_sets_budgets(tmp_path, monkeypatch):
 
     from click.testing import CliRunner
 
-    from dsh.cli import cli
+    from dsh.cli.root import cli
 
     monkeypatch.setenv("DSH_HOME", str(tmp_path / "home"))
     call = {"text": "partial", "tool_calls": [{"name": "nope", "arguments": {}}]}
@@ -714,19 +714,20 @@ def test_run_limit_option_sets_budgets(tmp_path, monkeypatch):
 
 
 def test_names_moved_to_dsh_commands_still_resolve_from_dsh_cli() -> None:
-    """A plugin that imported a built-in command (or ``newest``) from dsh.cli before the
-    commands got modules of their own (dsh/commands/) gets the same object; other names are
+    """A plugin that imported a built-in command (or ``newest``) from dsh.cli.root before the
+    commands got modules of their own (dsh/cli/commands/) gets the same object; other names are
     still an AttributeError."""
     import importlib
 
-    import dsh.cli
+    import dsh.cli.root
 
-    moved = {**dsh.cli.LAZY_COMMANDS, **dsh.cli.MOVED}
+    moved = {**dsh.cli.root.LAZY_COMMANDS, **dsh.cli.root.MOVED}
     assert {"sessions", "config", "chat", "batch", "newest"} <= set(moved)
     for name, target in moved.items():
         module, _, attr = target.partition(":")
         assert getattr(dsh.cli, name) is getattr(importlib.import_module(module), attr)
-        assert isinstance(getattr(dsh.cli, name), click.Command) == (name in dsh.cli.LAZY_COMMANDS)
+        lazy = dsh.cli.root.LAZY_COMMANDS
+        assert isinstance(getattr(dsh.cli, name), click.Command) == (name in lazy)
     missing = "no_such_name"
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         getattr(dsh.cli, missing)

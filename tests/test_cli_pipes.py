@@ -310,7 +310,7 @@ def test_no_status_line_when_stderr_is_not_a_terminal(env: dict[str, str],
 
 PROBE = """
 import sys
-from dsh.cli import main
+from dsh.cli.root import main
 sys.argv = ["dsh", *sys.argv[1:]]
 try:
     main()

@@ -17,16 +17,16 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh import compaction
-from dsh.compaction import Compaction
-from dsh.compaction import ContextMeter
-from dsh.compaction import estimate_tokens
-from dsh.compaction import window_from_table
-from dsh.compaction import window_in_error
-from dsh.history import Projection
+from dsh.core.messages import Message
 from dsh.hookspecs import hookimpl
-from dsh.ledger import Ledger
-from dsh.messages import Message
+from dsh.ledger.history import Projection
+from dsh.ledger.store import Ledger
+from dsh.run import compaction
+from dsh.run.compaction import Compaction
+from dsh.run.compaction import ContextMeter
+from dsh.run.compaction import estimate_tokens
+from dsh.run.compaction import window_from_table
+from dsh.run.compaction import window_in_error
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
@@ -43,7 +43,7 @@ def _compactions(path: Path) -> list[dict[str, Any]]:
 
 def _fresh_projection(path: Path) -> Projection:
     """The projection of a ledger file read from disk by a new process would build."""
-    from dsh.serialize import load_event
+    from dsh.ledger.serialize import load_event
 
     p = Projection()
     for line in path.read_text().splitlines():
@@ -109,9 +109,9 @@ def test_estimate_is_conservative(text: str) -> None:
 
 def test_meter_is_incremental_and_uses_provider_usage() -> None:
     ledger = Ledger("s")
-    from dsh.events import AssistantMessage
-    from dsh.events import UserMessage
-    from dsh.messages import Usage
+    from dsh.core.messages import Usage
+    from dsh.ledger.events import AssistantMessage
+    from dsh.ledger.events import UserMessage
 
     meter = ContextMeter()
     ledger.append(UserMessage, text="hello there")
@@ -195,7 +195,7 @@ def test_summary_requests_count_against_the_runs_budget(make_app: Any, script: A
     with app.session() as s:
         s.send("first " + "q" * 300)
         s.send("second " + "q" * 300)
-        from dsh.runcontext import Limits
+        from dsh.host.runcontext import Limits
 
         r = s.send("third " + "q" * 300, limits=Limits(requests=1))
     # The summary needs a request and so does the answer: one is all the limit allows.
@@ -233,7 +233,7 @@ def test_resume_projects_byte_identical_next_request(make_app: Any, script: Any,
         live.close()
     reloaded = list(_fresh_projection(result.path).view())
     assert live_msgs == reloaded
-    from dsh.serialize import dump_messages
+    from dsh.ledger.serialize import dump_messages
 
     assert json.dumps(dump_messages(live_msgs)) == json.dumps(dump_messages(reloaded))
 
@@ -307,7 +307,7 @@ def test_provider_context_error_with_compaction_off_fails_as_before(
 
 
 def test_sessions_compact_by_hand(make_app: Any, script: Any, plugin_module: Any) -> None:
-    from dsh.compaction import compact_session
+    from dsh.run.compaction import compact_session
 
     app = make_app(load=[_tool_plugin(plugin_module, 600)], compaction="mask",
                    model=script(*_reads(4)))
@@ -332,7 +332,7 @@ def test_a_wrapper_can_veto_and_a_plugin_can_supply_its_own_strategy(
     app = make_app(load=[tools, plugin_module(compact_context=compact_context)],
                    compaction="mask", context_window=100_000, model=script(*_reads(3)))
     r = app.run("go")
-    from dsh.compaction import compact_session
+    from dsh.run.compaction import compact_session
 
     assert compact_session(app, r.session_id) is None and seen == ["manual"]
     assert not _compactions(r.path)
@@ -412,9 +412,9 @@ def test_what_a_compacting_plugin_slips_in_is_recorded_before_the_model_sees_it(
        st.data())
 def test_projection_applies_any_valid_range_like_the_strategy_helper(
         items: list[tuple[str, str]], data: st.DataObject) -> None:
-    from dsh.events import ContextCompacted
-    from dsh.serialize import dump_event
-    from dsh.serialize import load_event
+    from dsh.ledger.events import ContextCompacted
+    from dsh.ledger.serialize import dump_event
+    from dsh.ledger.serialize import load_event
 
     msgs = [Message(role=r, content=c) for r, c in items]
     p = Projection()
@@ -613,7 +613,7 @@ def test_provenance_is_the_answering_plugin_or_the_wrapper_that_replaced_it(
         return result
 
     wrapper = plugin_module(compact_context=compact_context)
-    from dsh.compaction import compact_session
+    from dsh.run.compaction import compact_session
 
     for strategy, expected in (("mine", mine), ("adjusted", wrapper)):
         app = make_app(load=[observer, mine, wrapper], model=script({"text": "a"}))

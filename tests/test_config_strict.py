@@ -33,24 +33,24 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.config import MAX_OPTION_DEPTH
-from dsh.config import AgentConfig
-from dsh.config import Config
-from dsh.config import check_limit
-from dsh.config import config_from_dict
-from dsh.config import json_problem
-from dsh.config import load_config
-from dsh.errors import ConfigError
-from dsh.errors import DshError
-from dsh.errors import PluginError
-from dsh.errors import PluginWarning
-from dsh.errors import UsageError
+from dsh.config.loader import MAX_OPTION_DEPTH
+from dsh.config.loader import AgentConfig
+from dsh.config.loader import Config
+from dsh.config.loader import check_limit
+from dsh.config.loader import config_from_dict
+from dsh.config.loader import json_problem
+from dsh.config.loader import load_config
+from dsh.core.errors import ConfigError
+from dsh.core.errors import DshError
+from dsh.core.errors import PluginError
+from dsh.core.errors import PluginWarning
+from dsh.core.errors import UsageError
 from dsh.hookspecs import hookimpl
-from dsh.manager import BUILTIN_PLUGINS
-from dsh.manager import ESSENTIAL_HOOKS
-from dsh.runcontext import LIMIT_NAMES
-from dsh.runcontext import Limits
+from dsh.host.manager import BUILTIN_PLUGINS
+from dsh.host.manager import ESSENTIAL_HOOKS
+from dsh.host.runcontext import LIMIT_NAMES
+from dsh.host.runcontext import Limits
+from dsh.run.app import App
 
 DSH = [sys.executable, "-m", "dsh"]
 DATE = datetime.date(1979, 5, 27)
@@ -304,7 +304,7 @@ BAD_LIMITS = [-1, 0, -0.5, math.nan, math.inf, -math.inf, True, False, "5", [5],
 @pytest.mark.parametrize("name", LIMIT_NAMES)
 @pytest.mark.parametrize("value", BAD_LIMITS, ids=repr)
 def test_a_bad_limit_is_refused_the_same_way_by_config_and_cli(name, value):
-    from dsh.cli import parse_limits
+    from dsh.cli.root import parse_limits
 
     with pytest.raises(ValueError) as rule:
         check_limit(name, value)
@@ -319,7 +319,7 @@ def test_a_bad_limit_is_refused_the_same_way_by_config_and_cli(name, value):
 
 
 def test_integer_limits_take_no_fractions_and_number_limits_do():
-    from dsh.cli import parse_limits
+    from dsh.cli.root import parse_limits
 
     assert parse_limits(("requests=5", "cost=.5", "seconds=1e-1")) == Limits(
         requests=5, cost=0.5, seconds=0.1)
@@ -345,7 +345,7 @@ def test_cli_and_config_agree_on_every_limit_value(name, raw):
     is (a text that is no TOML value has no config counterpart, and is refused)."""
     import tomllib
 
-    from dsh.cli import parse_limits
+    from dsh.cli.root import parse_limits
 
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
@@ -620,7 +620,7 @@ def test_a_misspelt_hook_is_one_warning_line_on_the_cli(tmp_path):
 
 def _providers() -> list[tuple[str, str]]:
     """``(built-in, essential hook)`` for every built-in that is the only provider of one."""
-    from dsh.manager import _builtin_implements
+    from dsh.host.manager import _builtin_implements
 
     return [(b, h) for h in ESSENTIAL_HOOKS for b in BUILTIN_PLUGINS
             if _builtin_implements(b, h)]
@@ -728,7 +728,7 @@ def test_config_set_writes_through_a_symlink_keeping_link_and_mode(tmp_path):
 
 
 def test_config_set_through_a_dangling_symlink_creates_the_target(tmp_path):
-    from dsh.config_edit import set_value
+    from dsh.config.edit import set_value
 
     target = tmp_path / "elsewhere.toml"
     link = tmp_path / "config.toml"
@@ -772,7 +772,7 @@ def test_config_set_refuses_bad_values_in_one_line_and_leaves_the_file(tmp_path,
 
 
 def test_config_set_nested_keys_and_values_that_are_not_one_toml_value(tmp_path):
-    from dsh.config_edit import set_value
+    from dsh.config.edit import set_value
 
     path = tmp_path / "c.toml"
     set_value(path, 'models."openai:gpt-4o".options', "{ temperature = 0.2 }")
@@ -810,7 +810,7 @@ def test_config_set_refuses_a_read_only_file_and_unwritable_places(tmp_path):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.text(max_size=12), raw=st.text(max_size=12))
 def test_config_set_never_raises_anything_but_a_dsh_error(tmp_path, key, raw):
-    from dsh.config_edit import set_value
+    from dsh.config.edit import set_value
 
     path = tmp_path / "c.toml"
     path.write_text('model = "echo"\n', encoding="utf-8")

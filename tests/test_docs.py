@@ -8,8 +8,8 @@ from pathlib import Path
 
 import attrs
 
-from dsh.events import EVENT_TYPES
-from dsh.manager import make_plugin_manager
+from dsh.host.manager import make_plugin_manager
+from dsh.ledger.events import EVENT_TYPES
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -63,7 +63,7 @@ def _commands(group, path=("dsh",)):  # type: ignore[no-untyped-def]
 
 def test_cli_md_documents_every_command_and_option():
     """docs/cli.md has a section per command, headed `` `dsh …` ``, naming every option."""
-    from dsh.cli import cli
+    from dsh.cli.root import cli
 
     text = (DOCS / "cli.md").read_text()
     sections = dict(re.findall(r"^#{2,4} `(dsh[^`]*)`\n(.*?)(?=^#{2,3} `dsh|\Z)", text,
@@ -80,8 +80,8 @@ def test_cli_md_documents_every_command_and_option():
 
 
 def test_events_md_lists_every_outcome_and_live_event():
-    from dsh.events import OUTCOMES
-    from dsh.recorder import LIVE_EVENTS
+    from dsh.ledger.events import OUTCOMES
+    from dsh.run.recorder import LIVE_EVENTS
 
     text = (DOCS / "events.md").read_text()
     outcome_row = next(line for line in text.splitlines() if line.startswith("| `outcome` |"))
@@ -93,9 +93,9 @@ def test_events_md_lists_every_outcome_and_live_event():
 
 def test_events_md_documents_the_plugin_event_family():
     """``x/PLUGIN/NAME`` is a family, not one tag (not in EVENT_TYPES): its section lists
-    every field of :class:`~dsh.events.PluginEvent` and the limits the code enforces."""
-    from dsh import plugin_events
-    from dsh.events import PluginEvent
+    every field of :class:`~dsh.ledger.events.PluginEvent` and the limits the code enforces."""
+    from dsh.ledger import plugin_events
+    from dsh.ledger.events import PluginEvent
 
     text = (DOCS / "events.md").read_text()
     [body] = [s for s in re.split(r"^### ", text, flags=re.M)

@@ -8,19 +8,19 @@ from pathlib import Path
 import attrs
 import pytest
 
-from dsh.errors import LedgerError
-from dsh.events import EVENT_TYPES
-from dsh.events import AssistantMessage
-from dsh.events import Event
-from dsh.events import UnknownEvent
-from dsh.messages import Attachment
-from dsh.messages import Message
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.serialize import dump_event
-from dsh.serialize import load_event
+from dsh.core.errors import LedgerError
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.ledger.events import EVENT_TYPES
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import Event
+from dsh.ledger.events import UnknownEvent
+from dsh.ledger.serialize import dump_event
+from dsh.ledger.serialize import load_event
 
 GOLDEN = Path(__file__).parent / "data" / "golden.jsonl"
 
@@ -120,8 +120,8 @@ def test_golden_file_guards_tags_and_field_names():
 
 @pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.type)
 def test_generated_dumper_writes_what_the_generic_path_writes(cls: type[Event]):
-    from dsh.serialize import _dumper
-    from dsh.serialize import _generic_dict
+    from dsh.ledger.serialize import _dumper
+    from dsh.ledger.serialize import _generic_dict
 
     event = cls(seq=3, ts="t", session="s", **SAMPLES[cls.type])
     assert _dumper(cls) is not _generic_dict  # every built-in event gets a generated one
@@ -131,9 +131,9 @@ def test_generated_dumper_writes_what_the_generic_path_writes(cls: type[Event]):
 def test_lines_without_reasoning_or_attachments_are_as_they_always_were():
     """Empty reasoning and attachments are not written: a line of a session that uses neither
     is byte for byte what dsh wrote before they existed."""
-    from dsh.events import UserMessage
-    from dsh.serialize import _dumper
-    from dsh.serialize import _generic_dict
+    from dsh.ledger.events import UserMessage
+    from dsh.ledger.serialize import _dumper
+    from dsh.ledger.serialize import _generic_dict
 
     said = AssistantMessage(seq=3, ts="t", session="s", text="ok",
                             usage=Usage(input_tokens=1, output_tokens=2))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from dsh.hookspecs import hookimpl
-from dsh.runcontext import CancelToken
-from dsh.runcontext import Limits
-from dsh.runcontext import context
+from dsh.host.runcontext import CancelToken
+from dsh.host.runcontext import Limits
+from dsh.host.runcontext import context
 
 
 def _ask(agent: str, prompt: str = "go") -> dict:
@@ -255,7 +255,7 @@ def test_parallel_results_in_task_order_and_a_failure_is_isolated(make_app, tmp_
 
 
 def test_unobserved_run_builds_nothing_and_observer_added_late_warns(make_app, plugin_module):
-    from dsh.runcontext import UnobservedRunWarning
+    from dsh.host.runcontext import UnobservedRunWarning
 
     seen = {}
 

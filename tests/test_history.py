@@ -9,26 +9,26 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.events import AssistantMessage
-from dsh.events import ContextInjected
-from dsh.events import PluginEvent
-from dsh.events import StepEnded
-from dsh.events import StepStarted
-from dsh.events import ToolCalled
-from dsh.events import ToolReturned
-from dsh.events import TurnEnded
-from dsh.events import TurnStarted
-from dsh.events import UnknownEvent
-from dsh.events import UserMessage
-from dsh.history import Projection
-from dsh.history import derive_messages
-from dsh.messages import Attachment
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.serialize import event_to_dict
-from dsh.serialize import load_event
+from dsh.core.messages import Attachment
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextInjected
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UnknownEvent
+from dsh.ledger.events import UserMessage
+from dsh.ledger.history import Projection
+from dsh.ledger.history import derive_messages
+from dsh.ledger.serialize import event_to_dict
+from dsh.ledger.serialize import load_event
 
 text = st.text(max_size=12)
 ids = st.sampled_from(["c1", "c2", "c3"])

@@ -1,4 +1,4 @@
-"""Pins for dsh/history.py that the differential raw-vs-event test cannot see (both paths
+"""Pins for dsh/ledger/history.py that the differential raw-vs-event test cannot see (both paths
 share them): the empty projection, optional fields left out of a line, the seq check, and
 the plain-text transcript. Found by mutation testing (docs/testing.md)."""
 
@@ -12,17 +12,17 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.events import StepEnded
-from dsh.events import StepStarted
-from dsh.events import UserMessage
-from dsh.history import Projection
-from dsh.history import context_message
-from dsh.history import derive_messages
-from dsh.history import render_history
-from dsh.messages import Message
-from dsh.messages import ToolCall
-from dsh.serialize import InvalidLine
-from dsh.serialize import load_event
+from dsh.core.messages import Message
+from dsh.core.messages import ToolCall
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.history import Projection
+from dsh.ledger.history import context_message
+from dsh.ledger.history import derive_messages
+from dsh.ledger.history import render_history
+from dsh.ledger.serialize import InvalidLine
+from dsh.ledger.serialize import load_event
 
 
 def _state(p: Projection) -> tuple:
@@ -111,7 +111,7 @@ def test_usage_tracks_the_last_answer_that_reported_input_tokens():
     (-1, 2, 3, False), (2, 1, 3, False), (0, 4, 3, False), (4, 4, 3, False),
 ])
 def test_compact_range_is_checked(start: int, end: int, n: int, ok: bool):
-    from dsh.errors import LedgerError
+    from dsh.core.errors import LedgerError
 
     p = Projection()
     for i in range(n):

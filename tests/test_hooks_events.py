@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dsh.app import App
+from dsh.run.app import App
 from tests import test_hooks_plugin as hp
 from tests.test_hooks_plugin import SECRET
 from tests.test_hooks_plugin import _require_installed  # noqa: F401 - autouse fixture
@@ -282,7 +282,7 @@ def test_events_are_recorded_when_the_plugin_is_loaded_by_module(
     ``x/dsh-hooks/…``, and no warning per hook."""
     import types
 
-    from dsh.config import config_from_dict
+    from dsh.config.loader import config_from_dict
     from dsh.hookspecs import hookimpl
 
     def noop(x: int) -> int:

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 try:
     import dsh_hooks
@@ -601,7 +601,7 @@ def test_per_agent_settings(tmp_path: Path, proj: Path) -> None:
 
 
 def test_config_errors_are_one_line(tmp_path: Path, proj: Path) -> None:
-    from dsh.app import App
+    from dsh.run.app import App
 
     with pytest.raises(ConfigError, match=r"unknown event 'PreToolUse2'; did you mean "
                                           r"'PreToolUse'\?"):
@@ -702,7 +702,7 @@ def test_hooks_of_one_event_run_in_parallel(tmp_path: Path) -> None:
 def test_plugin_costs_nothing_without_hooks(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys
-        from dsh.app import App
+        from dsh.run.app import App
         app = App.from_config({{"model": "echo", "sessions_dir": {str(tmp_path)!r}}})
         assert "hooks" in [r.name for r in app.plugins], [r.name for r in app.plugins]
         result = app.run("hi")

@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.errors import OutputSchemaError
-from dsh.errors import UsageError
+from dsh.core.errors import OutputSchemaError
+from dsh.core.errors import UsageError
 
 DSH = [sys.executable, "-m", "dsh"]
 
@@ -98,8 +98,8 @@ def _with_ref_at(ref: str, depth: int) -> dict[str, Any]:
        key=st.sampled_from(["$ref", "$dynamicRef"]))
 def test_schema_refs_outside_the_schema_are_refused_and_never_fetched(
         schema_host: tuple[str, list[str]], form: str, depth: int, key: str) -> None:
-    from dsh.schema import load
-    from dsh.schema import problems
+    from dsh.llm.schema import load
+    from dsh.llm.schema import problems
 
     host, hits = schema_host
     ref = form.format(host=host)
@@ -119,8 +119,8 @@ def test_schema_refs_outside_the_schema_are_refused_and_never_fetched(
 
 
 def test_schema_refs_inside_the_schema_still_work() -> None:
-    from dsh.schema import load
-    from dsh.schema import problems
+    from dsh.llm.schema import load
+    from dsh.llm.schema import problems
 
     schema = load({"type": "object", "$defs": {"n": {"type": "integer"}},
                    "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["a"]})
@@ -131,7 +131,7 @@ def test_schema_refs_inside_the_schema_still_work() -> None:
 # -- structured output: deep and huge documents are answers the schema refuses, never a crash ----
 #
 # Defect: an answer nested a few thousand levels deep raised RecursionError out of the
-# built-in schema plugin (`plugin dsh.schema raised in hook turn_stopping: RecursionError`),
+# built-in schema plugin (`plugin dsh.llm.schema raised in hook turn_stopping: RecursionError`),
 # so the model was never told and the run failed blaming dsh; a deeply nested schema file
 # was a traceback at `--schema`.
 
@@ -139,8 +139,8 @@ def test_schema_refs_inside_the_schema_still_work() -> None:
 @settings(max_examples=40, deadline=None)
 @given(depth=st.integers(1, 30_000), opener=st.sampled_from(["[", '{"a":']))
 def test_any_answer_depth_is_a_verdict_never_an_exception(depth: int, opener: str) -> None:
-    from dsh.schema import MAX_ANSWER_DEPTH
-    from dsh.schema import problems
+    from dsh.llm.schema import MAX_ANSWER_DEPTH
+    from dsh.llm.schema import problems
 
     closer = "]" if opener == "[" else "}"
     text = opener * depth + ("1" if opener != "[" else "") + closer * depth
@@ -193,7 +193,7 @@ def test_hostile_schema_files_are_one_clear_error(env: dict[str, str], tmp_path:
 
 
 def test_a_deep_output_schema_mapping_is_a_usage_error() -> None:
-    from dsh.schema import load
+    from dsh.llm.schema import load
 
     node: dict[str, Any] = {}
     for _ in range(5000):
@@ -212,7 +212,7 @@ def test_a_deep_output_schema_mapping_is_a_usage_error() -> None:
 
 def _reference_lookup(model_id: str) -> Any:
     """The lookup as it was (the semantics to keep), for ids short enough to afford it."""
-    from dsh import modeldata
+    from dsh.core import modeldata
 
     name = model_id.strip().lower()
     forms = [name] + [name[i + 1:] for i, ch in enumerate(name) if ch == ":"]
@@ -235,7 +235,7 @@ def _reference_lookup(model_id: str) -> Any:
 
 
 def _known_names() -> list[str]:
-    from dsh import modeldata
+    from dsh.core import modeldata
 
     return sorted(modeldata.table())
 
@@ -246,7 +246,7 @@ def _known_names() -> list[str]:
                                                  "anthropic", "a:b", "//", "::"]),
                                 st.text(max_size=6)), max_size=8))
 def test_model_lookup_keeps_its_meaning_for_any_id(parts: list[str]) -> None:
-    from dsh import modeldata
+    from dsh.core import modeldata
 
     model_id = "".join(parts)
     assert modeldata.lookup(model_id) == _reference_lookup(model_id)
@@ -257,7 +257,7 @@ def test_model_lookup_keeps_its_meaning_for_any_id(parts: list[str]) -> None:
 def test_model_lookup_of_a_huge_adversarial_id_is_fast(model_id: str) -> None:
     import time
 
-    from dsh import modeldata
+    from dsh.core import modeldata
 
     modeldata.table()
     started = time.perf_counter()
@@ -311,7 +311,7 @@ def stream_server() -> Iterator[Any]:
 
 
 def _shown_or_refused(model: Any, req: Any) -> tuple[Any, str]:
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
     from dsh.llm.transport import send
 
     seen: list[str] = []
@@ -332,9 +332,9 @@ def _shown_or_refused(model: Any, req: Any) -> tuple[Any, str]:
 def test_responses_stream_records_only_what_it_showed(stream_server: Any,
                                                       deltas: list[str], final: str | None,
                                                       refusal: bool) -> None:
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm.responses import ResponsesModel
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
     from tests.servers import sse
 
@@ -370,9 +370,9 @@ def test_responses_stream_records_only_what_it_showed(stream_server: Any,
 def test_anthropic_stream_records_only_what_it_showed(stream_server: Any,
                                                       blocks: list[tuple[str, list[str]]],
                                                       reverse: bool) -> None:
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm.anthropic import AnthropicModel
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
     from tests.servers import sse
 
@@ -423,8 +423,8 @@ _MUTATIONS = [
 @pytest.mark.parametrize("what, mutate", _MUTATIONS, ids=[m[0] for m in _MUTATIONS])
 def test_agent_handle_settings_cannot_be_changed_in_place_nor_leak_across_apps(
         what: str, mutate: Any) -> None:
-    from dsh.app import App
-    from dsh.config import config_from_dict
+    from dsh.config.loader import config_from_dict
+    from dsh.run.app import App
 
     cfg = config_from_dict({"autoload": False,
                             "plugins": {"x": {"a": [1], "t": {"k": 1}}},
@@ -457,9 +457,9 @@ def test_plugin_event_names_are_checked_without_rescanning_installed_packages(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
-    from dsh.app import App
-    from dsh.config import config_from_dict
-    from dsh.plugin_events import PluginEventError
+    from dsh.config.loader import config_from_dict
+    from dsh.ledger.plugin_events import PluginEventError
+    from dsh.run.app import App
 
     real = importlib.metadata.packages_distributions
     scans: list[int] = []
@@ -510,7 +510,7 @@ def test_tool_arguments_are_always_strict_json(args: dict[str, Any], as_text: bo
     raw: Any = json.dumps(args) if as_text else args
     parsed = parse_tool_arguments(raw)
     json.dumps(parsed, allow_nan=False)  # what is recorded and sent back is JSON
-    from dsh.sanitize import has_nonfinite
+    from dsh.core.sanitize import has_nonfinite
 
     if not has_nonfinite(args):
         assert parsed == args or parsed == json.loads(json.dumps(args))
@@ -535,11 +535,11 @@ def test_schema_answer_with_nan_is_not_a_json_document(env: dict[str, str], tmp_
     b' "x": 1e999}, "finish_reason": "stop"}]}',
 ])
 def test_a_provider_reply_with_nan_is_malformed(stream_server: Any, body: bytes) -> None:
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
 
     stream_server.script(Reply(body=body, headers={"content-type": "application/json"}))
@@ -557,9 +557,9 @@ def test_a_provider_reply_with_nan_is_malformed(stream_server: Any, body: bytes)
        openai_style=st.booleans())
 def test_tool_calls_rescued_from_text_have_strict_json_arguments(
         args: dict[str, Any], form: str, openai_style: bool) -> None:
+    from dsh.core.messages import ModelResponse
+    from dsh.core.messages import thaw
     from dsh.llm.builtin import rescue
-    from dsh.messages import ModelResponse
-    from dsh.messages import thaw
 
     arguments: Any = json.dumps(args) if openai_style else args
     call = json.dumps({"name": "calc", "arguments": arguments})
@@ -581,12 +581,12 @@ def test_tool_calls_rescued_from_text_have_strict_json_arguments(
 def test_a_provider_response_over_the_cap_is_an_error(stream_server: Any,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       shape: str) -> None:
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm import http
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
     from tests.servers import sse
 
@@ -624,8 +624,8 @@ def test_a_provider_response_over_the_cap_is_an_error(stream_server: Any,
 
 def test_a_redirect_to_an_internal_text_endpoint_is_refused_without_quoting_it(
         stream_server: Any) -> None:
-    from dsh.attachments import AttachmentError
-    from dsh.attachments import fetch
+    from dsh.llm.attachments import AttachmentError
+    from dsh.llm.attachments import fetch
     from tests.servers import Reply
 
     secret = b'{"AccessKeyId": "ASIAEXAMPLEEXAMPLE", "SecretAccessKey": "wJalrXUtnFEMI"}'
@@ -645,7 +645,7 @@ def test_a_redirect_to_an_internal_text_endpoint_is_refused_without_quoting_it(
 # reader takes) made `sessions show`, `sessions export`, `--continue` — every command that
 # reads the session — end in a RecursionError traceback (freezing the payload recursed).
 # Now a payload deeper than MAX_READ_DEPTH is an invalid line naming the file and line, and
-# any event too deep to build is "nested too deeply to read" (dsh/ledger.py).
+# any event too deep to build is "nested too deeply to read" (dsh/ledger/store.py).
 
 
 def _session_with(env: dict[str, str], extra: dict[str, Any], last: bool = False) -> Path:
@@ -680,10 +680,10 @@ def test_a_deep_plugin_event_payload_is_one_clear_error_everywhere(env: dict[str
 @settings(max_examples=40, deadline=None)
 @given(depth=st.integers(1, 900))
 def test_plugin_event_payload_depth_on_read_is_loaded_or_refused(depth: int) -> None:
-    from dsh.errors import LedgerError
-    from dsh.ledger import parse_line
-    from dsh.plugin_events import MAX_READ_DEPTH
-    from dsh.serialize import default_codec
+    from dsh.core.errors import LedgerError
+    from dsh.ledger.plugin_events import MAX_READ_DEPTH
+    from dsh.ledger.serialize import default_codec
+    from dsh.ledger.store import parse_line
 
     data = {"d": json.loads("[" * (depth - 1) + "]" * (depth - 1))} if depth > 1 else {"d": 1}
     line = json.dumps({"v": 1, "seq": 0, "ts": "t", "session": "s", "type": "x/p/n",
@@ -751,11 +751,11 @@ _BAD_COUNTS = [-1_000_000, -1, "12", 1.5, None, True, [3], {"a": 1}]
 @pytest.mark.parametrize("adapter", ["anthropic-json", "anthropic-stream", "openai-json",
                                      "openai-stream"])
 def test_reported_usage_is_never_negative(stream_server: Any, adapter: str, bad: Any) -> None:
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm.anthropic import AnthropicModel
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
     from tests.servers import Reply
     from tests.servers import sse
 
@@ -801,7 +801,7 @@ def test_reported_usage_is_never_negative(stream_server: Any, adapter: str, bad:
         req = ModelRequest(model="openai:g", messages=[Message(role="user", content="q")],
                            stream=stream)
     stream_server.script(reply)
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
 
     try:
         response = send(req, on_text=lambda _: None, model=model)
@@ -814,10 +814,10 @@ def test_reported_usage_is_never_negative(stream_server: Any, adapter: str, bad:
 
 
 def test_the_budget_never_adds_a_negative_count(make_app: Any, plugin_module: Any) -> None:
+    from dsh.core.messages import ModelResponse
+    from dsh.core.messages import Usage
     from dsh.hookspecs import hookimpl
     from dsh.llm.base import Model
-    from dsh.messages import ModelResponse
-    from dsh.messages import Usage
 
     class Liar(Model):  # a plugin adapter that passes on what its server claimed
         def complete(self, request: Any, on_text: Any = None) -> ModelResponse:

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsh.commands.install import canonical
-from dsh.commands.install import requirement_name
+from dsh.cli.commands.install import canonical
+from dsh.cli.commands.install import requirement_name
 
 DEMO = Path(__file__).parent / "data" / "dsh-demo-plugin"
 
@@ -144,18 +144,18 @@ def test_uninstall_of_a_package_that_is_no_plugin_says_so(venv: Path, tmp_path: 
 
 
 def test_run_and_help_do_not_import_the_command_modules_they_do_not_use(tmp_path: Path) -> None:
-    """`dsh run` imports none of dsh/commands/ (nor dsh.chat, dsh.batch); `dsh --help` lists
+    """`dsh run` imports none of dsh/cli/commands/ (nor dsh.chat, dsh.batch); `dsh --help` lists
     every command with its one-line help (cheap: click only)."""
     import click
 
-    from dsh.cli import LAZY_COMMANDS
-    from dsh.cli import cli
+    from dsh.cli.root import LAZY_COMMANDS
+    from dsh.cli.root import cli
 
     code = ("import atexit, sys\n"
             "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(\n"
-            "    m for m in sys.modules if m.startswith('dsh.commands')\n"
-            "    or m in ('dsh.chat', 'dsh.batch'))) + '\\n'))\n"
-            "from dsh.cli import main\n"
+            "    m for m in sys.modules if m.startswith('dsh.cli.commands')\n"
+            "    or m in ('dsh.cli.repl', 'dsh.batch', 'dsh.batch.runner'))) + '\\n'))\n"
+            "from dsh.cli.root import main\n"
             "sys.argv = ['dsh'] + sys.argv[1:]\n"
             "main()\n")
     env = {**os.environ, "DSH_HOME": str(tmp_path)}
@@ -174,7 +174,7 @@ def test_run_and_help_do_not_import_the_command_modules_they_do_not_use(tmp_path
         assert listed[name].startswith(" ".join(cmd.help.split()[:3])), (name, listed[name])
     assert "pluggy" not in subprocess.run(
         [sys.executable, "-c", "import sys; sys.argv=['dsh','--help']\n"
-         "import dsh.cli\ntry:\n    dsh.cli.main()\nexcept SystemExit:\n    pass\n"
+         "import dsh.cli.root\ntry:\n    dsh.cli.root.main()\nexcept SystemExit:\n    pass\n"
          "print(' '.join(m for m in sys.modules if m.startswith('pluggy')))"],
         capture_output=True, text=True, env=env).stdout.splitlines()[-1]
 

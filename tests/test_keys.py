@@ -22,15 +22,15 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh import redact
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
-from dsh.errors import UsageError
-from dsh.keys import FileStore
-from dsh.keys import check_name
-from dsh.keys import get_key
-from dsh.keys import keys_dir
-from dsh.keys import store
+from dsh.config.keys import FileStore
+from dsh.config.keys import check_name
+from dsh.config.keys import get_key
+from dsh.config.keys import keys_dir
+from dsh.config.keys import store
+from dsh.core import redact
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.errors import UsageError
 from dsh.llm.openai import OpenAIModel
 from tests.servers import Reply
 from tests.servers import ScriptedServer
@@ -223,9 +223,9 @@ def make(server: ScriptedServer, **settings_: Any) -> OpenAIModel:
 
 
 def ask(model: OpenAIModel) -> str:
+    from dsh.core.messages import Message
+    from dsh.core.messages import ModelRequest
     from dsh.llm.transport import send
-    from dsh.messages import Message
-    from dsh.messages import ModelRequest
 
     return send(ModelRequest(model="openai:gpt-4o-mini",
                              messages=[Message(role="user", content="hi")]), model=model).text
@@ -346,7 +346,7 @@ def test_keyrings_fallback_file_is_not_chosen_on_its_own(
     monkeypatch.delenv("PYTHON_KEYRING_BACKEND")
     import keyring
 
-    from dsh.keys import usable_keyring
+    from dsh.config.keys import usable_keyring
 
     if keyring.get_keyring().priority >= 1:
         pytest.skip("this machine has a real OS keyring")

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from dsh.errors import LedgerError
-from dsh.errors import SessionInUse
-from dsh.errors import UsageError
-from dsh.events import AssistantMessage
-from dsh.events import StepStarted
-from dsh.events import ToolCalled
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
-from dsh.ledger import JsonlStore
-from dsh.ledger import Ledger
-from dsh.messages import ToolCall
+from dsh.core.errors import LedgerError
+from dsh.core.errors import SessionInUse
+from dsh.core.errors import UsageError
+from dsh.core.messages import ToolCall
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.store import JsonlStore
+from dsh.ledger.store import Ledger
 
 
 def _write_some(store: JsonlStore) -> str:

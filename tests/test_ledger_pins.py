@@ -1,4 +1,4 @@
-"""Pins for dsh/ledger.py found by mutation testing (docs/testing.md): the fast load path
+"""Pins for dsh/ledger/store.py found by mutation testing (docs/testing.md): the fast load path
 (that it runs, and that it gives up on everything the strict path rejects), exact error
 messages, info() on realistic files, and sanitising on the way in."""
 
@@ -18,31 +18,31 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-import dsh.ledger as ledger_mod
-from dsh.errors import LedgerError
-from dsh.errors import SessionInUse
-from dsh.errors import UsageError
-from dsh.events import AssistantMessage
-from dsh.events import Event
-from dsh.events import StepEnded
-from dsh.events import StepStarted
-from dsh.events import ToolCalled
-from dsh.events import TurnEnded
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
-from dsh.history import Projection
-from dsh.ledger import JsonlStore
-from dsh.ledger import Ledger
-from dsh.ledger import _scan_fast
-from dsh.ledger import default_data_dir
-from dsh.ledger import new_session_id
-from dsh.ledger import parse_line
-from dsh.ledger import read_lines
-from dsh.ledger import sanitized
-from dsh.ledger import scan
-from dsh.messages import ToolCall
-from dsh.serialize import EventCodec
-from dsh.serialize import default_codec
+import dsh.ledger.store as ledger_mod
+from dsh.core.errors import LedgerError
+from dsh.core.errors import SessionInUse
+from dsh.core.errors import UsageError
+from dsh.core.messages import ToolCall
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import Event
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.history import Projection
+from dsh.ledger.serialize import EventCodec
+from dsh.ledger.serialize import default_codec
+from dsh.ledger.store import JsonlStore
+from dsh.ledger.store import Ledger
+from dsh.ledger.store import _scan_fast
+from dsh.ledger.store import default_data_dir
+from dsh.ledger.store import new_session_id
+from dsh.ledger.store import parse_line
+from dsh.ledger.store import read_lines
+from dsh.ledger.store import sanitized
+from dsh.ledger.store import scan
 
 SID = "20260101-000000.000-aaaaaa"
 CODEC = default_codec()

@@ -32,19 +32,19 @@ from typing import Any
 
 import pytest
 
-from dsh.app import App
-from dsh.errors import Cancelled
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
-from dsh.ledger import Ledger
+from dsh.core.errors import Cancelled
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.host.runcontext import CancelToken
+from dsh.host.runcontext import RunContext
+from dsh.host.runcontext import activate
+from dsh.ledger.store import Ledger
 from dsh.llm.transport import send
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.runcontext import CancelToken
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
+from dsh.run.app import App
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "plugins" / "dsh-llama"
@@ -128,8 +128,8 @@ def test_missing_llama_cpp_error_says_how_to_install_it() -> None:
     proc = _child("""
         import sys
         sys.modules["llama_cpp"] = None  # as if llama-cpp-python were not installed
-        from dsh.app import App
-        from dsh.errors import ConfigError
+        from dsh.run.app import App
+        from dsh.core.errors import ConfigError
         app = App.from_config({"autoload": False, "load": ["dsh_llama"]})
         try:
             app.build_model("local")
@@ -156,7 +156,7 @@ def test_missing_llama_cpp_is_a_config_error_in_the_cli(tmp_path: Path) -> None:
         import os
         os.environ["DSH_HOME"] = {str(tmp_path / "home")!r}
         os.environ["DSH_LOAD_PLUGINS"] = "llama"
-        from dsh.cli import main
+        from dsh.cli.root import main
         main()
     """)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)

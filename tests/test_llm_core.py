@@ -7,16 +7,16 @@ import threading
 import attrs
 import pytest
 
-from dsh.errors import InvariantViolation
-from dsh.history import Projection
+from dsh.core.errors import InvariantViolation
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
 from dsh.hookspecs import hookimpl
+from dsh.host.runcontext import context
+from dsh.ledger.history import Projection
 from dsh.llm.builtin import EchoModel
 from dsh.llm.builtin import ScriptedModel
 from dsh.llm.builtin import check_invariant
 from dsh.llm.transport import send
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.runcontext import context
 
 
 class Smuggler:
@@ -66,7 +66,7 @@ def test_check_invariant_identity_fast_path():
     p = Projection()
     req = ModelRequest(model="", messages=p.view())
     check_invariant(req, p)  # same list, same length: no comparison needed
-    from dsh.events import UserMessage
+    from dsh.ledger.events import UserMessage
 
     p.apply(UserMessage(text="x"))
     with pytest.raises(InvariantViolation):
@@ -154,7 +154,7 @@ def test_scripted_from_list_and_exhaustion():
     m = ScriptedModel("", {"responses": [{"text": "one"}]})
     first = send(ModelRequest(model="s", messages=(Message(role="user", content="x"),)), model=m)
     assert first.text == "one"
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
 
     msgs = (Message(role="user", content="x"), Message(role="assistant", content="one"))
     with pytest.raises(ProviderError, match="no response left"):
@@ -164,7 +164,7 @@ def test_scripted_from_list_and_exhaustion():
 def test_scripted_bad_file_is_config_error(make_app, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"responses": [{"tool_calls": [{"arguments": {}}]}]}')
-    from dsh.errors import ConfigError
+    from dsh.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"responses\[0\].tool_calls\[0\] needs a 'name'"):
         make_app().run("x", model=f"scripted:{bad}")
@@ -173,7 +173,7 @@ def test_scripted_bad_file_is_config_error(make_app, tmp_path):
 
 
 def test_context_inside_and_outside_runs(make_app, plugin_module):
-    from dsh.errors import NoRunContext
+    from dsh.core.errors import NoRunContext
 
     with pytest.raises(NoRunContext, match="outside a run"):
         context()
@@ -274,7 +274,7 @@ def test_dsh_context_is_the_function_even_after_every_import():
 
     for module in ("dsh.app", "dsh.runcontext", "dsh.loop", "dsh.tools"):
         importlib.import_module(module)
-    assert callable(dsh.context) and dsh.context.__module__ == "dsh.runcontext"
+    assert callable(dsh.context) and dsh.context.__module__ == "dsh.host.runcontext"
 
 
 def test_rescue_markers_match_the_parser():

@@ -34,9 +34,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ToolCall
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ToolCall
 
 REPO = Path(__file__).resolve().parents[1]
 NEEDED = {"dsh_llm": "./plugins/dsh-llm", "llm": "llm", "llm_echo": "llm-echo",
@@ -120,7 +120,7 @@ _REPORT = textwrap.dedent("""
     def report():
         sys.stderr.write("\\nMODULES=" + json.dumps(sorted(sys.modules)) + "\\n")
     atexit.register(report)
-    from dsh.cli import main
+    from dsh.cli.root import main
     sys.argv = ["dsh", *sys.argv[1:]]
     main()
 """)
@@ -138,7 +138,7 @@ def test_importing_the_plugin_does_not_import_llm() -> None:
     code = textwrap.dedent("""
         import json, sys
         import dsh_llm
-        from dsh.scope import AgentInfo
+        from dsh.host.scope import AgentInfo
         seen = []
         dsh_llm.register_models(lambda *a, **k: seen.append(a))
         dsh_llm.register_tools(lambda *a, **k: seen.append(a), AgentInfo(name="a", model="echo"))
@@ -678,7 +678,7 @@ def test_a_plugins_own_option_defaults_are_recorded(echo_model: Any, tmp_path: P
     import llm
     from llm.plugins import pm as llm_pm
 
-    from dsh.app import App
+    from dsh.run.app import App
 
     class Tuned(llm.Model):
         model_id = "tuned-test"
@@ -727,12 +727,12 @@ def _adapter_for(model: Any) -> Any:
 def test_an_abort_closes_the_plugins_stream(echo_model: Any) -> None:
     import llm
 
-    from dsh.errors import Cancelled
-    from dsh.ledger import Ledger
+    from dsh.core.errors import Cancelled
+    from dsh.host.runcontext import CancelToken
+    from dsh.host.runcontext import RunContext
+    from dsh.host.runcontext import activate
+    from dsh.ledger.store import Ledger
     from dsh.llm.transport import send
-    from dsh.runcontext import CancelToken
-    from dsh.runcontext import RunContext
-    from dsh.runcontext import activate
 
     state = {"served": 0, "closed": False}
 
@@ -770,7 +770,7 @@ def test_a_failure_inside_the_plugin_is_one_line_naming_model_and_plugin(echo_mo
                                                                         ) -> None:
     import llm
 
-    from dsh.errors import ProviderError
+    from dsh.core.errors import ProviderError
     from dsh.llm.transport import send
 
     class Broken(llm.Model):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dsh.hookspecs import hookimpl
-from dsh.ledger import JsonlStore
-from dsh.serialize import load_event
+from dsh.ledger.serialize import load_event
+from dsh.ledger.store import JsonlStore
 from tests.conftest import ledger_types
 
 
@@ -63,7 +63,7 @@ def test_second_process_derives_identical_messages(make_app, plugin_module, scri
     code = textwrap.dedent(f"""
         import json, attrs
         from pathlib import Path
-        from dsh.ledger import JsonlStore
+        from dsh.ledger.store import JsonlStore
         store = JsonlStore(Path({str(result.path.parent)!r}))
         with store.open({result.session_id!r}) as ledger:
             print(json.dumps([attrs.asdict(m) for m in ledger.projection.view()]))
@@ -216,7 +216,7 @@ def test_no_save_writes_nothing(make_app, tmp_path):
 def test_stop_between_steps_resolves_with_output(make_app, plugin_module, script):
     @hookimpl
     def post_execute(call, outcome):  # type: ignore[no-untyped-def]
-        from dsh.runcontext import context
+        from dsh.host.runcontext import context
 
         context().stop()
 
@@ -257,7 +257,7 @@ def test_sigkill_mid_tool_resumes(tmp_path: Path):
         {"tool_calls": [{"name": "slow", "arguments": {}}]}, {"text": "after"}]}))
     sessions = tmp_path / "sessions"
     code = textwrap.dedent(f"""
-        from dsh.app import App
+        from dsh.run.app import App
         app = App.from_config({{"autoload": False, "load": ["slowplug"],
                                "sessions_dir": {str(sessions)!r}}})
         app.run("go", model="scripted:{script}")
@@ -288,7 +288,7 @@ def test_sigkill_mid_tool_resumes(tmp_path: Path):
     assert [e.type for e in tail] == ["tool/result", "step/end", "turn/end"]
     assert tail[0].status == "interrupted"  # type: ignore[attr-defined]
     # the next request has no dangling call: every assistant tool call has a result
-    from dsh.app import App
+    from dsh.run.app import App
 
     app = App.from_config({"autoload": False, "sessions_dir": str(sessions)})
     res = app.run("resume", model="echo", session=sid)

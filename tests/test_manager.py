@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dsh.errors import ConfigError
-from dsh.errors import PluginError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import PluginError
+from dsh.core.messages import ModelResponse
 from dsh.hookspecs import hookimpl
-from dsh.manager import BUILTIN_PLUGINS
-from dsh.manager import make_plugin_manager
-from dsh.messages import ModelResponse
+from dsh.host.manager import BUILTIN_PLUGINS
+from dsh.host.manager import make_plugin_manager
 
 
 def test_builtins_are_registered_under_their_names():
@@ -73,7 +73,7 @@ def test_replacing_the_loop(make_app, plugin_module):
 
 
 def test_unknown_hook_in_plugin_is_warned_and_others_still_load(make_app, plugin_module):
-    from dsh.errors import PluginWarning
+    from dsh.core.errors import PluginWarning
 
     @hookimpl
     def pre_stpe(step):  # type: ignore[no-untyped-def]

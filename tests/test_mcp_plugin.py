@@ -28,8 +28,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
+from dsh.run.app import App
 
 try:
     import dsh_mcp
@@ -152,8 +152,8 @@ def call(name: str, **arguments: Any) -> dict[str, Any]:
 
 def run_tool(app: App, name: str, arguments: dict[str, Any], agent: str | None = None) -> Any:
     """One tool call through the agent's real execute chain (validation, hooks, recorder)."""
-    from dsh.messages import ToolCall
-    from dsh.tools import ToolInvocation
+    from dsh.core.messages import ToolCall
+    from dsh.tools.registry import ToolInvocation
 
     ag = app.agent(agent)
     inv = ToolInvocation(ToolCall(id="c1", name=name, arguments=arguments),
@@ -274,7 +274,7 @@ def test_results_become_documented_text(blocks: list[tuple[str, Any]], is_error:
     import mcp_types
     from dsh_mcp.results import to_output
 
-    from dsh.errors import ToolError
+    from dsh.core.errors import ToolError
 
     content: list[Any] = []
     expected: list[str] = []

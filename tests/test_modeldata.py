@@ -1,4 +1,4 @@
-"""dsh.modeldata: the model windows and prices data file (issue 17)."""
+"""dsh.core.modeldata: the model windows and prices data file (issue 17)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsh import modeldata
-from dsh.compaction import window_from_table
-from dsh.modeldata import DATA_FILE
-from dsh.modeldata import ModelFacts
-from dsh.modeldata import lookup
-from dsh.modeldata import price_for
+from dsh.core import modeldata
+from dsh.core.modeldata import DATA_FILE
+from dsh.core.modeldata import ModelFacts
+from dsh.core.modeldata import lookup
+from dsh.core.modeldata import price_for
+from dsh.run.compaction import window_from_table
 
 ROOT = Path(__file__).parent.parent
 #: Model ids as the docs write them; the hosted families must also have a price.
@@ -51,7 +51,7 @@ def test_every_model_named_in_the_docs_has_an_entry() -> None:
     assert {"gpt-4o-mini", "claude-haiku-4-5", "claude-sonnet-4-20250514"} <= set(named)
     for model, where in sorted(named.items()):
         facts = lookup(model)
-        assert facts is not None, f"{where} names {model}, which dsh/data/models.json lacks"
+        assert facts is not None, f"{where} names {model}, which dsh/core/data/models.json lacks"
         assert facts.context_window, f"{model}: no context window"
         if model.startswith(HOSTED):
             assert facts.price is not None and facts.price.pair(), f"{model}: no price"
@@ -145,8 +145,8 @@ def test_compaction_windows_come_from_the_data_file() -> None:
 
 def test_the_data_file_is_package_data() -> None:
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    patterns = conf["tool"]["setuptools"]["package-data"]["dsh"]
-    rel = Path(DATA_FILE).relative_to(ROOT / "dsh")
+    patterns = conf["tool"]["setuptools"]["package-data"]["dsh.core"]
+    rel = Path(DATA_FILE).relative_to(ROOT / "dsh" / "core")
     assert any(rel.match(p) for p in patterns)
 
 
@@ -165,10 +165,10 @@ def test_help_and_a_fully_configured_run_do_not_read_the_data_file(tmp_path: Pat
                       'price = { input = 0.1, output = 0.2 }\n')
     code = ("import atexit, sys\n"
             "def report():\n"
-            "    m = sys.modules.get('dsh.modeldata')\n"  # imported is fine; read is not
+            "    m = sys.modules.get('dsh.core.modeldata')\n"  # imported is fine; read is not
             "    sys.stderr.write('LOADED %s\\n' % bool(m and m.table.cache_info().misses))\n"
             "atexit.register(report)\n"
-            "from dsh.cli import main\nsys.argv = ['dsh'] + sys.argv[1:]\nmain()\n")
+            "from dsh.cli.root import main\nsys.argv = ['dsh'] + sys.argv[1:]\nmain()\n")
     env = {**os.environ, "DSH_HOME": str(tmp_path)}
 
     def loaded(*args: str) -> bool:

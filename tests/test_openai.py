@@ -14,21 +14,21 @@ from typing import Any
 import attrs
 import pytest
 
-from dsh.errors import Cancelled
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.core.errors import Cancelled
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.host.runcontext import RunContext
+from dsh.host.runcontext import activate
 from dsh.llm.http import INVALID_JSON_KEY
 from dsh.llm.http import parse_retry_after
 from dsh.llm.openai import OpenAIModel
 from dsh.llm.transport import send
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import bytewise

@@ -20,20 +20,20 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.app import RunResult
-from dsh.config import config_from_dict
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
 from dsh.hookspecs import hookimpl
 from dsh.llm import openai as openai_module
 from dsh.llm.openai import OpenAIModel
 from dsh.llm.sse import SSEEvent
 from dsh.llm.transport import send
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
+from dsh.run.app import App
+from dsh.run.app import RunResult
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import bytewise
@@ -162,7 +162,7 @@ def test_any_reasoning_text_is_recorded_whole_and_kept_from_the_answer(
               for c in reasoning_chunks(thought, answer)]
     shown: list[str] = []
     r = model.parse_stream(iter(events), shown.append)
-    from dsh.sanitize import clean_text
+    from dsh.core.sanitize import clean_text
 
     assert r.reasoning == (mine(clean_text("".join(thought))[0]),)
     assert "".join(shown) == "".join(answer)

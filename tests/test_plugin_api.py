@@ -22,15 +22,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dsh
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import NoRunContext
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import NoRunContext
 from dsh.hookspecs import hookimpl
-from dsh.scope import AgentHandle
-from dsh.scope import AgentInfo
-from dsh.scope import NotInRun
-from dsh.stash import Stash
-from dsh.stash import StashKey
+from dsh.host.scope import AgentHandle
+from dsh.host.scope import AgentInfo
+from dsh.host.scope import NotInRun
+from dsh.host.stash import Stash
+from dsh.host.stash import StashKey
+from dsh.run.app import App
 
 
 def _events(path: Path | None) -> list[dict[str, Any]]:

@@ -27,23 +27,23 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh import plugin_events as pe
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import InvariantViolation
-from dsh.errors import LedgerError
-from dsh.errors import NoRunContext
-from dsh.events import PluginEvent
-from dsh.history import Projection
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import InvariantViolation
+from dsh.core.errors import LedgerError
+from dsh.core.errors import NoRunContext
+from dsh.core.messages import Message
+from dsh.core.messages import thaw
 from dsh.hookspecs import hookimpl
-from dsh.ledger import JsonlStore
-from dsh.ledger import Ledger
-from dsh.loop import InboxItem
-from dsh.messages import Message
-from dsh.messages import thaw
-from dsh.serialize import default_codec
-from dsh.serialize import dump_event
-from dsh.serialize import event_to_dict
+from dsh.ledger import plugin_events as pe
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.history import Projection
+from dsh.ledger.serialize import default_codec
+from dsh.ledger.serialize import dump_event
+from dsh.ledger.serialize import event_to_dict
+from dsh.ledger.store import JsonlStore
+from dsh.ledger.store import Ledger
+from dsh.run.app import App
+from dsh.run.loop import InboxItem
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
@@ -190,7 +190,7 @@ def test_accepted_shapes_are_normalised(tmp_path: Path) -> None:
 
 
 def test_secrets_in_data_are_redacted_before_the_ledger(tmp_path: Path) -> None:
-    from dsh import redact
+    from dsh.core import redact
 
     secret = "registered-Secret-value-7f3a9c"
     redact.register(secret)
@@ -375,7 +375,7 @@ def test_generated_payloads_round_trip_exactly_or_are_refused(data: dict, versio
             return [plain(x) for x in v]
         return v
 
-    from dsh.redact import redact
+    from dsh.core.redact import redact
 
     if all(redact(s) == s for s in _strings(data)):
         assert ev.data == plain(data)
@@ -483,7 +483,7 @@ def test_c3_injecting_plugin_event_data_as_context_is_recorded_and_sent(
 PLUGIN = '''
 import os, time
 from dsh.hookspecs import hookimpl
-from dsh.plugin_events import plugin_events, record_event
+from dsh.ledger.plugin_events import plugin_events, record_event
 
 @hookimpl
 def pre_step(step):
@@ -658,7 +658,7 @@ SHAPES = st.sampled_from([
 @given(st.lists(st.tuples(st.text(max_size=6), SHAPES, st.text(max_size=6)), max_size=6))
 def test_redaction_is_the_same_as_string_by_string(parts: list[tuple[str, str, str]]) -> None:
     """One redact() over all strings decides whether any needs it: never a miss."""
-    from dsh import redact
+    from dsh.core import redact
 
     redact.register("registered-Prop-secret-42")
     data = {f"k{i}": "".join(p) for i, p in enumerate(parts)
@@ -668,7 +668,7 @@ def test_redaction_is_the_same_as_string_by_string(parts: list[tuple[str, str, s
 
 def test_a_hostile_plugin_event_line_cannot_drive_the_terminal(tmp_path: Path) -> None:
     """Names and data of a hand-written line are shown with their controls made visible."""
-    from dsh.render import trajectory
+    from dsh.cli.render import trajectory
 
     store = JsonlStore(tmp_path)
     with store.create("s1") as ledger:

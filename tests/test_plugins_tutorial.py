@@ -27,11 +27,11 @@ from typing import NamedTuple
 
 import pytest
 
-from dsh.app import App
-from dsh.events import StepRejected
-from dsh.events import ToolReturned
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
+from dsh.ledger.events import StepRejected
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.run.app import App
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "plugins.md"

@@ -29,8 +29,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.runcontext import Budget
-from dsh.runcontext import Limits
+from dsh.host.runcontext import Budget
+from dsh.host.runcontext import Limits
 
 if importlib.util.find_spec("ray") is None or importlib.util.find_spec("dsh_ray") is None:
     pytest.skip("ray or dsh-ray is not installed (pip install 'ray>=2.40' ./plugins/dsh-ray)",
@@ -204,7 +204,7 @@ def test_installed_copy_is_not_stale() -> None:
 
 IMPORTS = """
 import json, sys
-from dsh.cli import main
+from dsh.cli.root import main
 sys.argv = ["dsh", *json.loads(sys.argv[1])]
 try:
     main()
@@ -235,7 +235,7 @@ def test_help_and_a_local_batch_never_import_ray(env: dict[str, Any]) -> None:
 
 def test_without_ray_the_executor_says_how_to_install_it(env: dict[str, Any]) -> None:
     code = ("import sys\nsys.modules['ray'] = None  # as if not installed\n"
-            "from dsh.cli import main\nsys.argv = ['dsh', *sys.argv[1:]]\nmain()\n")
+            "from dsh.cli.root import main\nsys.argv = ['dsh', *sys.argv[1:]]\nmain()\n")
     write_tasks(env["dir"] / "tasks.jsonl", 2)
     proc = subprocess.run([sys.executable, "-c", code, "batch", "tasks.jsonl", "-m", "echo",
                            "--executor", "ray"], env=env["env"], cwd=env["dir"],
@@ -281,7 +281,7 @@ _SETTING_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 8),
 def test_settings_accept_exactly_the_valid_tables(raw: dict[str, Any]) -> None:
     from dsh_ray.settings import settings_from
 
-    from dsh.errors import ConfigError
+    from dsh.core.errors import ConfigError
 
     def ok(key: str, value: Any) -> bool:
         if value is None:
@@ -352,7 +352,7 @@ _OPS = st.lists(st.one_of(
 def test_a_remote_budget_level_behaves_as_a_local_parent(
         run: tuple[int | None, ...], batch: tuple[int | None, ...],
         ops: list[tuple[str, dict[str, int]]]) -> None:
-    """dsh/runcontext.py's walk up the chain stops at a ``remote`` level and hands it the
+    """dsh/host/runcontext.py's walk up the chain stops at a ``remote`` level and hands it the
     rest: every reserve/add/exceeded answers as with a local parent, and every count lands
     at the same levels (the remote level's counters where it keeps them)."""
     run_limits = Limits(steps=run[0], requests=run[1], tool_calls=run[2])
@@ -578,9 +578,9 @@ MARKER = """
 import json, sys
 from pathlib import Path
 import dsh_ray.executor as ex
-from dsh.batch import Task, Unit
-from dsh.config import config_from_dict
-from dsh.runcontext import Limits
+from dsh.batch.runner import Task, Unit
+from dsh.config.loader import config_from_dict
+from dsh.host.runcontext import Limits
 
 ex.MARKER_WAIT = 0.0
 store = Path(sys.argv[1])

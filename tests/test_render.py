@@ -10,34 +10,34 @@ from typing import Any
 
 import pytest
 
-from dsh.config_edit import parse_key
-from dsh.config_edit import parse_value
-from dsh.events import AssistantMessage
-from dsh.events import ContextInjected
-from dsh.events import Event
-from dsh.events import StepEnded
-from dsh.events import StepRejected
-from dsh.events import StepStarted
-from dsh.events import ToolCalled
-from dsh.events import ToolReturned
-from dsh.events import TurnEnded
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
-from dsh.ledger import Ledger
-from dsh.ledger import SessionInfo
-from dsh.messages import ToolCall
-from dsh.messages import Usage
-from dsh.recorder import LiveEvent
-from dsh.render import markdown
-from dsh.render import one_line
-from dsh.render import sessions_table
-from dsh.render import trajectory
-from dsh.render import use_color
-from dsh.serialize import dump_event
-from dsh.terminal import StatusLine
-from dsh.terminal import Stdout
-from dsh.terminal import TextPrinter
-from dsh.terminal import event_line
+from dsh.cli.render import markdown
+from dsh.cli.render import one_line
+from dsh.cli.render import sessions_table
+from dsh.cli.render import trajectory
+from dsh.cli.render import use_color
+from dsh.cli.terminal import StatusLine
+from dsh.cli.terminal import Stdout
+from dsh.cli.terminal import TextPrinter
+from dsh.cli.terminal import event_line
+from dsh.config.edit import parse_key
+from dsh.config.edit import parse_value
+from dsh.core.messages import ToolCall
+from dsh.core.messages import Usage
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextInjected
+from dsh.ledger.events import Event
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepRejected
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.serialize import dump_event
+from dsh.ledger.store import Ledger
+from dsh.ledger.store import SessionInfo
+from dsh.run.recorder import LiveEvent
 
 
 @pytest.fixture
@@ -272,9 +272,9 @@ def test_parse_value(raw: str, value: Any) -> None:
 def test_reasoning_parts_render_by_what_they_hold() -> None:
     """A readable part shows its text, an opaque one a marker with its size, an empty one
     (a thinking-mode server's empty ``reasoning_content``) says so: never "encrypted"."""
-    from dsh.messages import Reasoning
-    from dsh.render import _Styler
-    from dsh.render import reasoning_line
+    from dsh.cli.render import _Styler
+    from dsh.cli.render import reasoning_line
+    from dsh.core.messages import Reasoning
 
     plain = _Styler(False)
     assert reasoning_line(Reasoning(kind="reasoning_content", provider="openai"), plain,

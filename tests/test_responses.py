@@ -23,21 +23,21 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.app import RunResult
-from dsh.config import config_from_dict
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
 from dsh.hookspecs import hookimpl
 from dsh.llm import responses as responses_module
 from dsh.llm.responses import ResponsesModel
 from dsh.llm.responses import reasoning_item
 from dsh.llm.transport import send
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
+from dsh.run.app import App
+from dsh.run.app import RunResult
 from tests.servers import Reply
 from tests.servers import bytewise
 from tests.servers import reconstruct
@@ -487,8 +487,8 @@ def test_any_reasoning_item_comes_back_byte_for_byte_after_the_ledger(
     """Whatever id, encrypted content and summary (control characters, quotes, escapes) a
     server sends, the item sent back — after the answer is written to the ledger as JSON and
     read back, as a resume does — is the one the server gave."""
-    from dsh.serialize import dump_reasoning
-    from dsh.serialize import raw_reasoning
+    from dsh.ledger.serialize import dump_reasoning
+    from dsh.ledger.serialize import raw_reasoning
 
     model = ResponsesModel("m", {"base_url": "http://127.0.0.1:9/v1"})
     item: dict[str, Any] = {"id": rid, "type": "reasoning",

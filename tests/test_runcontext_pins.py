@@ -1,4 +1,4 @@
-"""Pins for dsh/runcontext.py found by mutation testing (docs/testing.md): exact limit
+"""Pins for dsh/host/runcontext.py found by mutation testing (docs/testing.md): exact limit
 messages (a run's own limit versus a parent's), the boundaries of every limit, a time limit
 measured forwards, reservations, cancellation callbacks and cleanup errors."""
 
@@ -14,17 +14,17 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.errors import Cancelled
-from dsh.errors import NoRunContext
-from dsh.ledger import Ledger
-from dsh.runcontext import Budget
-from dsh.runcontext import CancelToken
-from dsh.runcontext import Limits
-from dsh.runcontext import RunContext
-from dsh.runcontext import UnobservedRunWarning
-from dsh.runcontext import activate
-from dsh.runcontext import context
-from dsh.runcontext import current_or_none
+from dsh.core.errors import Cancelled
+from dsh.core.errors import NoRunContext
+from dsh.host.runcontext import Budget
+from dsh.host.runcontext import CancelToken
+from dsh.host.runcontext import Limits
+from dsh.host.runcontext import RunContext
+from dsh.host.runcontext import UnobservedRunWarning
+from dsh.host.runcontext import activate
+from dsh.host.runcontext import context
+from dsh.host.runcontext import current_or_none
+from dsh.ledger.store import Ledger
 
 
 class Clock:
@@ -415,7 +415,7 @@ def test_an_observer_plugin_added_to_an_observed_run_is_taken_silently():
 
 
 def test_a_finished_child_run_leaves_no_callback_on_its_parents_token() -> None:
-    from dsh.runcontext import CancelToken
+    from dsh.host.runcontext import CancelToken
 
     parent = CancelToken()
     for _ in range(100):
@@ -428,7 +428,7 @@ def test_a_finished_child_run_leaves_no_callback_on_its_parents_token() -> None:
 
 
 def test_runs_detach_from_the_callers_token(make_app) -> None:  # type: ignore[no-untyped-def]
-    from dsh.runcontext import CancelToken
+    from dsh.host.runcontext import CancelToken
 
     caller = CancelToken()
     app = make_app(model="echo")

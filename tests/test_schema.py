@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.errors import OutputSchemaError
-from dsh.errors import UsageError
-from dsh.schema import concise
-from dsh.schema import load
-from dsh.schema import problems
+from dsh.core.errors import OutputSchemaError
+from dsh.core.errors import UsageError
+from dsh.llm.schema import concise
+from dsh.llm.schema import load
+from dsh.llm.schema import problems
+from dsh.run.app import App
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import anthropic_message

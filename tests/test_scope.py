@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import UsageError
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import UsageError
 from dsh.hookspecs import hookimpl
+from dsh.run.app import App
 
 FAKE = '''
 from dsh import hookimpl
@@ -135,7 +135,7 @@ def test_plugin_that_fails_to_import_is_reported_not_fatal(tmp_path, monkeypatch
     assert broken.label == "broken (dsh-broken 1.0)"
     assert app.run("still works", model="echo").output == "still works"
 
-    from dsh.errors import PluginError
+    from dsh.core.errors import PluginError
 
     strict = App(config_from_dict({"sessions_dir": str(tmp_path / "s"), "strict_plugins": True}))
     with pytest.raises(PluginError, match=r"plugin broken \(dsh-broken 1.0\) failed to load"):

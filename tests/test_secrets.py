@@ -1,5 +1,5 @@
 """dsh's own secrets — API keys, URL credentials, secret headers — stay out of everything it
-shows or records (issue 9, section 4; dsh/redact.py).
+shows or records (issue 9, section 4; dsh/core/redact.py).
 
 * The redaction rules, property-based: a secret of 8+ characters never survives in any form
   a message can carry it (as is, JSON- or repr-escaped, URL-encoded, base64'd at any alignment,
@@ -37,9 +37,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh import redact as R
-from dsh.redact import REDACTED
-from dsh.redact import Redactor
+from dsh.core import redact as R
+from dsh.core.redact import REDACTED
+from dsh.core.redact import Redactor
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import closed_port
@@ -81,7 +81,7 @@ def leaks_in_files(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, list[st
 
 
 # ================================================================================================
-# The rules (dsh/redact.py), property-based
+# The rules (dsh/core/redact.py), property-based
 # ================================================================================================
 
 #: Characters a key may hold in the tests: ASCII of every class (regex metacharacters,
@@ -143,7 +143,7 @@ def test_a_secret_survives_in_no_encoded_form(key: str, lead: str, tail: str,
     r = Redactor()
     assert r.register(key)
     encoded = ENCODINGS[encoding](key)
-    if R.is_wordlike(key.strip()):  # redacted as a whole word only (see dsh/redact.py)
+    if R.is_wordlike(key.strip()):  # redacted as a whole word only (see dsh/core/redact.py)
         lead, tail = f"{lead} ", f" {tail}"
     message = f"{lead}{encoded}{tail}"
     clean = r.redact(message)
@@ -637,7 +637,7 @@ def test_httpx_request_logs_are_redacted(server: ScriptedServer, tmp_path: Path,
                                          caplog: pytest.LogCaptureFixture) -> None:
     """httpx logs each request's URL at INFO: a library user who turns logging on must not
     get the query's key."""
-    from dsh.app import App
+    from dsh.run.app import App
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     server.script(Reply(body=openai_completion("fine")))
@@ -661,9 +661,9 @@ def test_a_configured_authorization_header_replaces_the_key(
     from http.server import BaseHTTPRequestHandler
     from http.server import ThreadingHTTPServer
 
-    from dsh.app import App
-    from dsh.errors import ConfigError
+    from dsh.core.errors import ConfigError
     from dsh.llm.openai import OpenAIModel
+    from dsh.run.app import App
 
     seen: list[list[str]] = []
 

@@ -27,8 +27,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.errors import ToolError
+from dsh.core.errors import ToolError
+from dsh.run.app import App
 
 dsh_shell = pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
 from dsh_shell import process  # noqa: E402

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from dsh.app import App
-from dsh.app import RunResult
-from dsh.errors import ConfigError
-from dsh.errors import ToolError
-from dsh.events import ToolReturned
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ToolError
+from dsh.ledger.events import ToolReturned
+from dsh.run.app import App
+from dsh.run.app import RunResult
 
 try:
     import dsh_shell
@@ -529,7 +529,7 @@ def test_approval_question_cannot_be_redrawn_by_the_model(make: Callable[..., Ap
 
 CHILD = textwrap.dedent("""
     import json, sys
-    from dsh.app import App
+    from dsh.run.app import App
 
     ws, sessions, model = sys.argv[1:4]
     app = App.from_config({"sessions_dir": sessions, "plugins": {"shell": {"workspace": ws}},

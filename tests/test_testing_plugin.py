@@ -31,13 +31,13 @@ from hypothesis import strategies as st
 
 import dsh.testing
 from dsh import hookimpl
-from dsh.errors import ConfigError
-from dsh.events import AssistantMessage
-from dsh.events import ToolCalled
-from dsh.events import ToolReturned
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
-from dsh.messages import ModelRequest
+from dsh.core.errors import ConfigError
+from dsh.core.messages import ModelRequest
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
 from dsh.testing import MODEL
 from dsh.testing import CliResult
 from dsh.testing import PromptResult
@@ -163,7 +163,8 @@ def test_importing_it_imports_nothing_heavy() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env=_clean_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == ["dsh", "dsh._version", "dsh.hookspecs", "dsh.testing"]
+    assert json.loads(proc.stdout) == ["dsh", "dsh._compat", "dsh._version", "dsh.hookspecs",
+                                       "dsh.testing"]
 
 
 def test_a_test_that_asks_for_nothing_gets_nothing(request: pytest.FixtureRequest) -> None:
@@ -297,7 +298,7 @@ def test_a_bad_reply_is_refused_when_it_is_added() -> None:
 
 
 def test_the_scripted_model_exists_only_in_the_fixtures_apps(dsh_env: Any) -> None:
-    from dsh.app import App
+    from dsh.run.app import App
 
     app = App.from_config({**BARE, "load": ["dsh.testing"], "model": MODEL,
                            "sessions_dir": str(dsh_env.root / "s"),
@@ -485,8 +486,9 @@ def test_the_examples_of_the_docs_pass(example_env: tuple[Path, Path], tmp_path:
     tests = [b for b in blocks if b is not config]
     (tmp_path / "conftest.py").write_text("import pytest\n\n\n" + config)
     (tmp_path / "test_doc_examples.py").write_text(
-        "import pytest\n\nimport dsh\nfrom dsh.errors import ConfigError\n"
-        "from dsh.events import PluginEvent\nfrom dsh.events import ToolReturned\n\n\n"
+        "import pytest\n\nimport dsh\nfrom dsh.core.errors import ConfigError\n"
+        "from dsh.ledger.events import PluginEvent\n"
+        "from dsh.ledger.events import ToolReturned\n\n\n"
         + "\n\n".join(tests))
     count = sum(len(re.findall(r"^def test_", b, re.M)) for b in tests)
     assert count >= 7

@@ -9,14 +9,14 @@ from typing import Literal
 import pytest
 
 from dsh import tool
-from dsh.errors import ToolError
+from dsh.core.errors import ToolError
+from dsh.core.messages import ToolCall
 from dsh.hookspecs import hookimpl
-from dsh.messages import ToolCall
-from dsh.tools import ToolInvocation
-from dsh.tools import build_tool
-from dsh.tools import call_tool
-from dsh.tools import parse_docstring
-from dsh.tools import validate
+from dsh.tools.registry import ToolInvocation
+from dsh.tools.registry import build_tool
+from dsh.tools.registry import call_tool
+from dsh.tools.registry import parse_docstring
+from dsh.tools.registry import validate
 
 
 def search(query: str, limit: int = 10, tags: list[str] | None = None,
@@ -148,7 +148,7 @@ def test_calls_run_concurrently_and_log_in_call_order(make_app, plugin_module, s
         """Wait at the barrier."""
         barrier.wait()  # deadlocks unless all three calls run at once
         time.sleep(0.01 * (3 - n))  # finish in reverse order
-        from dsh.runcontext import context
+        from dsh.host.runcontext import context
 
         return f"{n}:{context().agent}"  # the run's context reaches worker threads
 
@@ -276,7 +276,7 @@ def test_duplicate_tool_names_are_an_error_naming_both(make_app, plugin_module):
     a = plugin_module(register_tools=_plugin(dup=dup))
     b = plugin_module(register_tools=_plugin(dup=dup))
     app = make_app(load=[a, b])
-    from dsh.errors import PluginError
+    from dsh.core.errors import PluginError
 
     with pytest.raises(PluginError, match=f"tool 'dup' registered twice: by {a} and {b}"):
         app.agent()

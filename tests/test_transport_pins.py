@@ -22,30 +22,30 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import BudgetExceeded
-from dsh.errors import ConfigError
-from dsh.errors import InvariantViolation
-from dsh.history import Projection
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import BudgetExceeded
+from dsh.core.errors import ConfigError
+from dsh.core.errors import InvariantViolation
+from dsh.core.messages import Attachment
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import freeze
+from dsh.core.messages import thaw
 from dsh.hookspecs import hookimpl
+from dsh.host.runcontext import Budget
+from dsh.host.runcontext import Limits
+from dsh.host.runcontext import RunContext
+from dsh.host.runcontext import activate
+from dsh.host.runcontext import context
+from dsh.ledger.history import Projection
 from dsh.llm import transport
 from dsh.llm.base import Model
-from dsh.messages import Attachment
-from dsh.messages import FrozenDict
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import freeze
-from dsh.messages import thaw
-from dsh.runcontext import Budget
-from dsh.runcontext import Limits
-from dsh.runcontext import RunContext
-from dsh.runcontext import activate
-from dsh.runcontext import context
+from dsh.run.app import App
 
 PROTOCOL = "input, messages, model, prompt, stream, system, tools"
 HEAD = "invariant C3 violated: the model request is not what the session ledger records: "
@@ -972,7 +972,7 @@ def test_reasoning_deltas_reach_an_adapter_inside_a_run(tmp_path, plugin_module)
 
 def test_a_view_of_another_history_is_compared_by_value():
     one, other = Projection(), Projection()
-    from dsh.events import UserMessage
+    from dsh.ledger.events import UserMessage
 
     for proj, text in ((one, "hi"), (other, "psst")):
         event = UserMessage(text=text)

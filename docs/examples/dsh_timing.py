@@ -11,9 +11,9 @@ from dsh import hookimpl
 
 if TYPE_CHECKING:
     from dsh.llm.builtin import ModelCall
-    from dsh.messages import ModelResponse
-    from dsh.tools import ToolInvocation
-    from dsh.tools import ToolOutcome
+    from dsh.core.messages import ModelResponse
+    from dsh.tools.registry import ToolInvocation
+    from dsh.tools.registry import ToolOutcome
 
 
 def report(message: str) -> None:

@@ -14,7 +14,7 @@ cost budget prices them at their own rates.
 **Extended thinking** (issue 17) is the API's own option, recorded with the others:
 ``options.thinking = {type = "enabled", budget_tokens = N}``, or the shorthand
 ``thinking = N`` (sent as that table). ``thinking`` and ``redacted_thinking`` blocks are parsed
-into :class:`~dsh.messages.Reasoning` parts (provider ``anthropic``), in order, and replayed
+into :class:`~dsh.core.messages.Reasoning` parts (provider ``anthropic``), in order, and replayed
 exactly — first in the assistant message, thinking text, signature and redacted data byte for
 byte — on every later request: the API refuses a tool result whose assistant turn lost its
 thinking blocks. Parts of another provider family are not sent.
@@ -35,28 +35,28 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.sanitize import StreamText
+from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
 from dsh.llm.http import join_path
 from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
+from dsh.llm.schema import OPTION as OUTPUT_SCHEMA
+from dsh.llm.schema import answer_from_tool
+from dsh.llm.schema import output_tool
 from dsh.llm.sse import SSEEvent
-from dsh.messages import Attachment
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.sanitize import StreamText
-from dsh.sanitize import join_pairs
-from dsh.schema import OPTION as OUTPUT_SCHEMA
-from dsh.schema import answer_from_tool
-from dsh.schema import output_tool
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
@@ -67,7 +67,8 @@ _RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_erro
 CACHE_MODES = ("auto", "off")
 #: At most this many ``cache_control`` breakpoints in one request (the API's limit).
 MAX_BREAKPOINTS = 4
-#: The reasoning parts this adapter writes and replays (:attr:`dsh.messages.Reasoning.provider`).
+#: The reasoning parts this adapter writes and replays
+#: (:attr:`dsh.core.messages.Reasoning.provider`).
 REASONING_PROVIDER = "anthropic"
 #: More characters of thinking, signatures and redacted data in one response is an error (a
 #: runaway or hostile server): nothing is recorded.
@@ -116,8 +117,8 @@ def _blocks(m: Message) -> tuple[str, list[dict[str, Any]]]:
 def attachment_block(att: Attachment) -> dict[str, Any]:
     """One recorded attachment as a Messages API content block: ``image`` or, for a PDF,
     ``document``, with a base64 source (issue 17)."""
-    from dsh.attachments import PDF
-    from dsh.attachments import base64_of
+    from dsh.llm.attachments import PDF
+    from dsh.llm.attachments import base64_of
 
     return {"type": "document" if att.media_type == PDF else "image",
             "source": {"type": "base64", "media_type": att.media_type,

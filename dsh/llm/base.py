@@ -1,7 +1,8 @@
 """The model adapter interface (MISSION A2).
 
-An adapter is a :class:`Model`: given a provider-neutral :class:`~dsh.messages.ModelRequest`
-it returns a :class:`~dsh.messages.ModelResponse`. Adapters are registered by a *prefix* through
+An adapter is a :class:`Model`: given a provider-neutral :class:`~dsh.core.messages.ModelRequest`
+it returns a :class:`~dsh.core.messages.ModelResponse`. Adapters are registered by a *prefix*
+through
 the ``register_models`` hook; the model id ``"openai:gpt-4o-mini"`` asks the factory registered
 as ``openai`` for the model ``gpt-4o-mini``. A factory may be given as a ``"module:attr"`` string
 so that the adapter's module (and httpx) is imported only when that model is used.
@@ -17,11 +18,11 @@ from typing import Any
 
 import attrs
 
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import freeze
 from dsh.llm import transport
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolSpec
-from dsh.messages import freeze
 
 #: Called with each text delta while a response streams.
 TextCallback = Callable[[str], None]
@@ -115,7 +116,7 @@ class Model:
             elif media_type not in allowed:
                 return False
         if allowed is None or not isinstance(allowed, bool | list | tuple):
-            from dsh.errors import ConfigError
+            from dsh.core.errors import ConfigError
 
             raise ConfigError(f"model {self.name!r}: `attachments` must be true, false or a "
                               "list of media types (\"image/png\", \"application/pdf\", …)")
@@ -123,7 +124,8 @@ class Model:
 
     def check(self) -> None:
         """Validate what can be validated before any request (a missing API key, a missing
-        file). Raise :class:`~dsh.errors.ProviderError` or :class:`~dsh.errors.ConfigError`."""
+        file). Raise :class:`~dsh.core.errors.ProviderError` or
+        :class:`~dsh.core.errors.ConfigError`."""
 
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         """Send ``request`` and return the resolved response.
@@ -142,7 +144,7 @@ class Model:
         :class:`~dsh.llm.http.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
         ``parse_stream`` instead. Inside a run, honour ``dsh.context().cancel`` (close
         the in-flight request when it fires) and reuse the run's HTTP client.
-        Raise :class:`~dsh.errors.ProviderError` for failures the user can act on.
+        Raise :class:`~dsh.core.errors.ProviderError` for failures the user can act on.
         """
         raise NotImplementedError
 
@@ -183,9 +185,9 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
     one nested more than :data:`MAX_ARGUMENT_DEPTH` levels deep — becomes
     ``{"__invalid_json__": text}``, which fails the tool's schema validation in the core, so
     the model receives an error result it can read and correct."""
-    from dsh.sanitize import has_nonfinite
-    from dsh.sanitize import loads_strict
-    from dsh.sanitize import nesting_depth
+    from dsh.core.sanitize import has_nonfinite
+    from dsh.core.sanitize import loads_strict
+    from dsh.core.sanitize import nesting_depth
 
     if raw is None or raw == "":
         return {}

@@ -26,23 +26,23 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import MessageView
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolCall
+from dsh.core.messages import Usage
+from dsh.core.sanitize import nesting_depth
 from dsh.hookspecs import hookimpl
 from dsh.llm import transport
 from dsh.llm.base import MAX_ARGUMENT_DEPTH
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.llm.base import parse_tool_arguments
-from dsh.messages import MessageView
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolCall
-from dsh.messages import Usage
-from dsh.sanitize import nesting_depth
 
 if TYPE_CHECKING:
-    from dsh.scope import AgentHandle
+    from dsh.host.scope import AgentHandle
 
 
 class ModelCall:
@@ -120,7 +120,7 @@ def register_models(register: Callable[..., None]) -> None:
 
 def check_invariant(request: ModelRequest, expected: Any) -> None:
     """Fail loudly when the request differs from ``expected`` (a sealed request or a
-    :class:`~dsh.history.Projection`), MISSION C3: :func:`dsh.llm.transport.check`.
+    :class:`~dsh.ledger.history.Projection`), MISSION C3: :func:`dsh.llm.transport.check`.
 
     Cheap by construction: the loop hands the provider an O(1) view of the projection, so the
     normal path is an identity test; only a request some layer rebuilt is compared by value.
@@ -282,7 +282,7 @@ class ScriptedModel(Model):
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         responses = self.responses()
         pos = self._position(request.messages)
-        from dsh.runcontext import current_or_none
+        from dsh.host.runcontext import current_or_none
 
         ctx = current_or_none()
         if ctx is not None:  # a compacted history has fewer answers than the session gave
@@ -318,7 +318,7 @@ class ScriptedModel(Model):
 
 def _wait(seconds: float) -> None:
     """Sleep like a slow provider would, but wake up when the run is aborted."""
-    from dsh.runcontext import current_or_none
+    from dsh.host.runcontext import current_or_none
 
     ctx = current_or_none()
     if ctx is None:

@@ -8,7 +8,7 @@
   (through httpcore's ``trace`` extension) and an abort *shuts them down* — closing a socket
   from another thread does not wake a ``recv`` blocked on it, ``shutdown`` does;
 * :class:`HTTPModel`, the base of the OpenAI and Anthropic adapters: key lookup, the retry loop,
-  and HTTP failures turned into :class:`~dsh.errors.ProviderError` messages a user can act on.
+  and HTTP failures turned into :class:`~dsh.core.errors.ProviderError` messages a user can act on.
 
 httpx is imported here and in the adapters only; ``import dsh`` never pays for it.
 """
@@ -39,22 +39,22 @@ from urllib.parse import urlunsplit
 import attrs
 import httpx
 
-from dsh import redact
 from dsh._version import __version__
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.core import redact
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolCall
+from dsh.core.messages import Usage
+from dsh.host.runcontext import RunContext
+from dsh.host.runcontext import current_or_none
 from dsh.llm.base import INVALID_JSON_KEY  # noqa: F401 - re-exported for adapters and tests
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.llm.base import parse_tool_arguments  # noqa: F401 - re-exported
 from dsh.llm.sse import SSEEvent
 from dsh.llm.sse import SSEParser
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolCall
-from dsh.messages import Usage
-from dsh.runcontext import RunContext
-from dsh.runcontext import current_or_none
 
 log = logging.getLogger(__name__)
 # httpx logs every request's URL (a query may hold a key); ours log provider errors.
@@ -213,7 +213,7 @@ def _remember_socket(client: httpx.Client, resp: httpx.Response) -> None:
 def _scrub(err: ProviderError, key: str | None) -> ProviderError:
     """A provider echoing a secret in its error text (the key whole, escaped, encoded or cut
     short at a truncation, URL credentials) must not leak it to the user, the ledger or logs:
-    the message goes through :func:`dsh.redact.redact`. A dummy key (``x``, ``none``…) is no
+    the message goes through :func:`dsh.core.redact.redact`. A dummy key (``x``, ``none``…) is no
     secret and leaves the message as it is."""
     redact.register(key)
     text = str(err)
@@ -391,8 +391,8 @@ def make_response(
 
     A surrogate pair that streaming split across two deltas (each decoded on its own) is
     joined back into its character here; a surrogate still alone is replaced, and counted,
-    when the ledger records the answer (:func:`dsh.ledger.sanitized`)."""
-    from dsh.sanitize import join_pairs
+    when the ledger records the answer (:func:`dsh.ledger.store.sanitized`)."""
+    from dsh.core.sanitize import join_pairs
 
     return ModelResponse(
         text=join_pairs(text),
@@ -523,7 +523,7 @@ class HTTPModel(Model):
     def api_key(self) -> str | None:
         """The ``api_key`` setting, else the environment variable (``api_key_env``, else the
         adapter's), else the stored key ``api_key_name`` (else the provider's name), read
-        once per model object and only when no variable holds a key (dsh/keys.py)."""
+        once per model object and only when no variable holds a key (dsh/config/keys.py)."""
         literal = self.settings.get("api_key")
         if literal:
             return str(literal)
@@ -538,7 +538,7 @@ class HTTPModel(Model):
             return None
         stored: str | None = getattr(self, "_stored_key", None)
         if stored is None:
-            from dsh.keys import get_key
+            from dsh.config.keys import get_key
 
             stored = self._stored_key = get_key(self.key_name) or ""  # "": none stored
         if stored:
@@ -771,7 +771,7 @@ class HTTPModel(Model):
             raise ProviderError(f"{p}: request to {self.shown_url} failed: {exc}") from None
 
     def decode_json(self, raw: bytes) -> Any:
-        from dsh.sanitize import loads_strict
+        from dsh.core.sanitize import loads_strict
 
         try:
             return loads_strict(raw)  # no NaN/Infinity: what is recorded must be JSON
@@ -786,7 +786,7 @@ class HTTPModel(Model):
 
     def event_json(self, event: SSEEvent) -> Any:
         """Decode one stream event's data; garbage is a malformed stream, never retried."""
-        from dsh.sanitize import loads_strict
+        from dsh.core.sanitize import loads_strict
 
         try:
             return loads_strict(event.data)  # no NaN/Infinity: what is recorded must be JSON

@@ -16,28 +16,28 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
-from dsh.errors import ProviderError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.sanitize import StreamText
+from dsh.core.sanitize import clean_text
+from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
 from dsh.llm.http import make_response
 from dsh.llm.http import parse_tool_arguments
 from dsh.llm.http import truncate
+from dsh.llm.schema import DIALECTS
+from dsh.llm.schema import OPTION as OUTPUT_SCHEMA
+from dsh.llm.schema import response_format
 from dsh.llm.sse import SSEEvent
-from dsh.messages import Attachment
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.sanitize import StreamText
-from dsh.sanitize import clean_text
-from dsh.sanitize import join_pairs
-from dsh.schema import DIALECTS
-from dsh.schema import OPTION as OUTPUT_SCHEMA
-from dsh.schema import response_format
 
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -76,9 +76,9 @@ def map_message(m: Message, replay: bool = False) -> dict[str, Any]:
 def attachment_part(att: Attachment) -> dict[str, Any]:
     """One recorded attachment as a chat completions content part: an image as
     ``image_url`` with a ``data:`` URL, a PDF as ``file`` with ``file_data`` (issue 17)."""
-    from dsh.attachments import PDF
-    from dsh.attachments import data_url
-    from dsh.attachments import file_name
+    from dsh.llm.attachments import PDF
+    from dsh.llm.attachments import data_url
+    from dsh.llm.attachments import file_name
 
     if att.media_type == PDF:
         return {"type": "file", "file": {"filename": file_name(att),
@@ -155,7 +155,7 @@ class OpenAIModel(HTTPModel):
     def probe_context_window(self) -> int | None:
         """The context size a local server reports (llama.cpp's ``GET /props``), asked once,
         only on a loopback ``base_url`` and only after a context-length error that stated no
-        size (dsh.compaction.learn_window): no request is ever added to the normal path."""
+        size (dsh.run.compaction.learn_window): no request is ever added to the normal path."""
         known = getattr(self, "_reported_window", False)
         if known is not False:
             return known
@@ -173,7 +173,7 @@ class OpenAIModel(HTTPModel):
         except Exception:  # noqa: BLE001 - a server that does not say is the common case
             data = {}
         finally:
-            from dsh.runcontext import current_or_none
+            from dsh.host.runcontext import current_or_none
 
             if current_or_none() is None:
                 client.close()

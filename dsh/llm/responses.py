@@ -8,7 +8,7 @@ steps of a tool loop without anything kept server-side. Two default options, rec
 nothing) and ``include: ["reasoning.encrypted_content"]`` (the reasoning comes back to us,
 encrypted). Key, base URL and loopback rules are the ``openai:`` adapter's.
 
-Reasoning items become :class:`~dsh.messages.Reasoning` parts of kind ``reasoning`` (the
+Reasoning items become :class:`~dsh.core.messages.Reasoning` parts of kind ``reasoning`` (the
 summary as ``text``, the encrypted content as ``data``; kind ``reasoning_text`` when a server
 sends the raw reasoning as content instead, as open-weight servers do). Summaries stream to
 ``on_reasoning`` (:func:`dsh.llm.openai.report_reasoning`), never to ``on_text``.
@@ -21,7 +21,18 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from typing import Any
 
-from dsh.errors import ProviderError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.sanitize import StreamText
+from dsh.core.sanitize import clean_text
+from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
 from dsh.llm.http import HTTPModel
 from dsh.llm.http import make_response
@@ -33,20 +44,9 @@ from dsh.llm.openai import own_reasoning
 from dsh.llm.openai import report_reasoning
 from dsh.llm.openai import too_much_reasoning
 from dsh.llm.openai import with_reasoning
+from dsh.llm.schema import OPTION as OUTPUT_SCHEMA
+from dsh.llm.schema import responses_format
 from dsh.llm.sse import SSEEvent
-from dsh.messages import Attachment
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.sanitize import StreamText
-from dsh.sanitize import clean_text
-from dsh.sanitize import join_pairs
-from dsh.schema import OPTION as OUTPUT_SCHEMA
-from dsh.schema import responses_format
 
 PROVIDER = "openai-responses"
 _EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -106,9 +106,9 @@ def input_items(messages: Sequence[Message]) -> list[dict[str, Any]]:
 def attachment_input(att: Attachment) -> dict[str, Any]:
     """One recorded attachment as a Responses API content part: ``input_image`` with a
     ``data:`` URL, or ``input_file`` with ``file_data`` for a PDF (issue 17)."""
-    from dsh.attachments import PDF
-    from dsh.attachments import data_url
-    from dsh.attachments import file_name
+    from dsh.llm.attachments import PDF
+    from dsh.llm.attachments import data_url
+    from dsh.llm.attachments import file_name
 
     if att.media_type == PDF:
         return {"type": "input_file", "filename": file_name(att), "file_data": data_url(att)}

@@ -11,7 +11,7 @@ not in a hook a plugin could replace:
   The request that travelled through the ``request`` chain is only *compared* with it:
   identical fields (the normal path) cost five identity tests, O(1); a request some layer
   rebuilt is compared by value, and any difference fails the turn with
-  :class:`~dsh.errors.InvariantViolation` — naming the plugin that swapped it where that can
+  :class:`~dsh.core.errors.InvariantViolation` — naming the plugin that swapped it where that can
   be known — before anything is sent. Even a comparison fooled by a hostile object could not
   smuggle bytes: the adapter is handed the sealed request, never the caller's.
 * **The adapter is the recorded one.** Inside a run the adapter is the agent's, bound when the
@@ -40,26 +40,26 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import BudgetExceeded
-from dsh.errors import ConfigError
-from dsh.errors import InvariantViolation
-from dsh.messages import Attachment
-from dsh.messages import FrozenDict
-from dsh.messages import FrozenList
-from dsh.messages import Message
-from dsh.messages import MessageView
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import Reasoning
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import freeze
-from dsh.messages import thaw
-from dsh.runcontext import _current
+from dsh.core.errors import BudgetExceeded
+from dsh.core.errors import ConfigError
+from dsh.core.errors import InvariantViolation
+from dsh.core.messages import Attachment
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import FrozenList
+from dsh.core.messages import Message
+from dsh.core.messages import MessageView
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import freeze
+from dsh.core.messages import thaw
+from dsh.host.runcontext import _current
 
 if TYPE_CHECKING:
+    from dsh.host.runcontext import RunContext
     from dsh.llm.base import Model
-    from dsh.runcontext import RunContext
 
 TextCallback = Callable[[str], None]
 
@@ -274,7 +274,7 @@ def _differ(a: Any, b: Any) -> bool:
 def check(request: Any, expected: Any) -> None:
     """Raise :class:`InvariantViolation` when ``request`` is not what ``expected`` (a sealed
     request, or anything with ``view()``, ``model``, ``system``, ``tools``, ``options`` such
-    as a :class:`~dsh.history.Projection`) records."""
+    as a :class:`~dsh.ledger.history.Projection`) records."""
     if expected is None:
         return
     if not isinstance(expected, ModelRequest):
@@ -389,7 +389,7 @@ def _hand_over(model: Model, request: ModelRequest, on_text: TextCallback | None
 
 #: The blob store a request's attachments are read from (issue 17), handed over with the
 #: request: the session's store inside a run, the caller's (``send(blobs=…)``) outside one.
-#: Adapters read it through :func:`dsh.attachments.payload`, which checks every byte against
+#: Adapters read it through :func:`dsh.llm.attachments.payload`, which checks every byte against
 #: the hash the ledger records: what leaves is the record plus the bytes it names (C3).
 _blobs: contextvars.ContextVar[Any] = contextvars.ContextVar("dsh_blobs", default=None)
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.errors import SessionInUse
+from dsh.config.loader import config_from_dict
+from dsh.core.errors import SessionInUse
+from dsh.run.app import App
 
 DSH = [sys.executable, "-m", "dsh"]
 

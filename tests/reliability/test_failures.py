@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 
 import dsh
-from dsh.errors import LedgerError
-from dsh.errors import UsageError
-from dsh.events import AssistantMessage
-from dsh.events import StepEnded
-from dsh.events import StepStarted
-from dsh.events import TurnEnded
-from dsh.events import TurnStarted
-from dsh.events import UserMessage
-from dsh.ledger import JsonlStore
-from dsh.sanitize import StreamText
-from dsh.sanitize import clean_text
+from dsh.core.errors import LedgerError
+from dsh.core.errors import UsageError
+from dsh.core.sanitize import StreamText
+from dsh.core.sanitize import clean_text
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.store import JsonlStore
 from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
@@ -774,8 +774,8 @@ def test_a_ledger_deleted_under_a_library_run_is_noticed_at_the_step_boundary(
 
 def test_the_ledger_sanitises_every_field_of_an_event_and_counts_replacements(
         tmp_path: Path) -> None:
-    from dsh.events import ToolCalled
-    from dsh.messages import ToolCall
+    from dsh.core.messages import ToolCall
+    from dsh.ledger.events import ToolCalled
 
     store = JsonlStore(tmp_path)
     call = ToolCall(id="c\ud800", name="t",
@@ -792,7 +792,7 @@ def test_the_ledger_sanitises_every_field_of_an_event_and_counts_replacements(
     assert lines[2]["text"] == "a pair alone 😀"
     events = store.read(OLD)
     assert events[0].extra == {"sanitized": 4}  # read back, and written back unchanged
-    from dsh.serialize import dump_event
+    from dsh.ledger.serialize import dump_event
 
     assert [dump_event(e).encode() + b"\n" for e in events] == \
         store.path(OLD).read_bytes().splitlines(keepends=True)

@@ -12,15 +12,15 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.config import load_config
-from dsh.errors import ConfigError
-from dsh.errors import LedgerError
+from dsh.config.loader import config_from_dict
+from dsh.config.loader import load_config
+from dsh.core.errors import ConfigError
+from dsh.core.errors import LedgerError
 from dsh.hookspecs import hookimpl
-from dsh.ledger import JsonlStore
-from dsh.serialize import dump_event
-from dsh.serialize import load_event
+from dsh.ledger.serialize import dump_event
+from dsh.ledger.serialize import load_event
+from dsh.ledger.store import JsonlStore
+from dsh.run.app import App
 
 
 def add(a: int, b: int) -> int:
@@ -103,7 +103,7 @@ _json = st.recursive(_json_scalars, lambda c: st.one_of(
        fields=st.dictionaries(st.text(min_size=1, max_size=10).filter(
            lambda k: k not in ("type", "v", "seq", "ts", "session")), _json, max_size=5))
 def test_future_event_types_round_trip(tag, fields):
-    from dsh.serialize import default_codec
+    from dsh.ledger.serialize import default_codec
 
     if tag in default_codec().types:
         return

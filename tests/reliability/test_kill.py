@@ -32,12 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dsh.app import App
-from dsh.config import config_from_dict
-from dsh.history import derive_messages
+from dsh.config.loader import config_from_dict
+from dsh.core.messages import Message
 from dsh.hookspecs import hookimpl
-from dsh.ledger import JsonlStore
-from dsh.messages import Message
+from dsh.ledger.history import derive_messages
+from dsh.ledger.store import JsonlStore
+from dsh.run.app import App
 
 SEED = 1234
 RUNS = 200
@@ -62,7 +62,7 @@ def register_tools(register):
 KILL_PLUGIN = '''
 import os, signal
 from dsh import hookimpl
-from dsh.events import Event
+from dsh.ledger.events import Event
 
 AFTER = int(os.environ.get("DSHKILL_AFTER") or 0)
 written = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsh.errors import PluginError
+from dsh.core.errors import PluginError
 from dsh.hookspecs import hookimpl
 
 

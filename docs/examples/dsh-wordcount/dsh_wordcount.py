@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from dsh import hookimpl
-from dsh.errors import ConfigError
-from dsh.errors import ToolError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import ToolError
 
 if TYPE_CHECKING:
-    from dsh.loop import StepDraft
-    from dsh.scope import AgentInfo
+    from dsh.run.loop import StepDraft
+    from dsh.host.scope import AgentInfo
 
 WORD = re.compile(r"[^\W_]+(?:['-][^\W_]+)*")
 #: Something that looks like an API key: "sk-" and at least 20 more key characters.

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from dsh.errors import ConfigError
-from dsh.events import ToolReturned
-from dsh.events import UserMessage
+from dsh.core.errors import ConfigError
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import UserMessage
 from dsh.testing import PromptResult
 from dsh.testing import Script
 from dsh.testing import ScriptedApp

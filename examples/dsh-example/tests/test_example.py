@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from dsh import hookimpl
-from dsh.errors import ConfigError
-from dsh.events import PluginEvent
-from dsh.events import StepRejected
-from dsh.events import ToolReturned
-from dsh.events import UserMessage
+from dsh.core.errors import ConfigError
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import StepRejected
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import UserMessage
 from dsh.testing import Result
 from dsh.testing import Script
 from dsh.testing import ScriptedApp

@@ -12,18 +12,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dsh.hookspecs import hookimpl
-from dsh.runcontext import current_or_none
+from dsh.host.runcontext import current_or_none
 
 if TYPE_CHECKING:
     import click
 
-    from dsh.app import App
-    from dsh.compaction import Compaction
-    from dsh.compaction import CompactionRequest
-    from dsh.loop import StepDraft
-    from dsh.loop import Turn
-    from dsh.tools import ToolInvocation
-    from dsh.tools import ToolOutcome
+    from dsh.run.app import App
+    from dsh.run.compaction import Compaction
+    from dsh.run.compaction import CompactionRequest
+    from dsh.run.loop import StepDraft
+    from dsh.run.loop import Turn
+    from dsh.tools.registry import ToolInvocation
+    from dsh.tools.registry import ToolOutcome
     from dsh_hooks.engine import Engine
 
 __version__ = "0.1.0"

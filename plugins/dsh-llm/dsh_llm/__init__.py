@@ -24,7 +24,7 @@ from dsh.hookspecs import hookimpl
 if TYPE_CHECKING:
     import click
 
-    from dsh.scope import AgentInfo
+    from dsh.host.scope import AgentInfo
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "register_commands", "register_models", "register_tools"]

@@ -3,7 +3,7 @@
 
 What one request does (every request, MISSION C4 — nothing is kept between them):
 
-1. the sealed :class:`~dsh.messages.ModelRequest` dsh's transport hands over is translated
+1. the sealed :class:`~dsh.core.messages.ModelRequest` dsh's transport hands over is translated
    into llm's objects by :func:`build_response` — a fresh :class:`llm.Conversation` whose
    earlier :class:`llm.Response` objects are rebuilt from the request's messages (for
    plugins that read ``conversation.responses``), and a :class:`llm.Prompt` carrying the
@@ -13,7 +13,7 @@ What one request does (every request, MISSION C4 — nothing is kept between the
 2. the response is driven by iterating it (``Response.__iter__`` calls the plugin's
    ``execute``); text deltas go to ``on_text`` when the request streams;
 3. text, tool calls (``response.tool_calls()``) and usage (``response.usage()``) become a
-   :class:`~dsh.messages.ModelResponse`.
+   :class:`~dsh.core.messages.ModelResponse`.
 
 Nothing is written to llm's database: the bridge never calls ``Response.log_to_db`` nor
 anything of ``llm.cli`` (the CLI is what logs), and the Conversation is built per request
@@ -29,19 +29,19 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
-from dsh.errors import ConfigError
-from dsh.errors import DshError
-from dsh.errors import ProviderError
+from dsh.core.errors import ConfigError
+from dsh.core.errors import DshError
+from dsh.core.errors import ProviderError
+from dsh.core.messages import ModelRequest
+from dsh.core.messages import ModelResponse
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.messages import thaw
+from dsh.core.redact import redact
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.llm.base import parse_tool_arguments
-from dsh.messages import ModelRequest
-from dsh.messages import ModelResponse
-from dsh.messages import ToolCall
-from dsh.messages import ToolSpec
-from dsh.messages import Usage
-from dsh.messages import thaw
-from dsh.redact import redact
 
 
 def import_llm() -> Any:
@@ -127,7 +127,7 @@ def build_response(model: Any, request: ModelRequest, tools: Sequence[Any], stre
     from llm.parts import ToolResultPart
 
     raw = dict(request.options)
-    schema = raw.pop("output_schema", None)  # dsh run --schema (dsh.schema.OPTION)
+    schema = raw.pop("output_schema", None)  # dsh run --schema (dsh.llm.schema.OPTION)
     options = make_options(model, raw, where)
     if schema is not None:  # llm's own schema support, where the model has it
         schema = thaw(schema) if getattr(model, "supports_schema", False) else None
@@ -227,7 +227,7 @@ class LLMModel(Model):
                 key = model.get_key()
             except llm.NeedsKeyException as exc:
                 raise ProviderError(f"{self.where}: {exc}") from None
-            from dsh import redact as redact_mod
+            from dsh.core import redact as redact_mod
 
             redact_mod.register(key)
         configured = self.settings.get("options") or {}
@@ -261,7 +261,7 @@ class LLMModel(Model):
 
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         """One llm prompt, reached only through dsh's transport (C3)."""
-        from dsh.runcontext import current_or_none
+        from dsh.host.runcontext import current_or_none
 
         ctx = current_or_none()
         cancel = ctx.cancel if ctx is not None else None

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 from dsh_llm.model import import_llm
 
 
@@ -82,7 +82,7 @@ def runner(tool: Any) -> Callable[..., str]:
 
     def run(**arguments: Any) -> str:
         if wants_call:
-            from dsh.tools import current_call
+            from dsh.tools.registry import current_call
 
             call_id = None
             try:

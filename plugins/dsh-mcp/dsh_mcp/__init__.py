@@ -41,7 +41,7 @@ from dsh_mcp.validation import make_validator
 if TYPE_CHECKING:
     import click
 
-    from dsh.scope import AgentInfo
+    from dsh.host.scope import AgentInfo
 
 __version__ = "0.1.0"
 __all__ = ["McpSettings", "Server", "__version__", "register_commands", "register_tools",
@@ -54,7 +54,7 @@ def settings_for(agent: AgentInfo) -> McpSettings:
 
 def tool_list(server: Server, *, refresh: bool = False) -> dict[str, Any]:
     """The server's cached listing; fetched (server started, ``tools/list``) and cached when
-    there is none or ``refresh`` is set. Raises :class:`dsh.errors.ToolError` (one line naming
+    there is none or ``refresh`` is set. Raises :class:`dsh.core.errors.ToolError` (one line naming
     the server, with its stderr tail) when it cannot be fetched."""
     if not refresh:
         data = cache.load(server)
@@ -71,7 +71,7 @@ def tool_list(server: Server, *, refresh: bool = False) -> dict[str, Any]:
 @hookimpl
 def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     """Register the tools of every server the agent uses, from their cached lists."""
-    from dsh.errors import ToolError
+    from dsh.core.errors import ToolError
 
     for server in settings_for(agent).servers.values():
         try:
@@ -79,7 +79,7 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
         except ToolError as exc:
             # Without a list there are no schemas to show the model; the run goes on without
             # this server's tools, and says so on one line.
-            from dsh.redact import redact
+            from dsh.core.redact import redact
 
             sys.stderr.write(f"dsh: warning: {redact(str(exc))}; its tools are not available "
                              f"to agent {agent.name}\n")
@@ -98,7 +98,7 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
 
 def _caller(server: Server, tool: str) -> Callable[..., str]:
     def call(**arguments: Any) -> str:
-        from dsh.errors import ToolError
+        from dsh.core.errors import ToolError
         from dsh_mcp import client
         from dsh_mcp.results import to_output
 
@@ -124,7 +124,7 @@ def _cleanup_after_run() -> None:
     leaves with ``os._exit`` (it does not wait for tool threads), so the ``atexit`` handler
     that stops them after a normal ending would not run. A run that ends normally leaves
     them running for the next run of the process (``dsh chat``, a library user)."""
-    from dsh.runcontext import current_or_none
+    from dsh.host.runcontext import current_or_none
 
     ctx = current_or_none()
     if ctx is None or "dsh_mcp" in ctx.data:

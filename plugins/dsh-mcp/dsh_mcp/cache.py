@@ -21,7 +21,7 @@ FORMAT = 1
 
 
 def cache_dir() -> Path:
-    from dsh.ledger import default_data_dir
+    from dsh.ledger.store import default_data_dir
 
     return default_data_dir() / "mcp"
 

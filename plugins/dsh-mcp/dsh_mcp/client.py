@@ -27,9 +27,9 @@ import threading
 from typing import IO
 from typing import Any
 
-from dsh.errors import Cancelled
-from dsh.errors import ToolError
-from dsh.redact import redact
+from dsh.core.errors import Cancelled
+from dsh.core.errors import ToolError
+from dsh.core.redact import redact
 from dsh_mcp.settings import Server
 
 #: Seconds an exiting process waits for its servers to stop (the SDK's own escalation,
@@ -59,7 +59,7 @@ class Connection:
         self._lock: asyncio.Lock | None = None
         self._errlog: IO[str] | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self.redactor: Any = None  # dsh.redact.Redactor of this server's secrets
+        self.redactor: Any = None  # dsh.core.redact.Redactor of this server's secrets
 
     @property
     def state(self) -> str:
@@ -294,7 +294,7 @@ class Pool:
         """Run ``coro`` on the loop and wait; the run's cancellation (``abort()``,
         ``--timeout``, Ctrl-C) cancels it, and with it the SDK sends
         ``notifications/cancelled`` for an in-flight request."""
-        from dsh.runcontext import current_or_none
+        from dsh.host.runcontext import current_or_none
 
         fut = self.submit(coro)
         ctx = current_or_none()
@@ -383,10 +383,10 @@ def server_env(server: Server) -> dict[str, str]:
 
 
 def _register_secrets(server: Server) -> Any:
-    """env and header values are secrets: registered with dsh.redact (so every error line,
+    """env and header values are secrets: registered with dsh.core.redact (so every error line,
     turn/end reason and log record hides them, in every encoding it knows), and returned as
     the server's own redactor, which its tool outputs go through."""
-    from dsh import redact as r
+    from dsh.core import redact as r
 
     own = r.Redactor()
     for registry in (r.default, own):

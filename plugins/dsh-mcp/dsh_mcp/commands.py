@@ -16,8 +16,8 @@ _agent_option = click.option("-a", "--agent", metavar="AGENT",
 def _settings(agent: str | None) -> tuple[str, McpSettings]:
     import attrs
 
-    from dsh.errors import UsageError
-    from dsh.scope import AgentInfo
+    from dsh.core.errors import UsageError
+    from dsh.host.scope import AgentInfo
     from dsh_mcp import settings_for
 
     app = click.get_current_context().obj.app
@@ -33,7 +33,7 @@ def _settings(agent: str | None) -> tuple[str, McpSettings]:
 
 
 def _server(settings: McpSettings, name: str, agent: str) -> Server:
-    from dsh.errors import UsageError
+    from dsh.core.errors import UsageError
 
     if name not in settings.servers:
         known = ", ".join(settings.servers) or "none"
@@ -42,7 +42,7 @@ def _server(settings: McpSettings, name: str, agent: str) -> Server:
 
 
 def _esc(text: str) -> str:
-    from dsh.render import escape_controls
+    from dsh.cli.render import escape_controls
 
     return escape_controls(text)
 
@@ -95,8 +95,8 @@ def list_tools(server: str, agent: str | None) -> None:
 @_agent_option
 def refresh(server: str | None, agent: str | None) -> None:
     """Start SERVER (default: every server of the agent), list its tools and cache them."""
-    from dsh.errors import ToolError
-    from dsh.redact import redact
+    from dsh.core.errors import ToolError
+    from dsh.core.redact import redact
     from dsh_mcp import tool_list
 
     name, settings = _settings(agent)

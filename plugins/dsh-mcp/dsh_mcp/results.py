@@ -6,7 +6,7 @@
   ``[resource: URI]``;
 - ``structuredContent``: appended as JSON on a line of its own, unless the text already says
   it (the text is that JSON, or it is the SDK's ``{"result": …}`` wrapping of the text);
-- ``isError``: the same text, as an error outcome (:class:`dsh.errors.ToolError`).
+- ``isError``: the same text, as an error outcome (:class:`dsh.core.errors.ToolError`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import binascii
 import json
 from typing import Any
 
-from dsh.errors import ToolError
+from dsh.core.errors import ToolError
 
 
 def to_output(result: Any) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
@@ -64,7 +64,7 @@ class Server:
             from shlex import join
 
             return join([self.command, *self.args])
-        from dsh.redact import redact_url
+        from dsh.core.redact import redact_url
 
         return redact_url(self.url)
 

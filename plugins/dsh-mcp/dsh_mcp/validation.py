@@ -1,6 +1,6 @@
 """Arguments checked against a tool's whole JSON Schema with ``jsonschema`` (imported on the
 first call of an MCP tool: ~25 ms, measured in benchmarks/mcp.py), as readable sentences in
-the same form as :func:`dsh.tools.validate`'s: ``arguments.PATH: what is wrong``.
+the same form as :func:`dsh.tools.registry.validate`'s: ``arguments.PATH: what is wrong``.
 
 ``$ref``/``$defs``, ``oneOf``, ``const``, bounds, patterns and formats-as-annotations all
 work: the validator class is the one the schema's ``$schema`` asks for (default 2020-12).
@@ -16,7 +16,7 @@ _lock = threading.Lock()
 
 
 def make_validator(schema: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
-    """A ``validator(arguments) -> problems`` for :func:`dsh.tools.build_tool`; compiled on
+    """A ``validator(arguments) -> problems`` for :func:`dsh.tools.registry.build_tool`; compiled on
     its first use."""
     compiled: list[Any] = []
 
@@ -51,7 +51,7 @@ def _sentence(error: Any) -> str:
                                  for p in error.absolute_path)
     message = error.message
     if error.validator == "required":
-        # "'x' is a required property" -> the sentence dsh.tools.validate writes
+        # "'x' is a required property" -> the sentence dsh.tools.registry.validate writes
         missing = message.split("'")[1] if message.count("'") >= 2 else message
         return f"{path}: missing required argument {missing!r}"
     if error.validator == "additionalProperties" and error.validator_value is False:

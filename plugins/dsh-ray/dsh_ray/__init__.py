@@ -35,7 +35,7 @@ def batch_executor(name: str, app: Any) -> Any:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        from dsh.errors import ConfigError
+        from dsh.core.errors import ConfigError
 
         raise ConfigError("--executor ray: the ray package is not installed in dsh's "
                           "environment (pip install 'ray>=2.40,<3')")

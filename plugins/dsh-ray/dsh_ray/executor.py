@@ -2,16 +2,16 @@
 
 The driver (the ``dsh batch`` process) keeps what the local executor keeps — the journal,
 the results, progress, the session store — and runs each task's job in a thread of its own,
-as :class:`dsh.batch.LocalExecutor` does. The job journals the attempt's session, then hands
-a :class:`dsh.batch.Unit` to :meth:`RayExecutor.dispatch`, which runs it as a Ray task
-(:func:`run_remote`: :func:`dsh.batch.run_unit` on a worker) and waits for its result.
+as :class:`dsh.batch.runner.LocalExecutor` does. The job journals the attempt's session, then hands
+a :class:`dsh.batch.runner.Unit` to :meth:`RayExecutor.dispatch`, which runs it as a Ray task
+(:func:`run_remote`: :func:`dsh.batch.runner.run_unit` on a worker) and waits for its result.
 
 * The batch's budget is one :class:`BudgetCounter` actor; a worker's run chains its budget to
   a :class:`RayBudget` (a ``Budget`` level with ``remote = True``) whose reserve/add/exceeded
   are calls to it. The actor runs one call at a time, so a reservation is atomic across the
   cluster: requests, steps and tool calls are exact.
 * A worker that dies mid-task (killed, out of memory, its node lost) makes ``dispatch`` raise
-  :class:`dsh.batch.WorkerLost`; Ray does not retry the task itself (``max_retries=0``): the
+  :class:`dsh.batch.runner.WorkerLost`; Ray does not retry the task itself (``max_retries=0``): the
   batch closes the partial ledger as interrupted and runs the task again in a new session,
   the journal linking both.
 * Stopping (Ctrl-C) and aborting reach the workers through the actor: each running unit
@@ -36,15 +36,15 @@ import attrs
 import ray
 import ray.exceptions
 
-from dsh.batch import LocalExecutor
-from dsh.batch import Task
-from dsh.batch import Unit
-from dsh.batch import WorkerLost
-from dsh.batch import run_unit
-from dsh.errors import DshError
-from dsh.runcontext import Budget
-from dsh.runcontext import Limits
-from dsh.runcontext import RunContext
+from dsh.batch.runner import LocalExecutor
+from dsh.batch.runner import Task
+from dsh.batch.runner import Unit
+from dsh.batch.runner import WorkerLost
+from dsh.batch.runner import run_unit
+from dsh.core.errors import DshError
+from dsh.host.runcontext import Budget
+from dsh.host.runcontext import Limits
+from dsh.host.runcontext import RunContext
 from dsh_ray.settings import Settings
 
 #: How often a running unit asks the actor whether the batch is stopping (seconds).
@@ -280,8 +280,8 @@ def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: A
             path.unlink(missing_ok=True)
     if unit.store is not None and marker is not None and not _sees(
             os.path.join(unit.store, marker)):
-        from dsh.app import RunResult
-        from dsh.batch import result_data
+        from dsh.batch.runner import result_data
+        from dsh.run.app import RunResult
 
         node = os.uname().nodename
         return result_data(RunResult(
@@ -299,7 +299,7 @@ def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: A
 
 
 class RayExecutor(LocalExecutor):
-    """``--executor ray`` (a :class:`dsh.batch.RemoteExecutor`)."""
+    """``--executor ray`` (a :class:`dsh.batch.runner.RemoteExecutor`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 #: The values of ``ledgers``.
 LEDGERS = ("shared", "ship")

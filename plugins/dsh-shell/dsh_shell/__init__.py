@@ -30,14 +30,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dsh.hookspecs import hookimpl
-from dsh.tools import parse_docstring
+from dsh.tools.registry import parse_docstring
 from dsh_shell import commands
 from dsh_shell import workspace
 from dsh_shell.settings import ShellSettings
 from dsh_shell.settings import parse_settings
 
 if TYPE_CHECKING:
-    from dsh.scope import AgentInfo
+    from dsh.host.scope import AgentInfo
 
 __version__ = "0.1.0"
 __all__ = ["ShellSettings", "__version__", "register_tools"]

@@ -19,14 +19,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from dsh.errors import ToolError
-from dsh.runcontext import current_or_none
+from dsh.core.errors import ToolError
+from dsh.host.runcontext import current_or_none
 from dsh_shell import process
 from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
 
 if TYPE_CHECKING:
-    from dsh.runcontext import RunContext
+    from dsh.host.runcontext import RunContext
 
 #: Tokens that mean the model expected a shell. Without one they would reach the program as
 #: plain arguments (``ls | wc`` would list files named ``|`` and ``wc``), so they are refused.
@@ -96,8 +96,8 @@ def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -
             "--yes to approve"
         ) from None
     # Imported only when asking: the terminal helpers import click.
-    from dsh.render import escape_controls
-    from dsh.terminal import status_paused
+    from dsh.cli.render import escape_controls
+    from dsh.cli.terminal import status_paused
 
     # The command comes from the model: show it quoted and with control characters escaped,
     # so escape sequences cannot redraw the question into something else.

@@ -1,6 +1,6 @@
 """``[plugins.shell]`` settings, validated once per agent at assembly.
 
-A bad value is a :class:`dsh.errors.ConfigError` naming the key, so ``dsh`` reports it before
+A bad value is a :class:`dsh.core.errors.ConfigError` naming the key, so ``dsh`` reports it before
 any run starts instead of a tool failing halfway through one.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 #: Read-only commands that run without asking. Nothing here writes, deletes or executes
 #: other programs (``find`` is left out for ``-delete`` / ``-exec``).

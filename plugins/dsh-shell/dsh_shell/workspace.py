@@ -15,7 +15,7 @@ import os
 import stat
 from typing import BinaryIO
 
-from dsh.errors import ToolError
+from dsh.core.errors import ToolError
 
 
 def workspace_root(path: str) -> str:

@@ -27,16 +27,16 @@ from typing import Any
 
 from dsh import StashKey
 from dsh import hookimpl
-from dsh.errors import ConfigError
+from dsh.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from dsh import AgentHandle
+    from dsh.core.messages import ModelResponse
     from dsh.llm.builtin import ModelCall
-    from dsh.loop import StepDraft
-    from dsh.loop import Turn
-    from dsh.messages import ModelResponse
-    from dsh.tools import ToolInvocation
-    from dsh.tools import ToolOutcome
+    from dsh.run.loop import StepDraft
+    from dsh.run.loop import Turn
+    from dsh.tools.registry import ToolInvocation
+    from dsh.tools.registry import ToolOutcome
 
 #: The plugin's name: its entry point's name, the key of its settings, the PLUGIN of its
 #: events (x/example/NAME).

@@ -1,0 +1,18 @@
+"""The ``dsh`` command line (docs/cli.md): thin click commands over :class:`dsh.App`.
+
+``root`` (the root group, global options, ``dsh run`` and the helpers commands share),
+``commands/`` (every other built-in command, one concern per module, imported only when used),
+``terminal`` (what ``dsh run`` prints while it runs), ``render`` (views) and ``repl``
+(``dsh chat``).
+
+May import: anything in dsh. Nothing below imports it.
+
+``dsh.cli`` was one module until 0.4: its names (``main``, ``cli``, ``State``…) still resolve
+here, from :mod:`dsh.cli.root`, for one release.
+"""
+
+from dsh._compat import package_getattr
+
+__getattr__ = package_getattr(
+    __name__, "dsh.cli.root",
+    frozenset({"root", "commands", "terminal", "render", "repl"}))

@@ -1,0 +1,57 @@
+"""``dsh chat``: the click command; the chat itself is :mod:`dsh.chat`.
+
+Imported on demand by :class:`dsh.cli.root.DshGroup`. Its options and the agent they assemble are
+those of ``dsh run`` (:func:`dsh.cli.root.agent_overrides`, :func:`dsh.cli.root.assemble_agent`).
+"""
+
+from __future__ import annotations
+
+import click
+
+from dsh.cli.root import State
+from dsh.cli.root import agent_overrides
+from dsh.cli.root import assemble_agent
+from dsh.cli.root import parse_limits
+from dsh.cli.root import pass_state
+from dsh.cli.root import session_to_resume
+
+
+@click.command()
+@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
+@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
+@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
+@click.option("-c", "--continue", "continue_", is_flag=True,
+              help="Continue the agent's latest session.")
+@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
+@click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in each turn.")
+@click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
+              help="Budget limit of each turn (repeatable), as for dsh run.")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Model option, e.g. -o temperature=0.2 (repeatable).")
+@click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
+              help="Allow only this tool (repeatable, or comma-separated).")
+@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@pass_state
+def chat(state: State, model: str | None, system: str | None, agent: str | None,
+         continue_: bool, session_id: str | None, max_steps: int | None,
+         limits: tuple[str, ...], options: tuple[str, ...], tools: tuple[str, ...],
+         yes: bool) -> None:
+    """Talk with an agent: type while it works to steer it.
+
+    A line typed while a turn runs is taken at the turn's next step boundary; start it with
+    > to keep it for after the turn. /help lists the commands. Without a terminal, reads one
+    message per line from stdin. The session can be continued by dsh run --session ID.
+    """
+    if continue_ and session_id:
+        raise click.UsageError("--continue and --session cannot be combined")
+    budget = parse_limits(limits)
+    app = state.app
+    assembled, overrides = assemble_agent(
+        app, agent, agent_overrides(model, system, max_steps, options), tools)
+    resume = session_to_resume(app, assembled, continue_, session_id)
+    from dsh.cli.repl import Chat
+
+    with app.open_session(assembled, resume) as session:
+        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
+                    limits=budget).run()
+    click.get_current_context().exit(code)

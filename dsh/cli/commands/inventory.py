@@ -1,0 +1,77 @@
+"""``dsh plugins``, ``tools``, ``models``, ``agents``: what is installed and configured.
+
+Imported on demand by :class:`dsh.cli.root.DshGroup`; the views themselves are in
+:mod:`dsh.render`. ``dsh install`` / ``dsh uninstall`` are in :mod:`dsh.cli.commands.install`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from dsh.cli.root import State
+from dsh.cli.root import _dump
+from dsh.cli.root import pass_state
+from dsh.cli.root import warn
+
+
+@click.command()
+@click.option("--all", "show_all", is_flag=True, help="Include the built-in subsystems.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def plugins(state: State, show_all: bool, as_json: bool) -> None:
+    """List plugins: distribution, hooks, agents using them, commands, load errors."""
+    from dsh.cli.render import plugin_rows
+    from dsh.cli.render import plugins_text
+
+    commands: dict[str, list[str]] = {}
+    for cmd, (plugin, _) in state.plugin_commands().items():
+        commands.setdefault(plugin, []).append(cmd)
+    rows = plugin_rows(state.app, commands, show_all)
+    if as_json:
+        _dump(rows)
+    elif rows:
+        click.echo(plugins_text(rows))
+    else:
+        warn("no plugins installed (--all shows the built-ins)")
+
+
+@click.command()
+@click.option("-a", "--agent", help="Agent whose tools to list (default: the config's agent).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def tools(state: State, agent: str | None, as_json: bool) -> None:
+    """List the tools an agent can call, with their plugin and parameters."""
+    from dsh.cli.render import tool_rows
+    from dsh.cli.render import tools_text
+
+    rows = tool_rows(state.app.agent(agent).tools.values())
+    if as_json:
+        _dump(rows)
+    elif rows:
+        click.echo(tools_text(rows))
+    else:
+        warn("no tools")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@pass_state
+def models(state: State, as_json: bool) -> None:
+    """List model adapters (use PREFIX:NAME) and the models configured in [models]."""
+    from dsh.cli.render import models_report
+    from dsh.cli.render import models_text
+
+    report = models_report(state.app)
+    _dump(report) if as_json else click.echo(models_text(report))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def agents(state: State, as_json: bool) -> None:
+    """List agents: model, plugins, tools, step limit and system prompt parts."""
+    from dsh.cli.render import agent_rows
+    from dsh.cli.render import agents_text
+
+    rows = agent_rows(state.app)
+    _dump(rows) if as_json else click.echo(agents_text(rows))

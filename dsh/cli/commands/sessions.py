@@ -1,0 +1,225 @@
+"""``dsh sessions``: list, show, compact, export and remove saved sessions.
+
+Imported on demand by :class:`dsh.cli.root.DshGroup`. Resolving an ID (full, prefix, ``latest``) is
+:func:`dsh.cli.root.resolve_session`, shared with ``dsh run --session``; the views are in
+:mod:`dsh.render`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+import click
+
+from dsh.cli.root import State
+from dsh.cli.root import _dump
+from dsh.cli.root import os_reason
+from dsh.cli.root import pass_state
+from dsh.cli.root import resolve_session
+from dsh.cli.root import warn
+from dsh.core import errors
+
+if TYPE_CHECKING:
+    from dsh.run.app import App
+
+
+@click.group()
+def sessions() -> None:
+    """List, show, export and remove saved sessions.
+
+    ID may be a full session id, a unique prefix of one, or `latest`.
+    """
+
+
+@sessions.command("list")
+@click.option("-a", "--agent", help="Only the sessions of this agent.")
+@click.option("-n", "--limit", type=click.IntRange(min=1), help="Show at most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@pass_state
+def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
+    """List sessions, newest first: id, agent, model, start, turns, first prompt.
+
+    A ledger that cannot be read (permissions, not a regular file, empty) is skipped with a
+    `dsh: warning: skipped: REASON` line on stderr; the others are listed.
+    """
+    found = newest(state.app, agent, report=True)[:limit]
+    if as_json:
+        _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
+                "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),
+                "parent": s.parent} for s in found])
+        return
+    if not found:
+        warn("no sessions")
+        return
+    import shutil
+
+    from dsh.cli.render import sessions_table
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
+    click.echo(sessions_table(found, width, terminal=sys.stdout.isatty()))
+
+
+@sessions.command("show")
+@click.argument("session_id", metavar="ID")
+@click.option("--full", is_flag=True,
+              help="Show tool outputs, system prompts and reasoning in full.")
+@click.option("--json", "as_json", is_flag=True, expose_value=False,
+              callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.show_json", value),
+              help="Print one JSON object: the session's id, its events and its attachments "
+                   "(each with a problem, null when its bytes are there).")
+@pass_state
+def sessions_show(state: State, session_id: str, full: bool) -> None:
+    """Show a session as a USER / ASSISTANT / TOOL timeline.
+
+    Plugin events (x/PLUGIN/NAME) are shown with their data, marked when the plugin is not
+    installed."""
+    from dsh.cli.render import trajectory
+    from dsh.cli.render import use_color
+    from dsh.ledger.plugin_events import is_installed
+
+    app = state.app
+    store = app.store
+    color = use_color(sys.stdout)
+    events = store.read(resolve_session(app, session_id))
+    if click.get_current_context().meta.get("dsh.show_json"):
+        _show_json(store, events)
+        return
+    from dsh.llm.attachments import problems
+
+    click.echo(trajectory(events, color=color, full=full, children=store.read,
+                          terminal=sys.stdout.isatty(),
+                          installed=lambda plugin: is_installed(app, plugin),
+                          attachment_problem=problems(store, events)), nl=False,
+               color=color)
+    from dsh.cli.render import usage_totals
+
+    totals = usage_totals(events)
+    if totals is not None:
+        click.echo(totals)
+    click.echo(_context_line(state.app, events))
+
+
+def _show_json(store: Any, events: list[Any]) -> None:
+    """``sessions show --json``: ``{"id", "events", "attachments"}`` on one line."""
+    import json
+
+    from dsh.ledger.serialize import dump_event
+    from dsh.llm.attachments import listing
+
+    sid = events[0].session if events else ""
+    click.echo(json.dumps({"id": sid, "events": [json.loads(dump_event(e)) for e in events],
+                           "attachments": listing(store, events)}, ensure_ascii=False))
+
+
+def _context_line(app: App, events: list[Any]) -> str:
+    """``context: ~N tokens of W (k compactions)`` for the session's next request."""
+    from dsh.ledger.history import Projection
+    from dsh.run.compaction import ContextMeter
+    from dsh.run.compaction import agent_window
+
+    proj = Projection()
+    agent_name = ""
+    for e in events:
+        proj.apply(e)
+        agent_name = agent_name or getattr(e, "agent", "") or ""
+    used = ContextMeter().used(proj)
+    window: int | None = None
+    try:
+        window = agent_window(app.agent(agent_name or None, model=proj.model or None))
+    except Exception:  # noqa: BLE001 - an unknown agent/model or a missing key: no window
+        window = None
+    of = f" of {window} ({used * 100 // window}%)" if window else " (window unknown)"
+    n = proj.compactions
+    return f"context: ~{used} tokens{of}, {n} compaction{'s' if n != 1 else ''}"
+
+
+@sessions.command("compact")
+@click.argument("session_id", metavar="ID")
+@click.option("--strategy", help="auto, mask, summarize, or a plugin's (default: the agent's).")
+@pass_state
+def sessions_compact(state: State, session_id: str, strategy: str | None) -> None:
+    """Compact a session's context now (recorded as a context/compacted event)."""
+    from dsh.run.compaction import compact_session
+
+    sid = resolve_session(state.app, session_id)
+    event = compact_session(state.app, sid, strategy=strategy)
+    if event is None:
+        warn(f"{sid}: nothing to compact")
+        return
+    warn(f"{sid}: compacted messages {event.start}-{event.end} ({event.strategy}): "
+         f"~{event.tokens_before} -> ~{event.tokens_after} tokens")
+
+
+@sessions.command("export")
+@click.argument("session_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="markdown",
+              show_default=True, help="jsonl: the ledger's lines; markdown: a transcript.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to this file instead of stdout.")
+@pass_state
+def sessions_export(state: State, session_id: str, fmt: str, output: Path | None) -> None:
+    """Export a session as JSON Lines or Markdown."""
+    sid = resolve_session(state.app, session_id)
+    events = state.app.store.read(sid)
+    if fmt == "jsonl":
+        from dsh.ledger.serialize import dump_event
+
+        text = "".join(dump_event(e) + "\n" for e in events)
+    else:
+        from dsh.cli.render import markdown
+
+        text = markdown(sid, events)
+    if output is None:
+        if sys.stdout.isatty():  # a pipe gets the bytes; a terminal sees controls escaped
+            from dsh.cli.render import escape_controls
+            from dsh.cli.render import escape_json_controls
+
+            text = escape_json_controls(text) if fmt == "jsonl" else escape_controls(text)
+        click.echo(text, nl=False)
+    else:
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise errors.DshError(f"cannot write {output}: {os_reason(exc)}") from None
+        warn(f"wrote {output}")
+
+
+@sessions.command("path")
+@click.argument("session_id", metavar="ID")
+@pass_state
+def sessions_path(state: State, session_id: str) -> None:
+    """Print the path of a session's ledger file."""
+    path = state.app.store.path(resolve_session(state.app, session_id))
+    if path.exists() and not path.is_file():
+        raise errors.LedgerError(f"{path} is {'a directory' if path.is_dir() else 'a FIFO'}"
+                                 ", not a session ledger file")
+    click.echo(str(path))
+
+
+@sessions.command("rm")
+@click.argument("session_ids", metavar="ID...", nargs=-1, required=True)
+@pass_state
+def sessions_rm(state: State, session_ids: tuple[str, ...]) -> None:
+    """Remove sessions (a session in use by a running dsh is refused)."""
+    for text in session_ids:
+        path = state.app.store.remove(resolve_session(state.app, text))
+        warn(f"removed {path}")
+
+
+def newest(app: App, agent: str | None = None, *, report: bool = False) -> list[Any]:
+    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond). With
+    ``report``, each ledger that cannot be listed gets a ``dsh: warning: skipped`` line."""
+    return [s for s in _sessions(app, report) if agent is None or s.agent == agent]
+
+
+def _sessions(app: App, report: bool = False) -> Any:
+    store = app.store
+    if not report:
+        return store.sessions()
+    try:
+        return store.sessions(on_skip=lambda path, reason: warn(f"warning: skipped: {reason}"))
+    except TypeError:  # a plugin's store without on_skip
+        return store.sessions()

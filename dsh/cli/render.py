@@ -1,0 +1,567 @@
+"""Views for the command line (docs/cli.md).
+
+* the trajectory view (``dsh sessions show``), the Markdown export and the sessions table —
+  renderings of the session ledger only (MISSION C5);
+* the inventories of ``dsh plugins``, ``tools``, ``models`` and ``agents``.
+
+What ``dsh run`` prints while it runs (status line, streamed text, ``--events``/``--json``,
+closed pipes, Ctrl-C) is in :mod:`dsh.terminal`.
+
+Colour is used only when asked for (:func:`use_color`: a terminal, and ``NO_COLOR`` unset).
+
+Text that comes from a model, a tool or a ledger is untrusted: written to a terminal it goes
+through :func:`escape_controls` (every writer of ``dsh`` that targets a terminal uses it), so
+an escape sequence in it cannot set the clipboard (OSC 52), retitle or clear the window, or
+redraw what is on screen. Written to a pipe or a file, it is passed on byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from collections.abc import Iterable
+from datetime import datetime
+from typing import IO
+from typing import TYPE_CHECKING
+from typing import Any
+
+import click
+
+from dsh.core.messages import Attachment
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextCompacted
+from dsh.ledger.events import ContextInjected
+from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import StepRejected
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UnknownEvent
+from dsh.ledger.events import UserMessage
+
+if TYPE_CHECKING:
+    pass
+
+#: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
+TOOL_OUTPUT_LINES = 12
+TOOL_OUTPUT_CHARS = 2000
+
+
+def use_color(stream: IO[str]) -> bool:
+    """Colour only on a terminal, and never when ``NO_COLOR`` is set (https://no-color.org)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+#: What a terminal would act on instead of showing: C0 controls but newline and tab, DEL, C1
+#: controls (U+0080-U+009F: CSI, OSC, DCS as one character), the bidirectional overrides and
+#: isolates (Trojan Source: text shown in another order than it is), and lone surrogates.
+_CONTROLS = re.compile("\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                       "\u2066-\u2069\ud800-\udfff]")
+_LINE_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
+                            "\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\r": "\\r", "\x1b": "\\x1b", "\n": "\\n", "\t": "\\t"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    c = match.group()
+    if c == "\r\n":
+        return "\n"  # a Windows line end is a line end, not a carriage-return trick
+    named = _NAMED.get(c)
+    if named is not None:
+        return named
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str, *, newlines: bool = True) -> str:
+    """``text`` safe to show on a terminal: every control character is made visible as a
+    Python-style escape (``\\x1b``, ``\\r``, ``\\x9b``, ``\\u202e``), so no escape
+    sequence, BEL, backspace or carriage return in it reaches the terminal. Newlines and tabs
+    are kept (a ``\\r\\n`` line end becomes ``\\n``) unless ``newlines`` is false (one-line
+    contexts). Per character, so a sequence split across streamed pieces is caught too.
+    Only for terminals: pipes and files get the text unchanged."""
+    pattern = _CONTROLS if newlines else _LINE_CONTROLS
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_visible, text)
+
+
+#: Characters that JSON leaves raw (``json.dumps`` escapes only U+0000-U+001F) but a terminal
+#: acts on: DEL, C1 controls, bidirectional controls, lone surrogates.
+_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                       "\ud800-\udfff]")
+
+
+def escape_json_controls(line: str) -> str:
+    """A JSON text (from ``json.dumps``) with the controls a terminal would act on written as
+    ``\\uXXXX`` escapes: the same JSON value, safe on a terminal."""
+    if _JSON_RAW.search(line) is None:
+        return line
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
+def local_time(ts: str) -> str:
+    """``2026-11-30T14:25:01.123Z`` as local ``2026-11-30 15:25``; unparseable text as is."""
+    try:
+        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return ts
+
+
+def one_line(text: str, width: int) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: max(0, width - 1)] + "…"
+
+
+def sessions_table(rows: Iterable[Any], width: int | None = None, *,
+                   terminal: bool = False) -> str:
+    """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt (``↳``
+    marks a sub-agent's session). ``terminal``: controls in the cells are made visible
+    (:func:`escape_controls`)."""
+    header = ("ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST PROMPT")
+    clean: Callable[[str], str] = (
+        (lambda t: escape_controls(t, newlines=False)) if terminal else (lambda t: t))
+    cells = [header] + [
+        (clean(r.id), clean(r.agent), clean(r.model),
+         local_time(r.started) if r.started else "", str(r.turns),
+         ("↳ " if getattr(r, "parent", None) else "") + clean(" ".join(r.first_prompt.split())))
+        for r in rows
+    ]
+    widths = [max(len(c[i]) for c in cells) for i in range(5)]
+    used = sum(widths) + 2 * 5
+    last = max(20, (width or 100) - used)
+    lines = []
+    for c in cells:
+        fixed = "  ".join(v.ljust(w) for v, w in zip(c[:5], widths, strict=True))
+        lines.append((fixed + "  " + one_line(c[5], last)).rstrip())
+    return "\n".join(lines)
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=False)
+
+
+def _truncate(text: str, full: bool) -> str:
+    if full:
+        return text
+    lines = text.splitlines()
+    cut = lines[:TOOL_OUTPUT_LINES]
+    out = "\n".join(cut)
+    if len(out) > TOOL_OUTPUT_CHARS:
+        out = out[:TOOL_OUTPUT_CHARS]
+    hidden = len(text) - len(out)
+    if hidden > 0:
+        out += f"\n… ({len(lines) - len(cut)} more lines, {hidden} more characters; --full)"
+    return out
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.splitlines())
+
+
+class _Styler:
+    """Styles a fragment of a view; on a terminal (``safe``) escapes its controls first, so
+    only dsh's own styling reaches the terminal as escape sequences."""
+
+    def __init__(self, color: bool, safe: bool = False) -> None:
+        self.color = color
+        self.safe = safe
+
+    def text(self, text: str) -> str:
+        return escape_controls(text) if self.safe else text
+
+    def __call__(self, text: str, **style: Any) -> str:
+        text = self.text(text)
+        return click.style(text, **style) if self.color else text
+
+
+#: How deep ``dsh sessions show`` follows sub-agent sessions (the runtime's own bound is 8).
+MAX_NESTING = 8
+
+
+def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = False,
+               children: Callable[[str], Iterable[Event]] | None = None,
+               depth: int = 0, terminal: bool = False,
+               installed: Callable[[str], bool] | None = None,
+               attachment_problem: Callable[[Attachment], str | None] | None = None,
+               ) -> str:
+    """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
+
+    :param children: reads a child session's events: a sub-agent's session is then shown
+        under the tool call that started it, indented with ``│``.
+    :param terminal: the view goes to a terminal: every text from the ledger has its
+        control characters made visible (:func:`escape_controls`).
+    :param attachment_problem: why an attachment's bytes cannot be sent (missing, altered),
+        or None: such an attachment is marked (issue 17).
+    :param installed: tells whether a plugin is installed: a plugin event of one that is not
+        is marked ``(plugin NAME not installed)``.
+    """
+    s = _Styler(color, terminal)
+    out: list[str] = []
+    usage = [0, 0]
+    cached = [0, 0]  # prompt-cache reads, writes (parts of the input tokens)
+    steps = 0
+
+    def block(label: str, text: str, style: dict[str, Any], note: str = "") -> None:
+        head = s(label, bold=True, **style) + (s(" " + note, dim=True) if note else "")
+        out.append(head)
+        if text.strip():
+            out.append(_indent(s.text(text.rstrip("\n"))))
+
+    for e in events:
+        if isinstance(e, TurnStarted):
+            usage, cached, steps = [0, 0], [0, 0], 0
+            bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
+            if e.tools is not None:
+                bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
+            if e.parent:
+                bits.append(f"sub-agent of session {e.parent}")
+            out.append(s(f"━━ turn {e.turn} ━━ ", fg="cyan", bold=True)
+                       + s(" · ".join(bits), dim=True))
+            if e.system:
+                block("SYSTEM", e.system if full else _truncate(e.system, False),
+                      {"fg": "white"})
+        elif isinstance(e, StepStarted):
+            steps += 1
+            if e.step:
+                out.append(s(f"· step {e.step + 1}", dim=True))
+        elif isinstance(e, ContextInjected):
+            block("CONTEXT", e.text, {"fg": "magenta"}, f"(injected by {e.source})")
+        elif isinstance(e, UserMessage):
+            note = f"({e.source})" if e.source != "user" else ""
+            block("USER", e.text, {"fg": "green"}, note)
+            for a in e.attachments:
+                out.append(_attachment_line(a, s, attachment_problem))
+        elif isinstance(e, AssistantMessage):
+            usage[0] += e.usage.input_tokens
+            usage[1] += e.usage.output_tokens
+            cached[0] += e.usage.cache_read_tokens
+            cached[1] += e.usage.cache_write_tokens
+            for part in e.reasoning:
+                out.append(reasoning_line(part, s, full))
+            notes = []
+            if e.tool_call_source and e.tool_call_source != "native":
+                notes.append(f"tool calls rescued from text ({e.tool_call_source})")
+            if e.stop_reason and e.stop_reason not in ("end_turn", "tool_use", "stop"):
+                notes.append(f"stop: {e.stop_reason}")
+            block("ASSISTANT", e.text, {"fg": "blue"}, " · ".join(notes))
+        elif isinstance(e, ToolCalled):
+            child = f" (session {e.child_session})" if e.child_session else ""
+            out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
+                       + " " + s.text(_args(e.arguments)) + s(child, dim=True))
+            if e.child_session and children is not None and depth < MAX_NESTING:
+                out.append(_nested(e.child_session, children, s, color, full, depth,
+                                   installed))
+        elif isinstance(e, ToolReturned):
+            ok = e.status == "ok"
+            took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
+            block(f"TOOL {e.name}", _truncate(e.output, full),
+                  {"fg": "yellow" if ok else "red"}, f"{e.status}{took}")
+        elif isinstance(e, StepRejected):
+            by = f" by {e.plugin}" if e.plugin else ""
+            block("REJECTED", e.text, {"fg": "red"}, f"step {e.step + 1}{by}: {e.reason}")
+        elif isinstance(e, TurnEnded):
+            style = {"fg": "cyan"} if e.outcome == "completed" else {"fg": "red"}
+            reason = f" ({e.reason})" if e.reason else ""
+            tail = f"{steps} step{'s' if steps != 1 else ''}"
+            if usage != [0, 0]:
+                tail += f" · {usage[0]} in{cache_note(*cached)} / {usage[1]} out tokens"
+            out.append(s(f"━━ turn {e.turn} {e.outcome}{reason} ━━ ", bold=True, **style)
+                       + s(tail, dim=True))
+            out.append("")
+        elif isinstance(e, ContextCompacted):
+            text = "\n".join(f"[{m.role}] {m.content}" for m in e.messages
+                             if e.strategy != "mask" or m.role != "tool")
+            block("CONTEXT COMPACTED", _truncate(text, full) if e.strategy != "mask" else "",
+                  {"fg": "magenta"}, compaction_note(e))
+        elif isinstance(e, PluginEvent):
+            out.append(plugin_event_line(e, s, full, installed))
+        elif isinstance(e, UnknownEvent):
+            out.append(s(f"? {e.tag} (event type unknown to this dsh)", dim=True))
+    return "\n".join(out).rstrip("\n") + "\n" if out else ""
+
+
+#: Characters of a plugin event's data shown by ``dsh sessions show`` (``--full``: all).
+PLUGIN_DATA_CHARS = 300
+
+
+def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
+                      installed: Callable[[str], bool] | None) -> str:
+    """``◆ x/PLUGIN/NAME v2 {data}``: a plugin's own event, never seen by the model."""
+    note = f" v{e.version}" if e.version != 1 else ""
+    if installed is not None and not installed(e.plugin):
+        note += f" (plugin {e.plugin} not installed)"
+    data = json.dumps(e.data, ensure_ascii=False, separators=(",", ":"))
+    if not full and len(data) > PLUGIN_DATA_CHARS:
+        data = data[:PLUGIN_DATA_CHARS] + f"… ({len(data) - PLUGIN_DATA_CHARS} more; --full)"
+    return (s("  ◆ ", fg="magenta") + s(e.tag, bold=True) + s(note, dim=True) + " "
+            + s(data, dim=True))
+
+
+def _attachment_line(a: Attachment, s: _Styler,
+                     problem: Callable[[Attachment], str | None] | None) -> str:
+    """``  + name (image/png, 12.3 KiB, sha256 1a2b3c4d5e6f)``, marked when its bytes are
+    missing or altered."""
+    from dsh.llm.attachments import describe
+
+    line = s("  + ", fg="green") + s(describe(a))
+    why = problem(a) if problem is not None else None
+    if why:
+        line += " " + s("[cannot be sent: " + why + "]", fg="red", bold=True)
+    return line
+
+
+#: Characters of a reasoning part's text shown by ``dsh sessions show`` (``--full``: all).
+REASONING_CHARS = 160
+
+
+def cache_note(read: int, written: int) -> str:
+    """`` (R cache read, W cache write)`` after an input token count; empty without any."""
+    if not (read or written):
+        return ""
+    return f" ({read} cache read, {written} cache write)"
+
+
+def usage_totals(events: Iterable[Event]) -> str | None:
+    """``usage: N in (R cache read, W cache write) / M out tokens, K responses`` over a
+    session's ``assistant/message`` events (``dsh sessions show``); None when none counted."""
+    total = [0, 0, 0, 0, 0]
+    for e in events:
+        if isinstance(e, AssistantMessage):
+            u = e.usage
+            total[0] += u.input_tokens
+            total[1] += u.output_tokens
+            total[2] += u.cache_read_tokens
+            total[3] += u.cache_write_tokens
+            total[4] += 1
+    if not (total[0] or total[1]):
+        return None
+    n = total[4]
+    return (f"usage: {total[0]} in{cache_note(total[2], total[3])} / {total[1]} out tokens, "
+            f"{n} response{'s' if n != 1 else ''}")
+
+
+def _size(n: int) -> str:
+    return f"{n} bytes" if n < 1024 else f"{n / 1024:.1f} KB"
+
+
+def reasoning_line(part: Any, s: _Styler, full: bool) -> str:
+    """One reasoning part, dimmed (issue 17): ``  ∴ thinking: …`` — its text shortened to
+    :data:`REASONING_CHARS` unless ``full``, secrets redacted (:func:`dsh.core.redact.redact`);
+    an opaque part (redacted thinking, encrypted reasoning) as a marker with its size.
+    Signatures and opaque data are never shown (they are replayed to the provider as
+    recorded, not read)."""
+    from dsh.core.redact import redact
+
+    label = f"{part.kind} ({part.provider})"
+    opaque = part.data or ""
+    if not part.text and not opaque:
+        return s(f"  ∴ [{label}, empty]", dim=True)
+    if not part.text:
+        what = "" if "redacted" in part.kind else "encrypted, "
+        return s(f"  ∴ [{label}, {what}{_size(len(opaque.encode()))}]", dim=True)
+    text = redact(part.text)
+    if not full:
+        flat = " ".join(text.split())
+        if len(flat) > REASONING_CHARS:
+            text = flat[:REASONING_CHARS] + f"… ({len(flat) - REASONING_CHARS} more; --full)"
+        else:
+            text = flat
+    extra = f" [+ encrypted, {_size(len(opaque.encode()))}]" if opaque else ""
+    head = s(f"  ∴ {label}{extra}:", dim=True)
+    body = s(_indent(text.rstrip("\n"), "    "), dim=True) if full else s(" " + text, dim=True)
+    return head + ("\n" + body if full else body)
+
+
+def compaction_note(e: ContextCompacted) -> str:
+    """One line about a compaction: what replaced what, by whom, why, and the sizes."""
+    by = f" by {e.plugin}" if e.plugin else ""
+    note = (f"({e.strategy}{by}, {e.reason}): messages {e.start + 1}-{e.end} replaced by "
+            f"{len(e.messages)} · ~{e.tokens_before} → ~{e.tokens_after} tokens")
+    if e.summary_session:
+        note += f" · summary written in session {e.summary_session}"
+    return note + " · the originals are above, still in the ledger"
+
+
+def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler,
+            color: bool, full: bool, depth: int,
+            installed: Callable[[str], bool] | None = None) -> str:
+    from dsh.core.errors import DshError
+
+    try:
+        text = trajectory(children(session), color=color, full=full, children=children,
+                          depth=depth + 1, terminal=s.safe, installed=installed)
+    except DshError as exc:
+        text = s.text(f"(session {session} cannot be read: {exc})") + "\n"
+    bar = s("    │ ", dim=True)
+    return "\n".join(bar + line for line in text.rstrip("\n").splitlines())
+
+
+def _fence(text: str, lang: str = "") -> str:
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text.rstrip(chr(10))}\n{fence}"
+
+
+def markdown(session_id: str, events: Iterable[Event]) -> str:
+    """The session as a Markdown document (``dsh sessions export --format markdown``)."""
+    parts: list[str] = [f"# Session {session_id}"]
+    for e in events:
+        if isinstance(e, TurnStarted):
+            meta = [f"agent `{e.agent}`"] + ([f"model `{e.model}`"] if e.model else [])
+            parts.append(f"## Turn {e.turn}\n\n_{', '.join(meta)} · {e.ts}_")
+            if e.system:
+                parts.append("**System**\n\n" + _fence(e.system))
+        elif isinstance(e, ContextInjected):
+            parts.append(f"**Context** (injected by `{e.source}`)\n\n" + _fence(e.text))
+        elif isinstance(e, UserMessage):
+            src = f" (`{e.source}`)" if e.source != "user" else ""
+            parts.append(f"**User**{src}\n\n{e.text.strip()}")
+            if e.attachments:
+                from dsh.llm.attachments import describe
+
+                parts.append("\n".join(f"- attachment: {describe(a)}" for a in e.attachments))
+        elif isinstance(e, AssistantMessage):
+            if e.text.strip():
+                parts.append(f"**Assistant**\n\n{e.text.strip()}")
+        elif isinstance(e, ToolCalled):
+            parts.append(f"**Tool call** `{e.name}`\n\n"
+                         + _fence(json.dumps(e.arguments, ensure_ascii=False, indent=2), "json"))
+        elif isinstance(e, ToolReturned):
+            parts.append(f"**Tool result** `{e.name}` ({e.status})\n\n" + _fence(e.output))
+        elif isinstance(e, StepRejected):
+            by = f" by `{e.plugin}`" if e.plugin else ""
+            parts.append(f"**Step rejected**{by}: {e.reason}")
+        elif isinstance(e, ContextCompacted):
+            parts.append(f"**Context compacted** {compaction_note(e)}")
+        elif isinstance(e, PluginEvent):
+            parts.append(f"**Plugin event** `{e.tag}` (version {e.version})\n\n"
+                         + _fence(json.dumps(e.data, ensure_ascii=False, indent=2), "json"))
+        elif isinstance(e, TurnEnded):
+            reason = f": {e.reason}" if e.reason else ""
+            parts.append(f"_Turn {e.turn} {e.outcome}{reason}_")
+    return "\n\n".join(parts) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Inventories: dsh plugins / tools / models / agents
+# --------------------------------------------------------------------------------------------
+
+
+def plugin_rows(app: Any, commands: dict[str, list[str]], builtins: bool) -> list[dict[str, Any]]:
+    """One row per plugin: name, distribution and version, hooks it implements, agents that
+    use it, commands it adds, whether it is disabled, and its load error."""
+    from dsh.core.errors import DshError
+    from dsh.host.manager import BUILTIN_PLUGINS
+
+    pm = app.pm
+    using: dict[str, list[str]] = {}
+    for name in app.config.agent_names():
+        try:
+            for p in app.agent(name).plugin_names:
+                using.setdefault(p, []).append(name)
+        except DshError as exc:
+            click.echo(f"dsh: warning: agent {name}: {exc}", err=True)
+    rows: list[dict[str, Any]] = [
+        {"name": name, "builtin": True, "dist": "", "version": "", "agents": ["*"],
+         "error": None} for name in (BUILTIN_PLUGINS if builtins else ())
+    ]
+    rows += [{"name": r.name, "builtin": False, "dist": r.dist, "version": r.version,
+              "agents": using.get(r.name, []), "error": r.error} for r in app.plugins]
+    for row in rows:
+        obj = pm.get_plugin(row["name"])
+        row["disabled"] = pm.is_blocked(row["name"])
+        row["hooks"] = sorted(h.name for h in pm.get_hookcallers(obj) or ()) if obj else []
+        row["commands"] = sorted(commands.get(row["name"], []))
+    return rows
+
+
+def plugins_text(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        origin = "built-in" if row["builtin"] else " ".join(
+            x for x in (row["dist"], row["version"]) if x) or "module"
+        lines.append(f"{row['name']}  {origin}{' (disabled)' if row['disabled'] else ''}")
+        lines.append(f"  hooks: {', '.join(row['hooks']) or '-'}")
+        lines.append(f"  agents: {', '.join(row['agents']) or '-'}")
+        if row["commands"]:
+            lines.append(f"  commands: {', '.join(row['commands'])}")
+        if row["error"]:
+            lines.append(f"  error: {row['error']}")
+    return "\n".join(lines)
+
+
+def tool_rows(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "plugin": t.plugin, "description": t.description,
+             "parameters": t.parameters} for t in tools]
+
+
+def tools_text(rows: list[dict[str, Any]]) -> str:
+    """``name(param: type, optional?: type)  [plugin]`` and the description's first line."""
+    lines = []
+    for t in rows:
+        props = t["parameters"].get("properties", {})
+        required = set(t["parameters"].get("required", ()))
+        params = ", ".join(f"{n}{'' if n in required else '?'}: {s.get('type', 'any')}"
+                           for n, s in props.items())
+        lines.append(f"{t['name']}({params})  [{t['plugin']}]")
+        if t["description"]:
+            lines.append(f"  {t['description'].splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def models_report(app: Any) -> dict[str, Any]:
+    return {
+        "default": app.default_model.id,
+        "default_why": app.default_model.why,
+        "adapters": [{"prefix": e.prefix, "plugin": e.plugin, "description": e.description}
+                     for e in app.models.values()],
+        "configured": [{"id": k, "adapter": v.get("adapter", k.partition(":")[0])}
+                       for k, v in app.config.models.items()],
+    }
+
+
+def models_text(report: dict[str, Any]) -> str:
+    adapters = report["adapters"]
+    width = max((len(a["prefix"]) for a in adapters), default=0)
+    lines = [f"{a['prefix'].ljust(width)}  {a['description']}  [{a['plugin']}]"
+             for a in adapters]
+    lines += [f"{c['id']}  (configured, adapter {c['adapter']})" for c in report["configured"]]
+    lines.append(f"default: {report['default']} ({report['default_why']})")
+    return "\n".join(lines)
+
+
+def agent_rows(app: Any) -> list[dict[str, Any]]:
+    rows = []
+    for name in app.config.agent_names():
+        a = app.agent(name)
+        rows.append({"name": name, "default": name == app.config.agent, "model": a.model_id,
+                     "max_steps": a.max_steps, "plugins": list(a.plugin_names),
+                     "tools": list(a.tools),
+                     "prompt": [{"plugin": p.plugin, "name": p.name, "order": p.order}
+                                for p in a.prompt_parts]})
+    return rows
+
+
+def agents_text(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['name']}{' (default)' if r['default'] else ''}")
+        lines.append(f"  model: {r['model']}  max_steps: {r['max_steps']}")
+        lines.append(f"  plugins: {', '.join(r['plugins']) or '-'}")
+        lines.append(f"  tools: {', '.join(r['tools']) or '-'}")
+        parts = [f"{p['plugin']}:{p['name'] or '-'}@{p['order']}" for p in r["prompt"]]
+        lines.append(f"  prompt: {', '.join(parts) or '-'}")
+    return "\n".join(lines)

@@ -1,0 +1,511 @@
+"""``dsh chat``: an interactive session in the terminal (MISSION E5, B3; docs/cli.md).
+
+Every message goes through the same :class:`~dsh.run.app.Session`, ledger and output as
+``dsh run`` (one :class:`~dsh.cli.terminal.RunOutput` per turn: streaming, the status line,
+Ctrl-C, SIGTERM), so a chat session can be continued by ``dsh run --session ID`` and the other
+way round. What chat adds:
+
+* **steering** — a line typed while a turn runs is put into the running session's inbox
+  (:meth:`Session.steer`) and taken at the turn's next step boundary, after that step's tool
+  results; a line starting with ``>`` is kept for after the turn instead (a follow-up);
+* a prompt with line editing and a persistent history (the standard library's ``readline``:
+  no new dependency, and it is what ``python -i`` and ``llm chat`` users already know), with
+  ``\\`` line continuation, ``\"\"\"`` blocks and pasted text kept as one message;
+* ``/`` commands, and commands that plugins add with the ``register_chat_commands`` hook;
+* without a terminal on stdin: one message per line, answered in turn (scriptable).
+
+This module is imported only by ``dsh chat``; ``dsh run`` never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+import attrs
+
+from dsh.core import errors
+
+if TYPE_CHECKING:
+    from dsh.run.app import App
+    from dsh.run.app import Session
+
+#: Typed during a turn, a line starting with this is a follow-up, taken after the turn.
+FOLLOW_UP = ">"
+BLOCK = '"""'
+PROMPT = "› "
+MORE = "… "
+
+
+@attrs.frozen
+class ChatCommand:
+    """A ``/NAME`` command: ``fn(chat, argument)`` may return text to print."""
+
+    name: str
+    fn: Callable[[Chat, str], str | None]
+    help: str = ""
+    plugin: str = "dsh.chat"
+    #: May be typed while a turn runs (it then must not wait for the turn).
+    during_turn: bool = False
+
+
+def history_path() -> Path:
+    """The prompt history: ``$DSH_HOME/chat_history``, else beside the sessions directory."""
+    from dsh.ledger.store import default_data_dir
+
+    return default_data_dir() / "chat_history"
+
+
+class Typeahead:
+    """Reads lines typed while a turn runs, in a thread, without a second reader racing a
+    plugin's question: it reads only while no one asks on the terminal
+    (:func:`dsh.cli.terminal.status_paused`), and stops as soon as the turn ends."""
+
+    def __init__(self, fd: int, on_line: Callable[[str], None]) -> None:
+        self.fd = fd
+        self.on_line = on_line
+        self.partial = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dsh-typeahead", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> str:
+        """Stop reading; return what was typed on an unfinished line (for the prompt)."""
+        self._stop.set()
+        self._thread.join(1.0)
+        return self.partial.decode(errors="replace")
+
+    def _run(self) -> None:
+        from dsh.cli import terminal
+
+        while not self._stop.is_set():
+            if terminal.asking():
+                self._stop.wait(0.05)
+                continue
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.1)
+            except (OSError, ValueError):
+                return
+            if not ready or self._stop.is_set() or terminal.asking():
+                continue
+            try:
+                data = os.read(self.fd, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            self.partial += data
+            while b"\n" in self.partial:
+                line, self.partial = self.partial.split(b"\n", 1)
+                self.on_line(line.decode(errors="replace"))
+
+
+class Chat:
+    """One ``dsh chat``: the session, the agent overrides, the output of each turn."""
+
+    def __init__(self, app: App, session: Session, *, agent: str | None,
+                 overrides: dict[str, Any], approve: bool = False, limits: Any = None,
+                 interactive: bool | None = None) -> None:
+        self.app = app
+        self.session = session
+        self.agent_name = agent
+        self.overrides = dict(overrides)
+        self.approve = approve
+        self.limits = limits
+        self.interactive = sys.stdin.isatty() if interactive is None else interactive
+        self.follow_ups: list[str] = []
+        self.exit_code = 0
+        self.done = False
+        self.output: Any = None
+        self.commands = self._commands()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Read and answer messages until ``/exit``, end of input, or a terminating signal."""
+        from dsh.cli.terminal import Stdout
+
+        self.stdout = Stdout()
+        if self.interactive:
+            self._setup_readline()
+            self.note(f"dsh chat · session {self.session.id} · agent {self.session.agent.name}"
+                      f" · model {self.session.agent.model_id} · /help for commands, "
+                      "Ctrl-D to exit")
+        try:
+            while not self.done:
+                if self.session.pending:  # steered too late for the last turn: answer it now
+                    self.turn("")
+                    continue
+                if self.follow_ups:
+                    self.turn(self.follow_ups.pop(0))
+                    continue
+                text = self.read_message()
+                if text is None:
+                    break
+                self.handle(text)
+        finally:
+            if self.interactive:
+                self._save_history()
+            self.note(f"session {self.session.id} (continue it with: dsh chat -c, or "
+                      f"dsh run --session {self.session.id} …)")
+        return self.exit_code
+
+    def handle(self, text: str) -> None:
+        """A message, or a ``/`` command."""
+        stripped = text.strip()
+        if not stripped:
+            return
+        if stripped.startswith("/") and not stripped.startswith("//"):
+            self.command(stripped)
+            return
+        if stripped.startswith("//"):  # "//etc" sends "/etc"
+            text = text.replace("//", "/", 1)
+        self.turn(text)
+
+    def command(self, line: str, during_turn: bool = False) -> None:
+        name, _, arg = line[1:].partition(" ")
+        cmd = self.commands.get(name)
+        if cmd is None:
+            from dsh.core.errors import unknown_name
+
+            self.note("dsh: " + unknown_name("command", "/" + name,
+                                             ["/" + c for c in self.commands], "known"))
+            return
+        if during_turn and not cmd.during_turn:
+            self.note(f"dsh: /{name} waits for the turn to end; type it then")
+            return
+        try:
+            shown = cmd.fn(self, arg.strip())
+        except errors.DshError as exc:
+            self.note(f"dsh: /{name}: {exc}")
+            return
+        except Exception as exc:  # a plugin's command must not end the chat
+            self.note(f"dsh: /{name} ({cmd.plugin}) failed: {type(exc).__name__}: {exc}")
+            return
+        if shown:
+            self.print_text(shown if shown.endswith("\n") else shown + "\n")
+
+    def turn(self, text: str) -> None:
+        """One turn, exactly as ``dsh run`` runs it, with typeahead while it runs."""
+        from dsh.cli.terminal import RunOutput
+
+        output = RunOutput(self.stdout, stream=True if self.interactive else None)
+        if self.interactive:
+            output._handlers.append(self.show_tool_event)
+        self.output = output
+        typeahead = None
+        if self.interactive:
+            typeahead = Typeahead(sys.stdin.fileno(), self.typed_during_turn)
+            typeahead.start()
+        try:
+            result = output.run(self.session, text, approve=self.approve, limits=self.limits)
+        finally:
+            if typeahead is not None:
+                self._prefill = typeahead.stop()
+            self.output = None
+        lost = getattr(self.session.ledger, "lost", None)
+        if lost and result.outcome != "error":
+            result = attrs.evolve(result, outcome="error", reason=lost)
+        output.finish(result, self.session.agent.name, self.session.agent.model_id)
+        from dsh.cli.root import EXIT_CODES
+
+        code = 0
+        if output.terminated:
+            code = 128 + output.terminated
+            self.done = True
+        elif result.outcome == "error":
+            code = getattr(result.error, "exit_code", errors.EXIT_ERROR)
+            self.note(f"dsh: error: {result.reason}")
+        elif output.interrupts or result.outcome in ("stopped", "aborted"):
+            code = errors.EXIT_INTERRUPTED
+            self.note(f"dsh: {result.outcome}")
+        elif result.outcome != "completed":
+            code = EXIT_CODES.get(result.outcome, errors.EXIT_ERROR)
+            self.note(f"dsh: {result.outcome}: {result.reason}")
+        if output.out.closed:
+            self.done = True
+        if code and not self.exit_code and not self.interactive:
+            self.exit_code = code  # a script learns that something failed
+        if output.terminated:
+            self.exit_code = code
+
+    def show_tool_event(self, event: Any) -> None:
+        """One line per tool call and result, as they happen (in full: ``sessions show``)."""
+        kind = getattr(event, "type", "")
+        if kind == "tool/call":
+            import json
+
+            from dsh.cli.render import one_line
+
+            args = json.dumps(dict(event.arguments), ensure_ascii=False, default=str)
+            self.note(f"  → {event.name} {one_line(args, 100)}")
+        elif kind == "tool/result":
+            took = f", {event.duration_ms / 1000:.1f}s" if event.duration_ms else ""
+            first = event.output.strip().splitlines()[0] if event.output.strip() else ""
+            from dsh.cli.render import one_line
+
+            self.note(f"  ← {event.name}: {event.status}{took} · {one_line(first, 80)}")
+
+    def typed_during_turn(self, line: str) -> None:
+        """A line typed while a turn runs: steer it, keep it for later, or a command."""
+        text = line.strip()
+        if not text:
+            return
+        if text.startswith(FOLLOW_UP):
+            self.follow_ups.append(text[len(FOLLOW_UP):].strip())
+            self.note(f"dsh: queued for after this turn ({len(self.follow_ups)} waiting)")
+            return
+        if text.startswith("/") and not text.startswith("//"):
+            self.command(text, during_turn=True)
+            return
+        if text.startswith("//"):
+            text = text[1:]
+        if self.session.steer(text):
+            self.note("dsh: queued: the agent takes it after the current step")
+        else:
+            self.note("dsh: queued: answered when this turn ends")
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def read_message(self) -> str | None:
+        """The next message (``None`` at end of input). Interactive: a line with editing
+        and history; ``\\`` at the end continues it, ``\"\"\"`` opens a block; pasted lines
+        arriving together are one message. Otherwise: one line of stdin."""
+        if not self.interactive:
+            line = sys.stdin.readline()
+            if not line:
+                return None
+            return line.rstrip("\n")
+        while True:
+            try:
+                first = self._input(PROMPT)
+            except KeyboardInterrupt:  # Ctrl-C at the prompt clears the line
+                self.print_text("\n")
+                continue
+            except EOFError:  # Ctrl-D at an empty prompt
+                self.print_text("\n")
+                return None
+            break
+        lines = [first]
+        if first.strip() == BLOCK:
+            lines = []
+            while True:
+                try:
+                    nxt = self._input(MORE)
+                except (EOFError, KeyboardInterrupt):
+                    break
+                if nxt.strip() == BLOCK:
+                    break
+                lines.append(nxt)
+            return "\n".join(lines)
+        while lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1]
+            try:
+                lines.append(self._input(MORE))
+            except (EOFError, KeyboardInterrupt):
+                break
+        lines.extend(self._pasted())
+        return "\n".join(lines)
+
+    def _pasted(self) -> list[str]:
+        """Lines already waiting on the terminal: the rest of a paste."""
+        more: list[str] = []
+        fd = sys.stdin.fileno()
+        while True:
+            try:
+                ready, _, _ = select.select([fd], [], [], 0.03)
+            except (OSError, ValueError):
+                break
+            if not ready:
+                break
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            more.extend(data.decode(errors="replace").rstrip("\n").split("\n"))
+        return more
+
+    _prefill = ""
+
+    def _input(self, prompt: str) -> str:
+        prefill, self._prefill = self._prefill, ""
+        if prefill and self._readline is not None:
+            rl = self._readline
+            rl.set_startup_hook(lambda: rl.insert_text(prefill))
+            try:
+                return input(prompt)
+            finally:
+                rl.set_startup_hook(None)
+        return input(prompt)
+
+    _readline: Any = None
+
+    def _setup_readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # no line editing on this Python: plain input still works
+            return
+        self._readline = readline
+        path = history_path()
+        try:
+            readline.read_history_file(path)
+        except (FileNotFoundError, OSError):
+            pass
+        readline.set_history_length(1000)
+
+    def _save_history(self) -> None:
+        if self._readline is None:
+            return
+        path = history_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+            os.chmod(path, 0o600)  # owner only: what people type may be private
+            self._readline.write_history_file(path)
+        except OSError as exc:
+            self.note(f"dsh: warning: cannot save the chat history to {path}: {exc}")
+
+    # -- output ----------------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        """A line on stderr (through the running turn's status line, if any), with secrets
+        redacted (an error from a provider or a plugin command may echo one)."""
+        from dsh.core.redact import redact
+
+        message = redact(message)
+        if self.output is not None:
+            self.output.note(message)
+            return
+        import click
+
+        from dsh.cli.render import escape_controls
+
+        click.echo(escape_controls(message) if sys.stderr.isatty() else message, err=True)
+
+    def print_text(self, text: str) -> None:
+        from dsh.cli.render import escape_controls
+
+        self.stdout.write(escape_controls(text) if sys.stdout.isatty() else text)
+
+    # -- commands --------------------------------------------------------------------------
+
+    def set_agent(self, **overrides: Any) -> None:
+        """Switch the session to the agent with these overrides (recorded on the next
+        ``turn/start``, as every change of model, system prompt or tools is)."""
+        merged = {**self.overrides, **overrides}
+        agent = self.app.agent(self.agent_name, **merged)
+        agent.model.provider_tools(agent.tool_specs)  # fails now if the model cannot be built
+        self.overrides = merged
+        self.session.agent = agent
+
+    def _commands(self) -> dict[str, ChatCommand]:
+        table = {c.name: c for c in BUILTIN_COMMANDS}
+        pm = self.session.agent.pm
+        for impl in pm.hook.register_chat_commands.get_hookimpls():
+            plugin = impl.plugin_name
+
+            def register(name: str, fn: Callable[[Chat, str], str | None], help: str = "",
+                         during_turn: bool = False, _plugin: str = plugin) -> None:
+                if name in table:
+                    raise errors.PluginError(
+                        f"chat command /{name} registered twice: by {table[name].plugin} and "
+                        f"{_plugin}", plugin=_plugin, hook="register_chat_commands")
+                table[name] = ChatCommand(name, fn, help, _plugin, during_turn)
+
+            from dsh.host.manager import call_impl
+
+            call_impl(impl, "register_chat_commands", register=register)
+        return table
+
+
+def _help(chat: Chat, arg: str) -> str:
+    rows = [f"  /{c.name:<10} {c.help}" + (f"  ({c.plugin})" if c.plugin != "dsh.chat" else "")
+            for c in chat.commands.values()]
+    return "\n".join([
+        "Type a message and press Enter. While the agent works, a line you type steers it "
+        "(taken after the current step);",
+        f"start it with {FOLLOW_UP} to keep it for after the turn. End a line with \\ to go "
+        f"on, or open a block with {BLOCK}.",
+        "Ctrl-C stops the turn after the current step (twice: at once); Ctrl-D exits.", "",
+        *rows])
+
+
+def _tools(chat: Chat, arg: str) -> str:
+    tools = chat.session.agent.tools
+    if not tools:
+        return "no tools"
+    return "\n".join(f"  {t.name}: {t.description.splitlines()[0] if t.description else ''}"
+                     for t in tools.values())
+
+
+def _model(chat: Chat, arg: str) -> str:
+    if not arg:
+        return f"model: {chat.session.agent.model_id}"
+    chat.set_agent(model=arg)
+    return f"model: {arg} (from the next message on)"
+
+
+def _system(chat: Chat, arg: str) -> str:
+    if not arg:
+        return chat.session.agent.system or "(no system prompt)"
+    chat.set_agent(system=arg)
+    return "system prompt replaced (from the next message on)"
+
+
+def _session(chat: Chat, arg: str) -> str:
+    path = chat.session.ledger.path
+    return f"session {chat.session.id}" + (f"\n{path}" if path else "")
+
+
+def _stop(chat: Chat, arg: str) -> str | None:
+    output = chat.output
+    ctx = getattr(output, "ctx", None)
+    if ctx is None:
+        return "no turn is running"
+    ctx.stop()
+    chat.note("dsh: stopping after the current step")
+    return None
+
+
+def _exit(chat: Chat, arg: str) -> None:
+    chat.done = True
+
+
+def _inject(chat: Chat, arg: str) -> str:
+    if not arg.strip():
+        raise errors.UsageError("usage: /inject TEXT")
+    chat.session.inject(arg, source="chat")
+    return "context queued: the model sees it with your next message"
+
+
+def _attach(chat: Chat, arg: str) -> str:
+    """``/attach FILE|URL``: read, check and store it now; it goes with the next message."""
+    if not arg or arg == "-":
+        return "usage: /attach FILE|URL (an image or a PDF; stdin is the chat's own)"
+    from dsh.llm.attachments import describe
+
+    (ref,) = chat.session.attach(arg)
+    return f"attached {describe(ref)}: it goes with your next message"
+
+
+BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
+    ChatCommand("help", _help, "this help"),
+    ChatCommand("tools", _tools, "the agent's tools"),
+    ChatCommand("model", _model, "show or switch the model: /model NAME"),
+    ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
+    ChatCommand("session", _session, "the session's id and ledger path"),
+    ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
+    ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
+                during_turn=True),
+    ChatCommand("stop", _stop, "stop the running turn after its current step", during_turn=True),
+    ChatCommand("exit", _exit, "leave (the session stays; continue it with dsh chat -c)"),
+    ChatCommand("quit", _exit, "the same as /exit"),
+)

@@ -1,0 +1,19 @@
+"""The session ledger (MISSION A5, C1–C3): what was recorded, and the only memory a model has.
+
+``events`` (the persistent event classes), ``serialize`` (the one place events become JSON and
+back), ``store`` (the append-only JSON Lines store, its lock and scan), ``history`` (the
+projection of the ledger into model messages) and ``plugin_events`` (``x/PLUGIN/NAME`` lines).
+
+May import: :mod:`dsh.core`, :mod:`dsh.host`, :mod:`dsh.hookspecs`. Never a provider
+(:mod:`dsh.llm`), the run (:mod:`dsh.run`) or a screen (:mod:`dsh.cli`).
+
+``dsh.ledger`` was one module until 0.4: its names (``JsonlStore``, ``Ledger``…) still resolve
+here, from :mod:`dsh.ledger.store`, for one release.
+"""
+
+from dsh._compat import package_getattr
+
+__getattr__ = package_getattr(
+    __name__, "dsh.ledger.store",
+    frozenset({"events", "serialize", "store", "history", "plugin_events", "blobs", "scan",
+               "lock"}))

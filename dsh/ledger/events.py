@@ -1,0 +1,224 @@
+"""Persistent events: the lines of the session ledger (MISSION C1, docs/events.md).
+
+Each class is frozen and carries a stable ``type`` tag (``"turn/start"``), never derived from
+its Python name, so renaming a class never breaks an old ledger. Every line also carries the
+schema version ``v``, the session-wide sequence number ``seq``, an ISO-8601 UTC timestamp
+``ts`` and the ``session`` id. Fields this version does not know (written by a newer dsh)
+are kept in ``extra`` and written back unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import ClassVar
+
+import attrs
+
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.core.messages import freeze
+
+SCHEMA_VERSION = 1
+
+OUTCOMES = ("completed", "rejected", "stopped", "aborted", "budget", "error")
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class Event:
+    """Base of persistent events.
+
+    Subclasses are declared with ``repr=False`` and share :meth:`__repr__` below: attrs
+    would otherwise generate (and compile) one per class at import, which is start-up time.
+    """
+
+    type: ClassVar[str] = ""
+    seq: int = 0
+    ts: str = ""
+    session: str = ""
+    #: Unknown fields read from a newer schema, preserved on a round trip.
+    extra: dict[str, Any] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                           for f in attrs.fields(type(self)) if f.repr)
+        return f"{type(self).__name__}({fields})"
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class TurnStarted(Event):
+    """A turn opened. ``system``, ``tools``, ``model`` and ``options`` are what this turn's
+    requests use; each is ``None`` when unchanged since the previous turn of the session."""
+
+    type: ClassVar[str] = "turn/start"
+    turn: int
+    agent: str
+    model: str | None = None
+    system: str | None = None
+    tools: tuple[ToolSpec, ...] | None = None
+    options: dict[str, Any] | None = attrs.field(default=None, hash=False)
+    #: For a nested run (a sub-agent): the parent's session and the tool call that started it.
+    parent: str | None = None
+    parent_call: str | None = None
+    #: On a turn that switches the model: how many reasoning parts of the history the new
+    #: model will not receive (another provider family wrote them; issue 17). 0 otherwise.
+    reasoning_withheld: int = 0
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class StepStarted(Event):
+    type: ClassVar[str] = "step/start"
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class UserMessage(Event):
+    """A user message; ``source`` is ``user``, or the plugin that continued the turn."""
+
+    type: ClassVar[str] = "user/message"
+    text: str
+    source: str = "user"
+    #: Files sent with the message: references by content hash (issue 17).
+    attachments: tuple[Attachment, ...] = ()
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class ContextInjected(Event):
+    """Injected context, written when a turn consumes it (before that turn's user message)."""
+
+    type: ClassVar[str] = "context/injected"
+    text: str
+    source: str = "api"
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class AssistantMessage(Event):
+    type: ClassVar[str] = "assistant/message"
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    tool_call_source: str | None = None
+    model: str | None = None
+    stop_reason: str | None = None
+    #: Reasoning parts, replayed to the provider family that wrote them (issue 17).
+    reasoning: tuple[Reasoning, ...] = ()
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class ToolCalled(Event):
+    type: ClassVar[str] = "tool/call"
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = attrs.field(factory=dict, hash=False)
+    #: For a sub-agent tool: the child session it runs in.
+    child_session: str | None = None
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class ToolReturned(Event):
+    """A tool's result. ``status`` is ``ok``, ``error``, ``budget`` (not run: no tool call
+    left in the budget chain) or ``interrupted`` (the run ended before the tool returned;
+    written on resume)."""
+
+    type: ClassVar[str] = "tool/result"
+    call_id: str
+    name: str
+    status: str = "ok"
+    output: str = ""
+    duration_ms: float | None = None
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class StepRejected(Event):
+    """``pre_step`` refused the step (B4): the step was attempted but did not run."""
+
+    type: ClassVar[str] = "step/rejected"
+    turn: int
+    step: int
+    reason: str = ""
+    plugin: str | None = None
+    text: str = ""
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class StepEnded(Event):
+    type: ClassVar[str] = "step/end"
+    turn: int
+    step: int
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class TurnEnded(Event):
+    """A turn closed with one of :data:`OUTCOMES` and a human-readable reason."""
+
+    type: ClassVar[str] = "turn/end"
+    turn: int
+    outcome: str
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class ContextCompacted(Event):
+    """The model's history was compacted (issue 10): the projected messages
+    ``[start, end)`` are replaced by ``messages`` from here on. The replaced events stay in
+    the ledger; ``strategy`` and ``plugin`` say what made the replacement, ``reason`` why
+    (``threshold``, ``provider``, ``manual``), ``tokens_before``/``tokens_after`` the
+    estimated size of the next request, ``summary_session`` the sub-run that wrote a summary."""
+
+    type: ClassVar[str] = "context/compacted"
+    start: int
+    end: int
+    messages: tuple[Message, ...] = ()
+    strategy: str = ""
+    plugin: str | None = None
+    reason: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary_session: str | None = None
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class UnknownEvent(Event):
+    """A line whose ``type`` this version does not know (a newer dsh, or a plugin that is no
+    longer installed). Kept verbatim in ``extra`` and written back unchanged."""
+
+    type: ClassVar[str] = "unknown"
+    tag: str = ""
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class PluginEvent(Event):
+    """A plugin's own persistent event (issue 11), tagged ``x/PLUGIN/NAME`` — a family, not
+    one tag, so it is not in :data:`EVENT_TYPES`. ``data`` is a JSON object (read-only once
+    built), ``version`` the plugin's own schema version of it. Written with
+    :func:`dsh.ledger.plugin_events.record_event`; ignored by the projection into model messages."""
+
+    type: ClassVar[str] = "x"  # the family; an instance's ``tag`` is ``x/PLUGIN/NAME``
+    plugin: str
+    name: str
+    data: dict[str, Any] = attrs.field(factory=dict, hash=False, converter=freeze)
+    version: int = 1
+
+    @property
+    def tag(self) -> str:
+        """The line's ``type``: ``x/PLUGIN/NAME``."""
+        return f"x/{self.plugin}/{self.name}"
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    TurnStarted,
+    StepStarted,
+    UserMessage,
+    ContextInjected,
+    AssistantMessage,
+    ToolCalled,
+    ToolReturned,
+    StepRejected,
+    StepEnded,
+    TurnEnded,
+    ContextCompacted,
+)

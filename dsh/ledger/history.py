@@ -1,0 +1,284 @@
+"""``derive_messages``: the projection of the ledger into model messages (MISSION C3, C4).
+
+The projection is a fold over events. The ledger feeds it every event it appends, so it is
+maintained incrementally: a step costs the same at event 10 and at event 100,000. Resuming a
+session folds the loaded events through the same code, which is why a resumed session's next
+request is the one it would have sent before the restart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from collections.abc import Mapping
+from typing import Any
+
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import Message
+from dsh.core.messages import MessageView
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import freeze
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextCompacted
+from dsh.ledger.events import ContextInjected
+from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.serialize import checked
+from dsh.ledger.serialize import raw_attachments
+from dsh.ledger.serialize import raw_messages
+from dsh.ledger.serialize import raw_reasoning
+from dsh.ledger.serialize import raw_tool_calls
+from dsh.ledger.serialize import raw_tools
+
+
+def context_message(text: str, source: str) -> str:
+    """How injected context is shown to the model (a user-role message of its own)."""
+    return f'<context source="{source}">\n{text}\n</context>'
+
+
+class Projection:
+    """What the next request will contain, derived from the events so far.
+
+    ``messages`` is append-only; :meth:`view` returns an O(1) immutable view of it.
+    ``system``, ``tools``, ``model`` and ``options`` follow the latest ``turn/start`` that set
+    them. ``pending`` holds tool calls the model made that have no result yet, in call order.
+    """
+
+    __slots__ = (
+        "_messages",
+        "system",
+        "tools",
+        "model",
+        "options",
+        "pending",
+        "turn",
+        "step",
+        "turn_open",
+        "step_open",
+        "seq",
+        "last_usage",
+        "compactions",
+        "answers",
+        "plugin_index",
+    )
+
+    def __init__(self) -> None:
+        self._messages: list[Message] = []
+        self.system = ""
+        self.tools: tuple[ToolSpec, ...] = ()
+        self.model = ""
+        self.options: Mapping[str, Any] = FrozenDict()
+        self.pending: dict[str, ToolCall] = {}
+        self.turn = 0
+        self.step = 0
+        self.turn_open = False
+        self.step_open = False
+        self.seq = -1
+        #: ``(number of messages, tokens)``: the provider's count of the prompt and answer
+        #: of the last assistant message that reported usage (None after a compaction).
+        self.last_usage: tuple[int, int] | None = None
+        #: How many ``context/compacted`` events have been applied.
+        self.compactions = 0
+        #: Assistant messages in the whole session, compacted ones included.
+        self.answers = 0
+        #: Plugin events (``x/PLUGIN/NAME``), never projected into messages: by plugin and by
+        #: ``(plugin, name)``, oldest first (dsh.plugin_events). None until the first one.
+        self.plugin_index: dict[Any, list[PluginEvent]] | None = None
+
+    def view(self) -> MessageView:
+        return MessageView(self._messages)
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def apply(self, event: Event) -> None:
+        self.seq = event.seq
+        t = type(event)
+        if t is UserMessage:
+            m: Any = event
+            self._messages.append(Message(role="user", content=m.text,
+                                          attachments=m.attachments))
+        elif t is AssistantMessage:
+            e: Any = event
+            self._messages.append(
+                Message(role="assistant", content=e.text, tool_calls=e.tool_calls,
+                        reasoning=e.reasoning)
+            )
+            for call in e.tool_calls:
+                self.pending[call.id] = call
+            self.answers += 1
+            u = e.usage
+            if u.input_tokens:
+                self.last_usage = (len(self._messages), u.input_tokens + u.output_tokens)
+        elif t is ToolReturned:
+            r: Any = event
+            self.pending.pop(r.call_id, None)
+            self._messages.append(
+                Message(
+                    role="tool",
+                    content=r.output,
+                    tool_call_id=r.call_id,
+                    name=r.name,
+                    is_error=r.status != "ok",
+                )
+            )
+        elif t is ContextInjected:
+            c: Any = event
+            self._messages.append(Message(role="user", content=context_message(c.text, c.source)))
+        elif t is StepStarted:
+            self.step = event.step  # type: ignore[attr-defined]
+            self.step_open = True
+        elif t is StepEnded:
+            self.step_open = False
+        elif t is TurnStarted:
+            s: Any = event
+            self.turn = s.turn
+            self.turn_open = True
+            self.step_open = False
+            if s.system is not None:
+                self.system = s.system
+            if s.tools is not None:
+                self.tools = s.tools
+            if s.model is not None:
+                self.model = s.model
+            if s.options is not None:
+                self.options = freeze(s.options)  # read-only (C3); O(1) when it already is
+        elif t is TurnEnded:
+            self.turn_open = False
+            self.step_open = False
+        elif t is ContextCompacted:
+            c2: Any = event
+            self.compact(c2.start, c2.end, c2.messages)
+        elif t is PluginEvent:
+            self.index_plugin_event(event)  # type: ignore[arg-type]
+
+    def index_plugin_event(self, event: PluginEvent) -> None:
+        """Keep a plugin event for :func:`dsh.ledger.plugin_events.read`: O(1), no message."""
+        index = self.plugin_index
+        if index is None:
+            index = self.plugin_index = {}
+        index.setdefault(event.plugin, []).append(event)
+        index.setdefault((event.plugin, event.name), []).append(event)
+
+    def compact(self, start: int, end: int, replacement: tuple[Message, ...]) -> None:
+        """Apply a ``context/compacted`` event: ``[start, end)`` becomes ``replacement``.
+
+        A new list, so views taken before (a request in flight, a frozen read) keep the
+        history they were taken from; O(n) once per compaction, the steps stay O(1).
+        """
+        items = self._messages
+        if not 0 <= start <= end <= len(items):
+            from dsh.core.errors import LedgerError
+
+            raise LedgerError(f"context/compacted: range [{start}, {end}) outside the "
+                              f"{len(items)} projected messages")
+        self._messages = items[:start] + list(replacement) + items[end:]
+        self.last_usage = None
+        self.compactions += 1
+
+    def apply_raw(self, d: dict[str, Any]) -> None:
+        """:meth:`apply` for a decoded ledger line, without building the event.
+
+        Resuming a 100,000-event session spends most of its time building event objects
+        that the projection reads a few fields of and drops; this reads those fields straight
+        from the JSON object, checking each one's type. Any surprise raises
+        :class:`~dsh.ledger.serialize.InvalidLine` and the caller falls back to full event loading,
+        which explains exactly what is wrong. tests/test_history.py checks, over generated
+        sessions, that both paths project the same thing.
+        """
+        tag = d["type"]
+        seq = d["seq"]
+        if type(seq) is not int:
+            checked(seq, int)
+        if tag == "user/message":
+            self._messages.append(Message(role="user", content=checked(d["text"], str),
+                                          attachments=raw_attachments(d.get("attachments", ()))))
+        elif tag == "assistant/message":
+            calls = raw_tool_calls(d.get("tool_calls", []))
+            self._messages.append(Message(role="assistant", content=checked(d.get("text", ""), str),
+                                          tool_calls=calls,
+                                          reasoning=raw_reasoning(d.get("reasoning", ()))))
+            for call in calls:
+                self.pending[call.id] = call
+            self.answers += 1
+            u = d.get("usage")
+            if u:
+                i = checked(u.get("input_tokens", 0), int)
+                o = checked(u.get("output_tokens", 0), int)
+                if i:
+                    self.last_usage = (len(self._messages), i + o)
+        elif tag == "tool/result":
+            call_id = checked(d["call_id"], str)
+            self.pending.pop(call_id, None)
+            self._messages.append(Message(
+                role="tool", content=checked(d.get("output", ""), str), tool_call_id=call_id,
+                name=checked(d["name"], str), is_error=checked(d.get("status", "ok"), str) != "ok",
+            ))
+        elif tag == "context/injected":
+            self._messages.append(Message(role="user", content=context_message(
+                checked(d["text"], str), checked(d.get("source", "api"), str))))
+        elif tag == "step/start":
+            checked(d["turn"], int)
+            self.step = checked(d["step"], int)
+            self.step_open = True
+        elif tag == "step/end":
+            self.step_open = False
+        elif tag == "turn/start":
+            self.turn = checked(d["turn"], int)
+            checked(d["agent"], str)
+            self.turn_open = True
+            self.step_open = False
+            system = d.get("system")
+            if system is not None:
+                self.system = checked(system, str)
+            tools = raw_tools(d.get("tools"))
+            if tools is not None:
+                self.tools = tools
+            model = d.get("model")
+            if model is not None:
+                self.model = checked(model, str)
+            options = d.get("options")
+            if options is not None:
+                self.options = freeze(checked(options, dict))
+        elif tag == "turn/end":
+            self.turn_open = False
+            self.step_open = False
+        elif tag == "context/compacted":
+            self.compact(checked(d["start"], int), checked(d["end"], int),
+                         raw_messages(d.get("messages", [])))
+        elif tag[:2] == "x/":
+            from dsh.ledger.plugin_events import from_raw
+
+            self.index_plugin_event(from_raw(d))
+        self.seq = seq
+
+
+def derive_messages(events: Iterable[Event]) -> MessageView:
+    """The model history that ``events`` (a whole session's ledger, in order) project to."""
+    p = Projection()
+    for event in events:
+        p.apply(event)
+    return p.view()
+
+
+def render_history(messages: Iterable[Message]) -> str:
+    """A plain-text transcript of ``messages``, for handing a frozen read of one session's
+    history to another (``App.parallel``)."""
+    lines = []
+    for m in messages:
+        if m.role == "tool":
+            lines.append(f"[tool {m.name} result{' (error)' if m.is_error else ''}] {m.content}")
+            continue
+        text = m.content
+        for call in m.tool_calls:
+            text += f"\n[calls {call.name}({json.dumps(call.arguments, ensure_ascii=False)})]"
+        lines.append(f"[{m.role}] {text.strip()}")
+    return "\n".join(lines)
+

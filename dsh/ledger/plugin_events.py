@@ -1,0 +1,421 @@
+"""A plugin's own persistent events: ``x/PLUGIN/NAME`` lines in the session ledger (issue 11).
+
+A plugin keeps per-session state in the ledger itself instead of a side file::
+
+    from dsh.ledger.plugin_events import plugin_events, record_event
+
+    record_event("myplugin", "counted", {"requests": 3})       # inside a run
+    last = plugin_events("myplugin", "counted")[-1].data        # also after a resume
+
+Library code holding a :class:`dsh.run.app.Session` uses ``Session.record_event`` /
+``Session.plugin_events``. Everything written here is checked hard before it reaches the
+ledger (docs/events.md, "Plugin events"):
+
+* names: ``PLUGIN`` and ``NAME`` match :data:`NAME_RE` (letters, digits, ``._-``, at most
+  64 characters, no ``/``); ``PLUGIN`` must be a plugin of this app — its registered name
+  (``hooks``, ``dsh.compaction``) or its distribution's (``dsh-hooks``) — or :data:`APP`,
+  the namespace of the application embedding dsh;
+* ``data``: a JSON object — ``str`` keys; values ``None``, ``bool``, ``int`` within 64 bits,
+  finite ``float``, ``str`` without lone surrogates, lists/tuples and objects, nested at most
+  :data:`MAX_DEPTH` deep — of at most :data:`MAX_DATA_BYTES` as written; strings go through
+  :func:`dsh.core.redact.redact`, like every diagnostic dsh records (a key that holds a secret
+  is refused). Anything else raises :class:`PluginEventError` naming the plugin, the event
+  and the key;
+* reading is an index kept by the ledger's projection as events are appended or loaded: no
+  file is read again, and a session without plugin events pays nothing for it.
+
+Plugin events never reach a model by themselves: the projection into model messages ignores
+them. To show one to the model, inject it as context (``step.context.append(...)`` in
+``pre_step``, or ``Session.inject``): that is recorded as ``context/injected`` first (C3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import weakref
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import overload
+
+from dsh.core.errors import LedgerError
+from dsh.core.errors import NoRunContext
+from dsh.core.errors import UsageError
+from dsh.core.sanitize import nesting_depth
+from dsh.ledger.events import SCHEMA_VERSION
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.serialize import InvalidLine
+
+if TYPE_CHECKING:
+    from dsh.ledger.store import Ledger
+    from dsh.run.app import App
+
+#: A plugin or event name: letters, digits, ``.``, ``_``, ``-``; starts with a letter or digit.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+MAX_NAME = 64
+#: The largest ``data`` object, in bytes of its JSON text (UTF-8).
+MAX_DATA_BYTES = 64 * 1024
+#: How deep lists and objects may nest inside ``data``.
+MAX_DEPTH = 32
+#: How deep a payload read from a ledger may nest (lenient: dsh writes at most MAX_DEPTH).
+MAX_READ_DEPTH = 128
+#: Integers are kept within 64 bits (what most JSON readers can hold exactly).
+INT_RANGE = (-(2**63), 2**63 - 1)
+#: The largest payload schema version.
+MAX_VERSION = 2**31 - 1
+#: The namespace of the application embedding dsh (library code, not a plugin).
+APP = "app"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_FIELDS = frozenset({"v", "type", "seq", "ts", "session", "plugin", "name", "data", "version"})
+
+
+class PluginEventError(UsageError, ValueError):
+    """A plugin event that cannot be recorded: a bad name, or data that is not a JSON object
+    dsh can write and read back exactly. The message names the plugin, the event and the
+    key."""
+
+
+class OutsideRun(NoRunContext, RuntimeError):
+    """:func:`record_event` / :func:`plugin_events` called outside a run."""
+
+
+# ------------------------------------------------------------------------------ checking
+
+
+def check_name(value: Any, what: str) -> str:
+    """``value`` if it is a valid plugin or event name, else :class:`PluginEventError`."""
+    if type(value) is not str or not NAME_RE.match(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 80 else \
+            repr(value[:77] + "...")
+        raise PluginEventError(
+            f"invalid plugin event {what} {shown}: use 1-{MAX_NAME} letters, digits, '.', "
+            "'_' or '-', starting with a letter or digit")
+    return value
+
+
+def is_installed(app: App, plugin: str, pm: Any = None) -> bool:
+    """Whether ``plugin`` names a plugin of ``app`` (or of the agent plugin manager ``pm``):
+    its registered name or its distribution's name; :data:`APP` always does."""
+    if plugin == APP:
+        return True
+    for manager in (pm, app.pm):
+        if manager is not None and manager.get_plugin(plugin) is not None:
+            return True
+    loaded = [r for r in app.plugins if r.obj is not None]
+    if any(r.name == plugin or r.dist == plugin for r in loaded):
+        return True
+    # A distribution's plugin loaded by module (``load = ["dsh_hooks"]``): no entry point
+    # tells its distribution; the installed packages' top-level modules do.
+    modules = frozenset((r.module or getattr(r.obj, "__name__", "")).partition(".")[0]
+                        for r in loaded)
+    return _normal(plugin) in _module_dists(app, modules)
+
+
+#: Per app: the distributions owning its plugins' top-level modules (reading them scans every
+#: installed package, ~80 ms: once per app and set of loaded modules, not once per event).
+_DISTS: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], frozenset[str]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _module_dists(app: Any, modules: frozenset[str]) -> frozenset[str]:
+    cached = _DISTS.get(app)
+    if cached is not None and cached[0] == modules:
+        return cached[1]
+    from importlib.metadata import packages_distributions
+
+    owners = packages_distributions()
+    dists = frozenset(_normal(d) for m in modules for d in owners.get(m, ()))
+    try:
+        _DISTS[app] = (modules, dists)
+    except TypeError:  # an app object that takes no weak reference: not cached
+        pass
+    return dists
+
+
+def _normal(name: str) -> str:
+    """A distribution name compared as PyPI does (PEP 503): ``dsh_hooks`` is ``dsh-hooks``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _where(path: str) -> str:
+    return f"data{path}" if path else "data"
+
+
+def clean_data(plugin: str, name: str, data: Any) -> dict[str, Any]:
+    """``data`` as it will be recorded: checked, tuples made lists, strings redacted.
+    Raises :class:`PluginEventError` naming the plugin, event and key for anything else."""
+    from dsh.core.redact import redact
+
+    event = f"plugin event x/{plugin}/{name}"
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise PluginEventError(f"{event}: data must be a JSON object (a dict), "
+                               f"not {type(data).__name__}")
+    budget = [MAX_DATA_BYTES]
+    # Redaction costs ~15 us a string: the first pass collects the strings and one call on
+    # all of them at once (joined by newlines, which no pattern crosses) tells whether any
+    # needs it; only then does a second pass redact them one by one.
+    strings: list[str] | None = []
+
+    def fail(path: str, problem: str) -> PluginEventError:
+        return PluginEventError(f"{event}: {_where(path)} {problem}")
+
+    def spend(n: int, path: str) -> None:
+        budget[0] -= n
+        if budget[0] < 0:
+            raise fail(path, f"makes the event larger than {MAX_DATA_BYTES} bytes")
+
+    def text(s: str, path: str, key: bool = False) -> str:
+        if type(s) is not str:
+            s = str.__str__(s)
+        m = _SURROGATE.search(s)
+        if m is not None:
+            what = "key" if key else "string"
+            raise fail(path, f"is a {what} with a lone surrogate (U+{ord(m.group()):04X} at "
+                       f"index {m.start()}): not valid Unicode, cannot be written as UTF-8")
+        spend(len(s) + 3, path)
+        return s
+
+    def walk(value: Any, path: str, depth: int) -> Any:
+        if value is None or value is True or value is False:
+            spend(5, path)
+            return value
+        if isinstance(value, str):
+            value = text(value, path)
+            if strings is None:
+                return redact(value)
+            strings.append(value)
+            return value
+        if isinstance(value, bool):  # a bool subclass (numpy's is not one): keep its value
+            return bool(value)
+        if isinstance(value, int):
+            if not INT_RANGE[0] <= value <= INT_RANGE[1]:
+                raise fail(path, f"is an integer outside 64 bits ({str(value)[:20]}...): "
+                           "write it as a string")
+            spend(20, path)
+            return int(value)
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise fail(path, f"is {value!r}, which JSON cannot represent")
+            spend(24, path)
+            return float(value)
+        if depth >= MAX_DEPTH:
+            raise fail(path, f"nests deeper than {MAX_DEPTH} levels")
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                sub = f"{path}[{k!r}]"
+                if not isinstance(k, str):
+                    raise fail(sub, f"has a key of type {type(k).__name__}: JSON object keys are "
+                               "strings")
+                k = text(k, sub, key=True)
+                if strings is not None:
+                    strings.append(k)
+                elif redact(k) != k:
+                    raise fail(sub, "has a key that looks like a secret (dsh.core.redact would "
+                               "hide it): keys are names, put values in values")
+                out[k] = walk(v, sub, depth + 1)
+            return out
+        if isinstance(value, list | tuple):
+            spend(2, path)
+            return [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+        raise fail(path, f"is a {type(value).__name__}, which is not JSON (use objects, lists, "
+                   "strings, numbers, booleans and null)")
+
+    clean: dict[str, Any] = walk(data, "", 0)
+    joined = "\n".join(strings or ())
+    if strings and redact(joined) != joined:
+        strings, budget[0] = None, MAX_DATA_BYTES
+        clean = walk(data, "", 0)
+    size = len(json.dumps(clean, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > MAX_DATA_BYTES:
+        raise PluginEventError(f"{event}: data is {size} bytes as JSON; the limit is "
+                               f"{MAX_DATA_BYTES}")
+    return clean
+
+
+def check_version(plugin: str, name: str, version: Any) -> int:
+    if type(version) is not int or not 1 <= version <= MAX_VERSION:
+        raise PluginEventError(f"plugin event x/{plugin}/{name}: version must be an int from "
+                               f"1 to {MAX_VERSION}, not {version!r}")
+    return version
+
+
+# ------------------------------------------------------------------------ writing, reading
+
+
+def record(ledger: Ledger, plugin: str, name: str, data: Mapping[str, Any] | None = None, *,
+           version: int = 1, app: App | None = None, pm: Any = None,
+           durable: bool = False) -> PluginEvent:
+    """Check and append one plugin event to ``ledger``; return it as recorded.
+
+    :param app: when given, ``plugin`` must be one of its plugins (:func:`is_installed`).
+    :param durable: make it durable now (per the ledger's fsync policy), as a step boundary
+        does: for an event written outside a run.
+    """
+    check_name(plugin, "plugin name")
+    check_name(name, "name")
+    check_version(plugin, name, version)
+    if app is not None and not is_installed(app, plugin, pm):
+        raise PluginEventError(
+            f"plugin event x/{plugin}/{name}: no plugin {plugin!r} is registered in this app "
+            f"(use a plugin's registered or distribution name, or {APP!r} for the "
+            "application itself)")
+    clean = clean_data(plugin, name, data)
+    event = ledger.append(PluginEvent, plugin=plugin, name=name, data=clean, version=version)
+    if durable:
+        ledger.step_boundary()
+    return event
+
+
+class EventsView(Sequence[PluginEvent]):
+    """A read-only view of the first ``n`` events of an index list (append-only): taking one
+    is O(1) however many events the plugin wrote, so reading the latest at every step keeps
+    the step's cost flat. Later appends are not in it (a snapshot). Compares equal to any
+    sequence of the same events (``== ()`` when empty)."""
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list[PluginEvent]) -> None:
+        self._items = items
+        self._n = len(items)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> PluginEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[PluginEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> PluginEvent | Sequence[PluginEvent]:
+        if isinstance(index, slice):
+            return tuple(self._items[: self._n][index])
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("plugin event index out of range")
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[PluginEvent]:
+        items = self._items
+        for i in range(self._n):
+            yield items[i]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(other) == self._n and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventsView({list(self)!r})"
+
+
+_EMPTY: list[PluginEvent] = []
+
+
+def read(ledger: Ledger, plugin: str, name: str | None = None) -> EventsView:
+    """The events of ``plugin`` (only those called ``name``, if given) in ``ledger``, oldest
+    first, from the projection's index: an O(1) read-only view."""
+    check_name(plugin, "plugin name")
+    if name is not None:
+        check_name(name, "name")
+    index = ledger.projection.plugin_index
+    if index is None:
+        return EventsView(_EMPTY)
+    return EventsView(index.get(plugin if name is None else (plugin, name), _EMPTY))
+
+
+def _current() -> Any:
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        raise OutsideRun(
+            "dsh.ledger.plugin_events: record_event/plugin_events act on the current run's session "
+            "and were called outside a run; from library code use Session.record_event / "
+            "Session.plugin_events")
+    return ctx
+
+
+def record_event(plugin: str, name: str, data: Mapping[str, Any] | None = None, *,
+                 version: int = 1) -> PluginEvent:
+    """Append the plugin event ``x/PLUGIN/NAME`` with ``data`` to the current run's session.
+
+    :param plugin: your plugin's registered name (or its distribution's name).
+    :param name: the event's name within your plugin.
+    :param data: a JSON object (see the module's docstring for what is accepted).
+    :param version: your schema version of ``data`` (readers use it to migrate old events).
+    :raises OutsideRun: (a ``RuntimeError``) outside a run.
+    :raises PluginEventError: (a ``ValueError``) for a bad name or bad data.
+    """
+    ctx = _current()
+    session = getattr(ctx, "session", None)
+    if session is not None:
+        result: PluginEvent = session.record_event(plugin, name, data, version=version)
+        return result
+    # A RunContext built by hand, without a Session: no app to check the plugin against.
+    return record(ctx.ledger, plugin, name, data, version=version)
+
+
+def plugin_events(plugin: str, name: str | None = None) -> EventsView:
+    """The events ``x/PLUGIN/…`` (or ``x/PLUGIN/NAME``) of the current run's session, oldest
+    first — including those written before a restart — as an O(1) read-only sequence
+    (``plugin_events(P, N)[-1]`` is the latest). ``event.data`` is read-only
+    (:func:`dsh.core.messages.thaw` gives a copy to change).
+
+    :raises OutsideRun: (a ``RuntimeError``) outside a run.
+    """
+    return read(_current().ledger, plugin, name)
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def from_raw(d: dict[str, Any]) -> PluginEvent:
+    """A ledger line's object as a :class:`PluginEvent`. Reading is lenient about what dsh
+    would refuse to write (a payload is kept as it is) but strict about the shape: the tag
+    must be ``x/PLUGIN/NAME`` with ``plugin`` and ``name`` (when present) agreeing with it,
+    ``data`` an object and ``version`` an int. Anything else raises
+    :class:`~dsh.ledger.serialize.InvalidLine` with the reason."""
+    tag = d["type"]
+    parts = tag.split("/")
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise InvalidLine(f"plugin event tag {tag!r} is not x/PLUGIN/NAME")
+    plugin = d.get("plugin", parts[1])
+    name = d.get("name", parts[2])
+    if plugin != parts[1] or name != parts[2]:
+        raise InvalidLine(f"'plugin'/'name' ({plugin!r}, {name!r}) disagree with the tag {tag!r}")
+    data = d.get("data", {})
+    if type(data) is not dict:
+        raise InvalidLine(f"'data' of {tag!r} is a {type(data).__name__}, not an object")
+    if nesting_depth(data, MAX_READ_DEPTH) > MAX_READ_DEPTH:  # freezing it would recurse
+        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep")
+    version = d.get("version", 1)
+    if type(version) is not int:
+        raise InvalidLine(f"'version' of {tag!r} is a {type(version).__name__}, not an int")
+    seq, ts, session = d.get("seq", 0), d.get("ts", ""), d.get("session", "")
+    if type(seq) is not int or type(ts) is not str or type(session) is not str:
+        raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
+    extra = {k: v for k, v in d.items() if k not in _FIELDS}
+    if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
+        extra["v"] = d["v"]
+    return PluginEvent(seq=seq, ts=ts, session=session, plugin=plugin, name=name, data=data,
+                       version=version, extra=extra)
+
+
+def load(d: dict[str, Any], where: str) -> PluginEvent:
+    """:func:`from_raw`, its problems as a :class:`~dsh.core.errors.LedgerError` at ``where``."""
+    try:
+        return from_raw(d)
+    except InvalidLine as exc:
+        raise LedgerError(f"{where}: invalid plugin event: {exc}") from None

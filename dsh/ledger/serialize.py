@@ -1,0 +1,447 @@
+"""The one place events become JSON and back.
+
+Reading goes through a cattrs converter (validation, nested classes, readable errors via
+``transform_error``). Writing uses a small dumper generated from the attrs field lists: it
+produces the same dicts cattrs would (a round-trip test over every event type guards that),
+but avoids importing cattrs on the write path, which alone costs more than a bare interpreter's
+start-up (docs/architecture.md, "Start-up").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+from typing import Any
+
+import attrs
+
+from dsh.core.errors import LedgerError
+from dsh.core.messages import Attachment
+from dsh.core.messages import Message
+from dsh.core.messages import Reasoning
+from dsh.core.messages import ToolCall
+from dsh.core.messages import ToolSpec
+from dsh.core.messages import Usage
+from dsh.ledger.events import EVENT_TYPES
+from dsh.ledger.events import SCHEMA_VERSION
+from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import UnknownEvent
+
+if TYPE_CHECKING:
+    import cattrs
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value) is Usage:
+        return dump_usage(value)
+    if attrs.has(type(value)):
+        return {f.name: _plain(getattr(value, f.name)) for f in attrs.fields(type(value))}
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+_FIELDS: dict[type[Event], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        skip = {"seq", "ts", "session", "extra"}
+        names = _FIELDS[cls] = tuple(f.name for f in attrs.fields(cls) if f.name not in skip)
+    return names
+
+
+#: How the generated dumpers write nested fields of the built-in events (by annotation).
+_NESTED_DUMP = {
+    "tuple[ToolCall, ...]":
+        "[{{'id': c.id, 'name': c.name, 'arguments': c.arguments}} for c in e.{0}]",
+    "Usage": "_dump_usage(e.{0})",
+    "tuple[Reasoning, ...]": "_dump_reasoning(e.{0})",
+    "tuple[Attachment, ...]": "_dump_attachments(e.{0})",
+    "tuple[ToolSpec, ...] | None":
+        "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
+        "'parameters': t.parameters}} for t in e.{0}]",
+    "tuple[Message, ...]": "_dump_messages(e.{0})",
+}
+_PLAIN_DUMP = {"int", "str", "str | None", "float | None", "dict[str, Any]",
+               "dict[str, Any] | None", "bool"}
+_DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
+#: Fields most lines have empty (attachments, reasoning parts): a line carries them only when
+#: there are any, which keeps every other line as it was before they existed.
+_OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
+                       "tuple[Reasoning, ...]": "_dump_reasoning"}
+
+
+def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
+    """A generated function writing ``cls``'s JSON object in one dict display — what the
+    generic path below does, several times faster on the per-step path (every event of every
+    step goes through here). Classes with other annotations use the generic path."""
+    dumper = _DUMPERS.get(cls)
+    if dumper is not None:
+        return dumper
+    items = [f"'v': {SCHEMA_VERSION}", f"'type': {cls.type!r}", "'seq': e.seq", "'ts': e.ts",
+             "'session': e.session"]
+    if cls is PluginEvent:  # a family: each line's tag is x/PLUGIN/NAME
+        items[1] = "'type': 'x/' + e.plugin + '/' + e.name"
+    for f in attrs.fields(cls):
+        if f.name in ("seq", "ts", "session", "extra"):
+            continue
+        ann = str(f.type)
+        if ann in _PLAIN_DUMP:
+            items.append(f"{f.name!r}: e.{f.name}")
+        elif ann in _OMITTED_WHEN_EMPTY:  # written only when there are any (issue 17)
+            items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_EMPTY[ann]}(e.{f.name})}} "
+                         f"if e.{f.name} else {{}})")
+        elif ann in _NESTED_DUMP:
+            items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
+        else:
+            _DUMPERS[cls] = _generic_dict
+            return _generic_dict
+    names: dict[str, Any] = {"_dump_messages": dump_messages, "_dump_usage": dump_usage,
+                             "_dump_reasoning": dump_reasoning,
+                             "_dump_attachments": dump_attachments}
+    exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
+    dumper = _DUMPERS[cls] = names["dump"]
+    return dumper
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """The JSON object of one ledger line."""
+    if isinstance(event, UnknownEvent):
+        return dict(event.extra)
+    d = _dumper(type(event))(event)
+    if event.extra:
+        for k, v in event.extra.items():
+            if k == "v":  # a line from another schema version keeps its version
+                d["v"] = v
+            else:
+                d.setdefault(k, v)
+    return d
+
+
+def _generic_dict(event: Event) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "type": event.type,
+        "seq": event.seq,
+        "ts": event.ts,
+        "session": event.session,
+    }
+    for name in _field_names(type(event)):
+        value = getattr(event, name)
+        if value == () and name in ("attachments", "reasoning"):  # see _OMITTED_WHEN_EMPTY
+            continue
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            value = _plain(value)
+        d[name] = value
+    return d
+
+
+def dump_event(event: Event) -> str:
+    """One ledger line, without the trailing newline."""
+    return _dumps(event_to_dict(event))
+
+
+class EventCodec:
+    """Structures ledger lines into events. Plugins may add event types (``extra_types``);
+    a tag nobody knows loads as :class:`~dsh.ledger.events.UnknownEvent` and survives a round
+    trip."""
+
+    def __init__(self, extra_types: tuple[type[Event], ...] = ()) -> None:
+        import cattrs.preconf.json
+
+        self.types: dict[str, type[Event]] = {c.type: c for c in EVENT_TYPES + extra_types}
+        # Two converters: a fast one (no detailed validation) for the normal path — resuming
+        # a 100,000-event session must stay well under a second — and a detailed one, used
+        # only to explain a line the fast one rejected.
+        self._fast: cattrs.Converter = cattrs.preconf.json.make_converter(
+            detailed_validation=False)
+        self._detailed: cattrs.Converter = cattrs.preconf.json.make_converter()
+        self._known: dict[type[Event], frozenset[str]] = {
+            c: frozenset(_field_names(c)) | {"seq", "ts", "session"} for c in self.types.values()
+        }
+        self._allowed = {c: k | {"v", "type"} for c, k in self._known.items()}
+        self._structure: dict[type[Event], Callable[[Any, Any], Any]] = {
+            c: _fast_loader(c) or self._fast.get_structure_hook(c) for c in self.types.values()
+        }
+
+    def from_dict(self, d: dict[str, Any], where: str = "") -> Event:
+        tag = d.get("type")
+        cls = self.types.get(tag) if isinstance(tag, str) else None
+        if cls is None:
+            if not isinstance(tag, str):
+                raise LedgerError(f"{where}: line has no 'type'")
+            if tag.startswith("x/"):  # a plugin's own event (dsh.plugin_events)
+                from dsh.ledger.plugin_events import load
+
+                return load(d, where)
+            return UnknownEvent(
+                seq=d.get("seq", 0) if isinstance(d.get("seq"), int) else 0,
+                ts=str(d.get("ts", "")),
+                session=str(d.get("session", "")),
+                tag=tag,
+                extra=d,
+            )
+        data = d
+        unknown = d.keys() - self._allowed[cls]
+        if unknown or d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
+            data = {k: v for k, v in d.items() if k in self._known[cls]}
+            extra = {k: v for k, v in d.items() if k in unknown}
+            if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
+                extra["v"] = d["v"]
+            data["extra"] = extra
+        try:
+            event: Event = self._structure[cls](data, cls)
+        except Exception as exc:  # _Invalid, cattrs' errors, KeyError, TypeError…
+            raise LedgerError(
+                f"{where}: invalid {tag!r} event: {self._explain(data, cls, exc)}") from None
+        return event
+
+    def _explain(self, data: dict[str, Any], cls: type[Event], exc: Exception) -> str:
+        try:
+            self._detailed.structure(data, cls)
+        except Exception as detailed:
+            return _describe(detailed)
+        field = exc.args[0] if isinstance(exc, _Invalid) and exc.args else "?"
+        return f"field {field!r} has the wrong type ({type(data.get(field)).__name__})"
+
+    def load(self, line: str | bytes, where: str = "") -> Event:
+        try:
+            d = json.loads(line)
+        except ValueError as exc:
+            raise LedgerError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise LedgerError(f"{where}: a ledger line must be a JSON object")
+        return self.from_dict(d, where)
+
+
+class InvalidLine(Exception):
+    """A field of the wrong shape, found by a fast loader (cattrs then explains it)."""
+
+
+_Invalid = InvalidLine
+
+
+def checked(value: Any, type_: type) -> Any:
+    """``value`` if it is exactly of ``type_`` (JSON has no subclasses), else InvalidLine."""
+    if type(value) is not type_:
+        raise InvalidLine
+    return value
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise _Invalid
+
+
+def raw_tool_calls(v: Any) -> tuple[ToolCall, ...]:
+    _check(type(v) is list)
+    out = []
+    for c in v:
+        _check(type(c) is dict and type(c["id"]) is str and type(c["name"]) is str
+               and type(c.get("arguments", {})) is dict)
+        out.append(ToolCall(id=c["id"], name=c["name"], arguments=c.get("arguments", {})))
+    return tuple(out)
+
+
+def dump_usage(u: Usage) -> dict[str, int]:
+    """A usage object; the cache counts only when there are any (most lines have none)."""
+    d = {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}
+    if u.cache_read_tokens or u.cache_write_tokens:
+        d["cache_read_tokens"] = u.cache_read_tokens
+        d["cache_write_tokens"] = u.cache_write_tokens
+    return d
+
+
+def dump_reasoning(parts: tuple[Reasoning, ...]) -> list[dict[str, Any]]:
+    """Reasoning parts as JSON objects, every field written (they are replayed byte for
+    byte)."""
+    return [{"kind": r.kind, "provider": r.provider, "text": r.text, "signature": r.signature,
+             "data": r.data, "id": r.id} for r in parts]
+
+
+def dump_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, Any]]:
+    return [{"sha256": a.sha256, "media_type": a.media_type, "size": a.size, "name": a.name}
+            for a in parts]
+
+
+def dump_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages as JSON objects (``context/compacted``), every field written."""
+    return [{"role": m.role, "content": m.content,
+             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                            for c in m.tool_calls],
+             "tool_call_id": m.tool_call_id, "name": m.name, "is_error": m.is_error,
+             "reasoning": dump_reasoning(m.reasoning),
+             "attachments": dump_attachments(m.attachments)}
+            for m in messages]
+
+
+def raw_messages(v: Any) -> tuple[Message, ...]:
+    """The inverse of :func:`dump_messages`, checking every field's type."""
+    _check(type(v) is list)
+    out = []
+    for d in v:
+        _check(type(d) is dict and type(d["role"]) is str
+               and type(d.get("content", "")) is str
+               and type(d.get("tool_call_id")) in (str, type(None))
+               and type(d.get("name")) in (str, type(None))
+               and type(d.get("is_error", False)) is bool)
+        out.append(Message(role=d["role"], content=d.get("content", ""),
+                           tool_calls=raw_tool_calls(d.get("tool_calls", [])),
+                           tool_call_id=d.get("tool_call_id"), name=d.get("name"),
+                           is_error=d.get("is_error", False),
+                           reasoning=raw_reasoning(d.get("reasoning", [])),
+                           attachments=raw_attachments(d.get("attachments", []))))
+    return tuple(out)
+
+
+def _usage(v: Any) -> Usage:
+    _check(type(v) is dict)
+    i, o = v.get("input_tokens", 0), v.get("output_tokens", 0)
+    r, w = v.get("cache_read_tokens", 0), v.get("cache_write_tokens", 0)
+    _check(type(i) is int and type(o) is int and type(r) is int and type(w) is int)
+    if r or w:
+        return Usage(input_tokens=i, output_tokens=o, cache_read_tokens=r, cache_write_tokens=w)
+    return Usage(input_tokens=i, output_tokens=o)
+
+
+_OPTIONAL_STR = (str, type(None))
+
+
+def _raw_parts(v: Any, build: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """A list field most lines lack: ``()`` for the caller's default, else each item built
+    (and checked) by ``build``."""
+    if type(v) is not list:
+        _check(v == ())  # only the caller's default; JSON gives lists
+        return ()
+    return tuple(build(item) for item in v) if v else ()
+
+
+def _reasoning_part(r: Any) -> Reasoning:
+    _check(type(r) is dict and type(r["kind"]) is str and type(r["provider"]) is str
+           and type(r.get("text", "")) is str
+           and type(r.get("signature")) in _OPTIONAL_STR
+           and type(r.get("data")) in _OPTIONAL_STR
+           and type(r.get("id")) in _OPTIONAL_STR)
+    return Reasoning(kind=r["kind"], provider=r["provider"], text=r.get("text", ""),
+                     signature=r.get("signature"), data=r.get("data"), id=r.get("id"))
+
+
+def _attachment(a: Any) -> Attachment:
+    _check(type(a) is dict and type(a["sha256"]) is str and type(a["media_type"]) is str
+           and type(a["size"]) is int and type(a.get("name")) in _OPTIONAL_STR)
+    return Attachment(sha256=a["sha256"], media_type=a["media_type"], size=a["size"],
+                      name=a.get("name"))
+
+
+def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
+    """Reasoning parts from JSON, checking every field's type."""
+    return _raw_parts(v, _reasoning_part)
+
+
+def raw_attachments(v: Any) -> tuple[Attachment, ...]:
+    """Attachment references from JSON, checking every field's type."""
+    return _raw_parts(v, _attachment)
+
+
+def raw_tools(v: Any) -> tuple[ToolSpec, ...] | None:
+    if v is None:
+        return None
+    _check(type(v) is list)
+    out = []
+    for t in v:
+        _check(type(t) is dict and type(t["name"]) is str
+               and type(t.get("description", "")) is str
+               and type(t.get("parameters", {})) is dict)
+        out.append(ToolSpec(name=t["name"], description=t.get("description", ""),
+                            parameters=t.get("parameters", {})))
+    return tuple(out)
+
+
+#: Plain fields: the JSON types each annotation of the built-in events accepts.
+_PLAIN: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+    "float | None": (float, int, type(None)),
+    "dict[str, Any]": (dict,),
+    "dict[str, Any] | None": (dict, type(None)),
+}
+#: Nested fields: a converter that checks and builds.
+_NESTED: dict[str, Callable[[Any], Any]] = {
+    "tuple[ToolCall, ...]": raw_tool_calls,
+    "Usage": _usage,
+    "tuple[Reasoning, ...]": raw_reasoning,
+    "tuple[Attachment, ...]": raw_attachments,
+    "tuple[ToolSpec, ...] | None": raw_tools,
+    "tuple[Message, ...]": raw_messages,
+}
+
+
+def _fast_loader(cls: type[Event]) -> Callable[[dict[str, Any], Any], Event] | None:
+    """A loader for ``cls`` that checks every field strictly and builds the event directly.
+
+    Generated as straight-line code (as attrs and cattrs generate theirs) when every field's
+    annotation is one the built-in events use; plugin event types with other annotations go
+    through cattrs. Several times faster than cattrs on the resume path
+    (benchmarks/resume.py); any doubt raises :class:`_Invalid`, and cattrs explains.
+    """
+    names: dict[str, Any] = {"_Invalid": _Invalid, "cls": cls}
+    body = ["def load(d, _=None):", "    kw = {}"]
+    for f in attrs.fields(cls):
+        if f.name == "extra":
+            continue
+        ann = str(f.type)
+        required = f.default is attrs.NOTHING
+        body.append(f"    v = d.get({f.name!r}, _Invalid)")
+        body.append("    if v is not _Invalid:")
+        if ann in _PLAIN:
+            names[f"t_{f.name}"] = _PLAIN[ann]
+            body.append(f"        if type(v) not in t_{f.name}: raise _Invalid({f.name!r})")
+            body.append(f"        kw[{f.name!r}] = v")
+        elif ann in _NESTED:
+            names[f"c_{f.name}"] = _NESTED[ann]
+            body.append("        try:")
+            body.append(f"            kw[{f.name!r}] = c_{f.name}(v)")
+            body.append("        except (_Invalid, KeyError, TypeError):")
+            body.append(f"            raise _Invalid({f.name!r}) from None")
+        else:
+            return None
+        if required:
+            body.append(f"    else: raise _Invalid({f.name!r})")
+    body.append("    if 'extra' in d: kw['extra'] = d['extra']")
+    body.append("    return cls(**kw)")
+    exec("\n".join(body), names)  # noqa: S102 - generated from the attrs field list above
+    load: Callable[[dict[str, Any], Any], Event] = names["load"]
+    return load
+
+
+def _describe(exc: BaseException) -> str:
+    import cattrs
+
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc))
+    return f"{type(exc).__name__}: {exc}"
+
+
+_DEFAULT: list[EventCodec] = []
+
+
+def default_codec() -> EventCodec:
+    if not _DEFAULT:
+        _DEFAULT.append(EventCodec())
+    return _DEFAULT[0]
+
+
+def load_event(line: str | bytes) -> Event:
+    """Parse one ledger line with the built-in event types."""
+    return default_codec().load(line)

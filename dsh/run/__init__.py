@@ -1,0 +1,9 @@
+"""Running agents: the library API and everything one turn does.
+
+``app`` (``App``, ``Agent``, ``Session``: assembling and running), ``loop`` (the built-in
+``run_turn``), ``budget`` and ``recorder`` (layers of the chat and tool chains), ``compaction``
+(keeping a long session inside its window) and ``prompt`` (the system prompt's fragments).
+
+May import: :mod:`dsh.core`, :mod:`dsh.host`, :mod:`dsh.ledger`, :mod:`dsh.config`,
+:mod:`dsh.llm`, :mod:`dsh.tools`. Never the command line (:mod:`dsh.cli`) or the batch.
+"""
