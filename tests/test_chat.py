@@ -12,7 +12,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,26 @@ import tomli_w
 pexpect = pytest.importorskip("pexpect",
                               reason="pexpect is in the test extra: pip install -e '.[test]'")
 
+# The tool waits for the test to release it (a file appears), never for a time: under load a
+# timed wait let the tool end before the input meant for "while it runs" arrived (issue 21).
 SLOW_TOOL = textwrap.dedent('''
+    import os
     import time
+    from pathlib import Path
     from dsh.hookspecs import hookimpl
 
     @hookimpl
     def register_tools(register):
         def slow(seconds: float) -> str:
-            """Wait a while.
+            """Wait until released (at most a minute).
 
-            :param seconds: how long
+            :param seconds: what the result says
             """
-            time.sleep(seconds)
+            release = Path(os.environ["SLOW_GATE"]) / "release"
+            deadline = time.monotonic() + 60
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            release.unlink(missing_ok=True)  # one release per call
             return f"waited {seconds}"
         register(slow)
 
@@ -51,7 +58,11 @@ class Env:
         self.home = tmp_path / "home"
         self.config = tmp_path / "config.toml"
         self.env = {**os.environ, "DSH_CONFIG": str(self.config), "PYTHONPATH": str(tmp_path),
-                    "DSH_HOME": str(self.home), "NO_COLOR": "1"}
+                    "DSH_HOME": str(self.home), "NO_COLOR": "1", "SLOW_GATE": str(tmp_path)}
+
+    def release(self) -> None:
+        """Let the running ``slow`` tool return."""
+        (self.tmp / "release").touch()
 
     def configure(self, *responses: dict[str, Any], **extra: Any) -> None:
         script = self.tmp / f"script{len(list(self.tmp.glob('script*')))}.json"
@@ -102,10 +113,10 @@ def test_typing_while_a_tool_runs_steers_the_same_turn(env: Env) -> None:
     child.expect("hello there")
     child.expect("› ")
     child.sendline("wait please")
-    child.expect("→ slow")  # the call is shown as it happens
-    time.sleep(0.5)  # the tool is running now
+    child.expect("→ slow")  # the call is shown as it happens; the tool waits for release()
     child.sendline("change of plan")
     child.expect("queued: the agent takes it after the current step")
+    env.release()
     child.expect("← slow: ok")
     child.expect("after steering")
     child.expect("› ")
@@ -128,6 +139,7 @@ def test_a_follow_up_waits_for_the_end_of_the_turn(env: Env) -> None:
     child.expect("→ slow")
     child.sendline("> and then this")
     child.expect("queued for after this turn")
+    env.release()
     child.expect("first done")
     child.expect("follow-up answered")
     child.expect("› ")
@@ -149,6 +161,7 @@ def test_ctrl_c_once_stops_after_the_step_twice_aborts(env: Env) -> None:
     child.expect("→ slow")  # the tool runs now
     child.sendintr()
     child.expect("stopping after the current step")
+    env.release()
     child.expect("› ")
     child.sendline("two")
     child.expect("→ slow")
@@ -375,6 +388,7 @@ def test_stop_and_inject_typed_during_a_turn(env: Env) -> None:
     child.expect("waits for the turn to end")
     child.sendline("/stop")
     child.expect("stopping after the current step")
+    env.release()
     child.expect("› ")
     child.sendline("and now")
     child.expect("next answer")

@@ -200,7 +200,9 @@ def test_status_line_ticks_in_a_thread() -> None:
     status.start()
     import time
 
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30  # a condition, not a time: under load a tick is late
+    while stream.getvalue().count("\r") < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     status.stop()
     text = stream.getvalue()
     assert text.count("\r") >= 3 and "\x1b[2m" in text
