@@ -26,7 +26,7 @@ from dsh.host.stash import Stash
 
 if TYPE_CHECKING:
     from dsh.host.scope import AgentHandle
-    from dsh.ledger.store import Ledger
+    from dsh.ledger.writer import Ledger
     from dsh.run.app import Session
 
 class UnobservedRunWarning(UserWarning):

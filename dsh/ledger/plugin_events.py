@@ -51,7 +51,7 @@ from dsh.ledger.events import PluginEvent
 from dsh.ledger.serialize import InvalidLine
 
 if TYPE_CHECKING:
-    from dsh.ledger.store import Ledger
+    from dsh.ledger.writer import Ledger
     from dsh.run.app import App
 
 #: A plugin or event name: letters, digits, ``.``, ``_``, ``-``; starts with a letter or digit.
