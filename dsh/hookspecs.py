@@ -354,7 +354,7 @@ def turn_stopping(turn: Turn) -> str | None:
         ``turn.continuations`` and ``turn.max_continuations`` say whether an answer can still
         be taken, ``turn.steps`` how many steps ran (0 when the turn's input was empty),
         ``turn.handle`` is the :class:`dsh.AgentHandle`, ``turn.session`` the
-        :class:`dsh.run.app.Session`.
+        :class:`dsh.run.session.Session`.
     :return: firstresult: a message to continue the turn with one more step (it is written to
         the ledger as a ``user/message`` whose ``source`` names the plugin), or None to let the
         turn close. The first implementation that answers wins and the others are not called

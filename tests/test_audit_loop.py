@@ -27,8 +27,8 @@ from dsh.hookspecs import hookimpl
 from dsh.host.runcontext import UnobservedRunWarning
 from dsh.llm.builtin import ScriptedModel
 from dsh.run.app import App
-from dsh.run.app import Session
 from dsh.run.loop import Inbox
+from dsh.run.session import Session
 from tests.conftest import ledger_types
 
 #: Every character ``str.strip()`` removes (exactly the ``str.isspace()`` ones). Zero-width

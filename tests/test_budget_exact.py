@@ -34,7 +34,7 @@ from dsh.host.runcontext import Budget
 from dsh.host.runcontext import CancelToken
 from dsh.host.runcontext import Limits
 from dsh.host.runcontext import RunContext
-from dsh.ledger.store import INTERRUPTED
+from dsh.ledger.writer import INTERRUPTED
 from dsh.run.app import App
 from tests.servers import Reply
 from tests.servers import ScriptedServer

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from dsh.core.messages import Message
 from dsh.hookspecs import hookimpl
 from dsh.ledger.history import Projection
-from dsh.ledger.store import Ledger
+from dsh.ledger.writer import Ledger
 from dsh.run import compaction
 from dsh.run.compaction import Compaction
 from dsh.run.compaction import ContextMeter

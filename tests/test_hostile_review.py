@@ -682,8 +682,8 @@ def test_a_deep_plugin_event_payload_is_one_clear_error_everywhere(env: dict[str
 def test_plugin_event_payload_depth_on_read_is_loaded_or_refused(depth: int) -> None:
     from dsh.core.errors import LedgerError
     from dsh.ledger.plugin_events import MAX_READ_DEPTH
+    from dsh.ledger.scan import parse_line
     from dsh.ledger.serialize import default_codec
-    from dsh.ledger.store import parse_line
 
     data = {"d": json.loads("[" * (depth - 1) + "]" * (depth - 1))} if depth > 1 else {"d": 1}
     line = json.dumps({"v": 1, "seq": 0, "ts": "t", "session": "s", "type": "x/p/n",

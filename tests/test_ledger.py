@@ -19,7 +19,7 @@ from dsh.ledger.events import ToolCalled
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
 from dsh.ledger.store import JsonlStore
-from dsh.ledger.store import Ledger
+from dsh.ledger.writer import Ledger
 
 
 def _write_some(store: JsonlStore) -> str:

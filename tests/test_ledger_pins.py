@@ -1,4 +1,5 @@
-"""Pins for dsh/ledger/store.py found by mutation testing (docs/testing.md): the fast load path
+"""Pins for the ledger's store, scan, writer and blobs modules (one module, dsh/ledger/store.py,
+until issue 21) found by mutation testing (docs/testing.md): the fast load path
 (that it runs, and that it gives up on everything the strict path rejects), exact error
 messages, info() on realistic files, and sanitising on the way in."""
 
@@ -18,7 +19,9 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+import dsh.ledger.scan as scan_mod
 import dsh.ledger.store as ledger_mod
+import dsh.ledger.writer as writer_mod
 from dsh.core.errors import LedgerError
 from dsh.core.errors import SessionInUse
 from dsh.core.errors import UsageError
@@ -32,17 +35,17 @@ from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
 from dsh.ledger.history import Projection
+from dsh.ledger.scan import _scan_fast
+from dsh.ledger.scan import parse_line
+from dsh.ledger.scan import read_lines
+from dsh.ledger.scan import scan
 from dsh.ledger.serialize import EventCodec
 from dsh.ledger.serialize import default_codec
 from dsh.ledger.store import JsonlStore
-from dsh.ledger.store import Ledger
-from dsh.ledger.store import _scan_fast
 from dsh.ledger.store import default_data_dir
-from dsh.ledger.store import new_session_id
-from dsh.ledger.store import parse_line
-from dsh.ledger.store import read_lines
-from dsh.ledger.store import sanitized
-from dsh.ledger.store import scan
+from dsh.ledger.writer import Ledger
+from dsh.ledger.writer import new_session_id
+from dsh.ledger.writer import sanitized
 
 SID = "20260101-000000.000-aaaaaa"
 CODEC = default_codec()
@@ -125,7 +128,7 @@ def _fast(data: bytes, raw: bool = True) -> tuple[tuple[int, int] | None, list[A
 @pytest.mark.parametrize("chunk", [1, 40, 1 << 20])
 def test_the_fast_path_reads_every_line_whatever_the_chunk(chunk: int,
                                                            monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ledger_mod, "_CHUNK", chunk)
+    monkeypatch.setattr(scan_mod, "_CHUNK", chunk)
     data = _lines(7)
     result, got = _fast(data)
     assert result == (len(data), 0)
@@ -339,7 +342,7 @@ def test_a_socket_is_not_a_ledger(tmp_path: Path):
         assert str(caught.value) == (f"cannot read session ledger {path}: no such device or "
                                      "address")
         with pytest.raises(LedgerError) as caught:
-            ledger_mod._check_regular(sock.fileno(), path)
+            scan_mod._check_regular(sock.fileno(), path)
         assert str(caught.value) == f"{path} is a socket, not a session ledger file"
 
 
@@ -805,16 +808,16 @@ def test_timestamps_are_utc_now(monkeypatch: pytest.MonkeyPatch):
 
     for now in (1_764_512_701.123, 1_764_512_701.999, 1_764_512_702.0005, 86_400.5):
         monkeypatch.setattr(time, "time", lambda now=now: now)
-        stamp = ledger_mod._now()
+        stamp = writer_mod._now()
         second = int(now)
         assert stamp == (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
                          + f".{int((now - second) * 1000):03d}Z")
     monkeypatch.setattr(time, "time", lambda: 0.25)
-    assert ledger_mod._now() == "1970-01-01T00:00:00.250Z"
+    assert writer_mod._now() == "1970-01-01T00:00:00.250Z"
     monkeypatch.setattr(time, "time", lambda: 0.5)
-    assert ledger_mod._now() == "1970-01-01T00:00:00.500Z"  # the same second, reused
+    assert writer_mod._now() == "1970-01-01T00:00:00.500Z"  # the same second, reused
     monkeypatch.setattr(time, "time", lambda: 3661.75)
-    assert ledger_mod._now() == "1970-01-01T01:01:01.750Z"
+    assert writer_mod._now() == "1970-01-01T01:01:01.750Z"
 
 
 def test_new_session_ids_sort_by_creation(monkeypatch: pytest.MonkeyPatch):
@@ -997,7 +1000,7 @@ def test_recover_closes_everything_with_exact_records(tmp_path: Path):
     events = store.read(SID)[3:]
     assert [(e.type, getattr(e, "call_id", None)) for e in events] == [
         ("tool/result", "c1"), ("tool/result", "c2"), ("step/end", None), ("turn/end", None)]
-    assert events[0].output == ledger_mod.INTERRUPTED  # type: ignore[attr-defined]
+    assert events[0].output == writer_mod.INTERRUPTED
     assert events[0].status == "interrupted"  # type: ignore[attr-defined]
     assert (events[2].turn, events[2].step) == (4, 2)  # type: ignore[attr-defined]
     assert events[3].reason == (  # type: ignore[attr-defined]

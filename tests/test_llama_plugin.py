@@ -42,7 +42,7 @@ from dsh.core.messages import ToolSpec
 from dsh.host.runcontext import CancelToken
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
-from dsh.ledger.store import Ledger
+from dsh.ledger.writer import Ledger
 from dsh.llm.transport import send
 from dsh.run.app import App
 

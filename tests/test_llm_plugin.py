@@ -731,7 +731,7 @@ def test_an_abort_closes_the_plugins_stream(echo_model: Any) -> None:
     from dsh.host.runcontext import CancelToken
     from dsh.host.runcontext import RunContext
     from dsh.host.runcontext import activate
-    from dsh.ledger.store import Ledger
+    from dsh.ledger.writer import Ledger
     from dsh.llm.transport import send
 
     state = {"served": 0, "closed": False}

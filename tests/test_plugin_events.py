@@ -41,7 +41,7 @@ from dsh.ledger.serialize import default_codec
 from dsh.ledger.serialize import dump_event
 from dsh.ledger.serialize import event_to_dict
 from dsh.ledger.store import JsonlStore
-from dsh.ledger.store import Ledger
+from dsh.ledger.writer import Ledger
 from dsh.run.app import App
 from dsh.run.loop import InboxItem
 from tests.servers import Reply

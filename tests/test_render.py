@@ -35,8 +35,8 @@ from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
 from dsh.ledger.serialize import dump_event
-from dsh.ledger.store import Ledger
 from dsh.ledger.store import SessionInfo
+from dsh.ledger.writer import Ledger
 from dsh.run.recorder import LiveEvent
 
 

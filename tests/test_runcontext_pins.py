@@ -24,7 +24,7 @@ from dsh.host.runcontext import UnobservedRunWarning
 from dsh.host.runcontext import activate
 from dsh.host.runcontext import context
 from dsh.host.runcontext import current_or_none
-from dsh.ledger.store import Ledger
+from dsh.ledger.writer import Ledger
 
 
 class Clock:

@@ -26,8 +26,8 @@ from dsh.host.stash import Stash
 
 if TYPE_CHECKING:
     from dsh.host.scope import AgentHandle
-    from dsh.ledger.store import Ledger
-    from dsh.run.app import Session
+    from dsh.ledger.writer import Ledger
+    from dsh.run.session import Session
 
 class UnobservedRunWarning(UserWarning):
     """An observer was added to a run that was started without observation."""
@@ -296,7 +296,7 @@ class RunContext:
     _observers: tuple[Callable[[Any], None], ...] = ()
     #: Run scope for plugins (``handle.run_stash``): lives as long as this run.
     stash: Stash = attrs.Factory(Stash)
-    #: The :class:`dsh.run.app.Session` this run belongs to (None for a context built by hand).
+    #: The :class:`dsh.run.session.Session` this run belongs to (None for a context built by hand).
     session: Session | None = attrs.field(default=None, repr=False)
     # The agent's handle (passed as ``handle=``): what ``handle.session_stash`` looks for.
     _handle: AgentHandle | None = attrs.field(default=None, repr=False)

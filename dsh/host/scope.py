@@ -74,7 +74,7 @@ class AgentHandle:
     @property
     def session_stash(self) -> Stash:
         """Session scope: ``Session.stash`` of the session this agent is running in (in
-        memory, one per open :class:`dsh.run.app.Session`; use plugin events for state that
+        memory, one per open :class:`dsh.run.session.Session`; use plugin events for state that
         must survive a restart). Raises :class:`NotInRun` outside a run of this agent."""
         session = self._run("session_stash").session
         if session is None:

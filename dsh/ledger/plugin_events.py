@@ -7,7 +7,7 @@ A plugin keeps per-session state in the ledger itself instead of a side file::
     record_event("myplugin", "counted", {"requests": 3})       # inside a run
     last = plugin_events("myplugin", "counted")[-1].data        # also after a resume
 
-Library code holding a :class:`dsh.run.app.Session` uses ``Session.record_event`` /
+Library code holding a :class:`dsh.run.session.Session` uses ``Session.record_event`` /
 ``Session.plugin_events``. Everything written here is checked hard before it reaches the
 ledger (docs/events.md, "Plugin events"):
 
@@ -51,7 +51,7 @@ from dsh.ledger.events import PluginEvent
 from dsh.ledger.serialize import InvalidLine
 
 if TYPE_CHECKING:
-    from dsh.ledger.store import Ledger
+    from dsh.ledger.writer import Ledger
     from dsh.run.app import App
 
 #: A plugin or event name: letters, digits, ``.``, ``_``, ``-``; starts with a letter or digit.

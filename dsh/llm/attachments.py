@@ -44,7 +44,7 @@ from dsh.core.messages import Attachment
 from dsh.ledger.blobs import MAX_BYTES as MAX_BYTES
 from dsh.ledger.blobs import READ_CAP as READ_CAP
 from dsh.ledger.blobs import AttachmentMissing as AttachmentMissing
-from dsh.ledger.store import MemoryBlobs as MemoryBlobs
+from dsh.ledger.blobs import MemoryBlobs as MemoryBlobs
 
 #: Image types every adapter that takes attachments accepts.
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})

@@ -1,0 +1,233 @@
+"""An open session being written: :class:`Ledger`, and what it stamps on each event.
+
+A :class:`Ledger` appends events — each one line, one ``write(2)`` on an ``O_APPEND``
+descriptor, under a lock because plugins write from worker threads — feeds each into the
+projection (:mod:`dsh.ledger.history`), fsyncs per its policy at step boundaries, notices a
+file deleted under it (:attr:`Ledger.lost`), removes a file it created and never wrote, and
+on resume closes what a crash left open (:meth:`Ledger.recover`). Here too: session ids
+(:func:`new_session_id`), timestamps, and :func:`sanitized` (lone surrogates replaced, the
+line says how many). Opening, locking and finding files is :mod:`dsh.ledger.store`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from typing import TypeVar
+
+import attrs
+
+from dsh.core.errors import LedgerError
+from dsh.core.errors import UsageError
+from dsh.core.files import reason as _reason
+from dsh.core.sanitize import clean_value
+from dsh.ledger.blobs import MemoryBlobs
+from dsh.ledger.events import Event
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.history import Projection
+from dsh.ledger.serialize import dump_event
+
+E = TypeVar("E", bound=Event)
+FSYNC_POLICIES = ("event", "step", "never")
+INTERRUPTED = "interrupted: the run ended before this tool returned"
+
+
+def new_session_id() -> str:
+    """Sortable by creation time (to the millisecond), unique enough:
+    ``20261130-142501.123-3f9a1c``."""
+    now = time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return f"{stamp}.{int(now * 1000) % 1000:03d}-{os.urandom(3).hex()}"
+
+
+_SECOND: list[Any] = [-1, ""]
+
+
+def _now() -> str:
+    """ISO-8601 UTC with milliseconds, ``2026-11-30T14:25:01.123Z``; the formatted second is
+    reused while it lasts (every event of a step is stamped here)."""
+    now = time.time()
+    second = int(now)
+    if second != _SECOND[0]:
+        _SECOND[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))]
+    return f"{_SECOND[1]}.{int((now - second) * 1000):03d}Z"
+
+
+def sanitized(event: E) -> E:
+    """``event`` with every lone surrogate in its text replaced (pairs joined first), and
+    ``"sanitized": N`` — how many were replaced — added to its line (docs/events.md)."""
+    fields = {}
+    total = 0
+    for f in attrs.fields(type(event)):
+        if f.name in ("seq", "ts", "session", "extra"):
+            continue
+        old = getattr(event, f.name)
+        value, n = clean_value(old)
+        if value is not old:
+            fields[f.name] = value
+            total += n
+    extra, n = clean_value(dict(event.extra))
+    total += n
+    if total:  # a joined pair alone is no replacement: nothing to say
+        extra["sanitized"] = int(extra.get("sanitized") or 0) + total
+    return attrs.evolve(event, **fields, extra=extra)
+
+
+
+class Ledger:
+    """An open session: appends events, keeps the projection, holds the lock.
+
+    ``path=None`` is an in-memory ledger (``--no-save``). ``observer`` is called with every
+    event appended (live observation); it is ``None`` on unobserved runs.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        path: Path | None = None,
+        *,
+        fd: int | None = None,
+        fsync: str = "step",
+        projection: Projection | None = None,
+        created: bool = False,
+    ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise UsageError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.session_id = session_id
+        self.path = path
+        self._fd = fd
+        self.fsync = fsync
+        self.projection = projection or Projection()
+        self.observer: Callable[[Event], None] | None = None
+        #: What loading had to repair (torn tail, dangling calls), for the caller to report.
+        self.notes: list[str] = []
+        #: True when this object created the file: closing it empty removes it again.
+        self._created = created
+        #: Why the file can no longer be trusted to hold what was written (it was deleted
+        #: during the run); set at the step boundary that noticed it.
+        self.lost: str | None = None
+        # One appender at a time: a plugin may record its own events from tool worker
+        # threads (dsh.plugin_events). Re-entrant: an observer may append in turn.
+        self._lock = threading.RLock()
+        self._blobs: Any = None
+
+    @property
+    def blobs(self) -> Any:
+        """Where this session's attachment bytes are kept (``put_attachment`` /
+        ``get_attachment``, issue 17): the session store that opened it, or memory for an
+        in-memory ledger; None for a store that keeps no attachments."""
+        if self._blobs is None and self.path is None:
+            self._blobs = MemoryBlobs()
+        return self._blobs
+
+    @blobs.setter
+    def blobs(self, value: Any) -> None:
+        self._blobs = value
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None and self.path is not None
+
+    def append(self, cls: type[E], **fields: Any) -> E:
+        """Build, write and project one event; return it (sanitised, if it had to be).
+        Thread-safe: each event gets the next ``seq`` and is written whole."""
+        with self._lock:
+            event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id,
+                        **fields)
+            return self._write(event)
+
+    def _write(self, event: E) -> E:
+        try:
+            data = (dump_event(event) + "\n").encode()
+        except UnicodeEncodeError:
+            event = sanitized(event)
+            data = (dump_event(event) + "\n").encode()
+        if self._fd is not None:
+            try:
+                n = os.write(self._fd, data)
+                if n != len(data):  # pragma: no cover - regular files do not short-write
+                    raise OSError(f"short write ({n} of {len(data)} bytes)")
+                if self.fsync == "event":
+                    os.fsync(self._fd)
+            except OSError as exc:
+                raise LedgerError(f"cannot write session ledger {self.path}: "
+                                  f"{_reason(exc)}") from exc
+        elif self.path is not None:
+            raise LedgerError(f"session {self.session_id} is closed")
+        self.projection.apply(event)
+        if self.observer is not None:
+            self.observer(event)
+        return event
+
+    def step_boundary(self) -> None:
+        """Make everything written so far durable, per the fsync policy, and check that the
+        file is still there: a ledger deleted during the run (its folder removed) raises
+        :class:`LedgerError` once and sets :attr:`lost`."""
+        if self._fd is None:
+            return
+        if self.fsync != "never":
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise LedgerError(f"cannot write session ledger {self.path}: "
+                                  f"{_reason(exc)}") from exc
+        if self.lost is None and os.fstat(self._fd).st_nlink == 0:
+            self.lost = (f"session ledger {self.path} was deleted during the run: "
+                         "what this run did is not saved")
+            raise LedgerError(self.lost)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd = self._fd
+            try:
+                if self._created and self.projection.seq < 0 and os.fstat(fd).st_size == 0:
+                    # Nothing was ever written (a failure before the first event): a
+                    # session without events is no session; do not leave an empty file.
+                    with contextlib.suppress(OSError):
+                        assert self.path is not None
+                        self.path.unlink()
+                    return
+                if self.lost is None:
+                    self.step_boundary()
+            finally:
+                os.close(fd)  # closing the descriptor releases the flock
+                self._fd = None
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def recover(self) -> None:
+        """Close what a crash left open: dangling tool calls get an ``interrupted`` result,
+        an open step a ``step/end``, an open turn a ``turn/end`` with outcome ``aborted``."""
+        p = self.projection
+        if p.pending:
+            dangling = list(p.pending.values())
+            for call in dangling:
+                self.append(
+                    ToolReturned, call_id=call.id, name=call.name, status="interrupted",
+                    output=INTERRUPTED,
+                )
+            self.notes.append(
+                f"closed {len(dangling)} dangling tool call(s) as interrupted: "
+                + ", ".join(c.name for c in dangling)
+            )
+        if p.step_open:
+            self.append(StepEnded, turn=p.turn, step=p.step)
+        if p.turn_open:
+            self.append(
+                TurnEnded, turn=p.turn, outcome="aborted",
+                reason="interrupted: the process ended during this turn (closed on resume)",
+            )
+            self.notes.append(f"closed turn {p.turn}, interrupted by the end of a process")
+        self.step_boundary()
+
