@@ -198,13 +198,14 @@ def batch_executor(name: str, app: App) -> Any:
     :param name: the executor asked for (``local`` unless ``--executor`` says otherwise).
     :param app: the app running the batch; it owns the session store, the results and the
         batch's shared budget, so whatever runs elsewhere reports back to it.
-    :return: firstresult: an object with the interface of :class:`dsh.batch.runner.Executor` —
+    :return: firstresult: an object with the interface of :class:`dsh.batch.executors.Executor` —
         ``run(job, tasks, *, workers)`` calls ``job(task)`` for each task (at most
         ``workers`` at once, taking the next task only when a slot is free) and yields each
         return value as it finishes; ``close()`` — or None when ``name`` is not yours.
 
     When no plugin answers for ``local``, the built-in executor runs the tasks in threads
-    of this process (:class:`dsh.batch.runner.LocalExecutor`); answering for ``local`` replaces it.
+    of this process (:class:`dsh.batch.executors.LocalExecutor`); answering for ``local``
+    replaces it.
 
     **Use in plugins:** answer only for your own name, and import your heavy dependencies
     inside the hook, after checking the name (``dsh batch`` without ``--executor`` must not

@@ -23,8 +23,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.batch.runner import load_tasks
-from dsh.batch.runner import task_text
+from dsh.batch.tasks import load_tasks
+from dsh.batch.tasks import task_text
 from dsh.core.errors import UsageError
 
 
@@ -534,6 +534,39 @@ def test_dsh_run_does_not_import_the_batch_module(env: dict[str, Any]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=env["env"], capture_output=True,
                           text=True)
     assert proc.stderr.strip().endswith("False"), proc.stderr
+
+
+#: Every public name ``dsh.batch.runner`` defined before it was split (issue 21), and its home.
+OLD_RUNNER_NAMES = {
+    "tasks": ["TASK_KEYS", "Task", "task_text", "load_tasks", "read_tasks"],
+    "journal": ["Attempt", "Journal", "ResultsFile", "journal_path", "result_from_ledger",
+                "iter_lines"],
+    "executors": ["Executor", "RemoteExecutor", "LocalExecutor", "WorkerLost", "Unit",
+                  "run_unit", "result_data", "result_from_data", "get_executor"],
+    "progress": ["Progress", "Signals"],
+    "runner": ["OK", "Outcome", "Batch", "run_batch"],
+}
+
+
+@pytest.mark.parametrize("home", sorted(OLD_RUNNER_NAMES))
+def test_the_names_of_the_old_runner_module_still_resolve(home: str) -> None:
+    """Split into tasks/journal/executors/progress/runner: ``dsh.batch.runner.NAME`` and
+    ``dsh.batch.NAME`` are still the very object, which lives (and is defined) in its new
+    module; a name that was never there is still an AttributeError."""
+    import importlib
+
+    import dsh.batch
+    import dsh.batch.runner
+
+    module = importlib.import_module(f"dsh.batch.{home}")
+    for name in OLD_RUNNER_NAMES[home]:
+        obj = getattr(module, name)
+        assert getattr(dsh.batch.runner, name) is obj, name
+        assert getattr(dsh.batch, name) is obj, name
+        if hasattr(obj, "__module__") and not isinstance(obj, (str, tuple)):
+            assert obj.__module__ == module.__name__, name
+    with pytest.raises(AttributeError):
+        dsh.batch.no_such_name  # noqa: B018
 
 
 # ------------------------------------------------------------------------------------------

@@ -578,7 +578,8 @@ MARKER = """
 import json, sys
 from pathlib import Path
 import dsh_ray.executor as ex
-from dsh.batch.runner import Task, Unit
+from dsh.batch.executors import Unit
+from dsh.batch.tasks import Task
 from dsh.config.loader import config_from_dict
 from dsh.host.runcontext import Limits
 

@@ -164,7 +164,26 @@ def test_importing_it_imports_nothing_heavy() -> None:
                           timeout=60, env=_clean_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["dsh", "dsh._compat", "dsh._version", "dsh.hookspecs",
-                                       "dsh.testing"]
+                                       "dsh.testing", "dsh.testing.app", "dsh.testing.script"]
+
+
+def test_the_names_it_had_before_it_was_split_are_still_its_own() -> None:
+    """dsh.testing was one module (issue 21 split it): every public name still imports from
+    it, as the very object defined in its new module, and the ``register_models`` hook is on
+    the module the fixtures' apps ``load`` (``dsh.testing``)."""
+    import dsh.testing.app
+    import dsh.testing.script
+
+    homes = {dsh.testing.script: ["MODEL", "Script", "register_models"],
+             dsh.testing.app: ["Result", "PromptResult", "CliResult", "ScriptedApp",
+                               "request_to_dict"]}
+    for module, names in homes.items():
+        for name in names:
+            assert getattr(dsh.testing, name) is getattr(module, name), name
+            obj = getattr(module, name)
+            assert isinstance(obj, str) or obj.__module__ == module.__name__, name
+    assert set(dsh.testing.__all__) <= set(vars(dsh.testing))
+    assert hasattr(dsh.testing.register_models, "dsh_impl")  # a dsh hookimpl, seen by pluggy
 
 
 def test_a_test_that_asks_for_nothing_gets_nothing(request: pytest.FixtureRequest) -> None:

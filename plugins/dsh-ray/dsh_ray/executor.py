@@ -2,18 +2,19 @@
 
 The driver (the ``dsh batch`` process) keeps what the local executor keeps — the journal,
 the results, progress, the session store — and runs each task's job in a thread of its own,
-as :class:`dsh.batch.runner.LocalExecutor` does. The job journals the attempt's session, then hands
-a :class:`dsh.batch.runner.Unit` to :meth:`RayExecutor.dispatch`, which runs it as a Ray task
-(:func:`run_remote`: :func:`dsh.batch.runner.run_unit` on a worker) and waits for its result.
+as :class:`dsh.batch.executors.LocalExecutor` does. The job journals the attempt's session, then
+hands a :class:`dsh.batch.executors.Unit` to :meth:`RayExecutor.dispatch`, which runs it as a
+Ray task (:func:`run_remote`: :func:`dsh.batch.executors.run_unit` on a worker) and waits for
+its result.
 
 * The batch's budget is one :class:`BudgetCounter` actor; a worker's run chains its budget to
   a :class:`RayBudget` (a ``Budget`` level with ``remote = True``) whose reserve/add/exceeded
   are calls to it. The actor runs one call at a time, so a reservation is atomic across the
   cluster: requests, steps and tool calls are exact.
 * A worker that dies mid-task (killed, out of memory, its node lost) makes ``dispatch`` raise
-  :class:`dsh.batch.runner.WorkerLost`; Ray does not retry the task itself (``max_retries=0``): the
-  batch closes the partial ledger as interrupted and runs the task again in a new session,
-  the journal linking both.
+  :class:`dsh.batch.executors.WorkerLost`; Ray does not retry the task itself
+  (``max_retries=0``): the batch closes the partial ledger as interrupted and runs the task
+  again in a new session, the journal linking both.
 * Stopping (Ctrl-C) and aborting reach the workers through the actor: each running unit
   polls it and stops or aborts its run.
 """
@@ -36,11 +37,11 @@ import attrs
 import ray
 import ray.exceptions
 
-from dsh.batch.runner import LocalExecutor
-from dsh.batch.runner import Task
-from dsh.batch.runner import Unit
-from dsh.batch.runner import WorkerLost
-from dsh.batch.runner import run_unit
+from dsh.batch.executors import LocalExecutor
+from dsh.batch.executors import Unit
+from dsh.batch.executors import WorkerLost
+from dsh.batch.executors import run_unit
+from dsh.batch.tasks import Task
 from dsh.core.errors import DshError
 from dsh.host.runcontext import Budget
 from dsh.host.runcontext import Limits
@@ -280,7 +281,7 @@ def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: A
             path.unlink(missing_ok=True)
     if unit.store is not None and marker is not None and not _sees(
             os.path.join(unit.store, marker)):
-        from dsh.batch.runner import result_data
+        from dsh.batch.executors import result_data
         from dsh.run.app import RunResult
 
         node = os.uname().nodename
@@ -299,7 +300,7 @@ def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: A
 
 
 class RayExecutor(LocalExecutor):
-    """``--executor ray`` (a :class:`dsh.batch.runner.RemoteExecutor`)."""
+    """``--executor ray`` (a :class:`dsh.batch.executors.RemoteExecutor`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
