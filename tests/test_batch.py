@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -373,11 +374,27 @@ def test_second_ctrl_c_aborts_running_tasks(env: dict[str, Any]) -> None:
     write_tasks(env["dir"] / "tasks.jsonl", 4)
     proc = popen(env, "tasks.jsonl", "--results", "r.jsonl", "-m", m, "--workers", "2")
     wait_for_lines(env["dir"] / "r.jsonl.journal", 2, proc)
+    # Both running tasks are inside their model step (a journal line is written before the
+    # turn starts: a first Ctrl-C landing before the step ended the batch at once, and the
+    # second then hit a process already on its way out).
+    end = time.monotonic() + 30
+    while sum(1 for events in ledgers(env["sessions"]) for e in events
+              if e["type"] == "step/start") < 2:
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.01)
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stderr.readline, "")))
+    reader.start()
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    while "Ctrl-C again" not in "".join(chunks):  # the first one was taken: not merged
+        assert time.monotonic() < end, chunks
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=15)
+    proc.wait(timeout=15)
+    reader.join(15)
+    proc.communicate(timeout=15)  # closes the pipes
+    err = "".join(chunks)
     assert proc.returncode == 130
     assert time.monotonic() - start < 8  # not the 20 s the model would wait
     assert "4 left" in err
