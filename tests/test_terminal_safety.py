@@ -249,8 +249,8 @@ def test_streamed_text_status_line_and_notes_on_a_terminal(
 @HYPO
 def test_error_lines_on_a_terminal(term: Pty, monkeypatch: pytest.MonkeyPatch,
                                    message: str) -> None:
-    from dsh.cli.root import Failure
-    from dsh.cli.root import warn
+    from dsh.cli.shared import Failure
+    from dsh.cli.shared import warn
 
     monkeypatch.setattr(sys, "stderr", term.stream)
     warn(f"warning: {message}")

@@ -215,7 +215,7 @@ class Chat:
         if lost and result.outcome != "error":
             result = attrs.evolve(result, outcome="error", reason=lost)
         output.finish(result, self.session.agent.name, self.session.agent.model_id)
-        from dsh.cli.root import EXIT_CODES
+        from dsh.cli.run_command import EXIT_CODES
 
         code = 0
         if output.terminated:

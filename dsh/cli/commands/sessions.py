@@ -1,7 +1,7 @@
 """``dsh sessions``: list, show, compact, export and remove saved sessions.
 
 Imported on demand by :class:`dsh.cli.root.DshGroup`. Resolving an ID (full, prefix, ``latest``) is
-:func:`dsh.cli.root.resolve_session`, shared with ``dsh run --session``; the views are in
+:func:`dsh.cli.options.resolve_session`, shared with ``dsh run --session``; the views are in
 :mod:`dsh.render`.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import _dump
-from dsh.cli.root import os_reason
-from dsh.cli.root import pass_state
-from dsh.cli.root import resolve_session
-from dsh.cli.root import warn
+from dsh.cli.options import resolve_session
+from dsh.cli.shared import State
+from dsh.cli.shared import _dump
+from dsh.cli.shared import os_reason
+from dsh.cli.shared import pass_state
+from dsh.cli.shared import warn
 from dsh.core import errors
 
 if TYPE_CHECKING:
