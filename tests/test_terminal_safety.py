@@ -2,7 +2,7 @@
 
 Every writer of dsh that targets a terminal — the trajectory view, streamed run output, the
 final answer, ``--json``/``--events`` lines, the status line, the approval question, error
-lines on stderr — passes untrusted text through :func:`dsh.cli.render.escape_controls`, and a
+lines on stderr — passes untrusted text through :func:`dsh.cli.escape.escape_controls`, and a
 pipe gets the bytes unchanged. Checked on real pseudo-terminals (``os.openpty``), in process
 with generated hostile text and end to end with ``dsh`` as a child process. The approval
 question is checked under a pty that is the child's controlling terminal (``pty.fork``).
@@ -31,8 +31,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.cli.render import escape_controls
-from dsh.cli.render import escape_json_controls
+from dsh.cli.escape import escape_controls
+from dsh.cli.escape import escape_json_controls
 from dsh.cli.render import trajectory
 from dsh.run.app import App
 

@@ -243,14 +243,14 @@ class Chat:
         if kind == "tool/call":
             import json
 
-            from dsh.cli.render import one_line
+            from dsh.cli.escape import one_line
 
             args = json.dumps(dict(event.arguments), ensure_ascii=False, default=str)
             self.note(f"  → {event.name} {one_line(args, 100)}")
         elif kind == "tool/result":
             took = f", {event.duration_ms / 1000:.1f}s" if event.duration_ms else ""
             first = event.output.strip().splitlines()[0] if event.output.strip() else ""
-            from dsh.cli.render import one_line
+            from dsh.cli.escape import one_line
 
             self.note(f"  ← {event.name}: {event.status}{took} · {one_line(first, 80)}")
 
@@ -386,12 +386,12 @@ class Chat:
             return
         import click
 
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         click.echo(escape_controls(message) if sys.stderr.isatty() else message, err=True)
 
     def print_text(self, text: str) -> None:
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         self.stdout.write(escape_controls(text) if sys.stdout.isatty() else text)
 

@@ -122,7 +122,7 @@ def warn(message: str) -> None:
     """``dsh: MESSAGE`` on stderr; on a terminal, controls in it (from a model, a tool, a
     ledger) are made visible. A terminal that hung up (SIGHUP) is not an error here."""
     if sys.stderr is not None and sys.stderr.isatty():
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         message = escape_controls(message)
     try:
@@ -137,7 +137,7 @@ def _dump(data: Any) -> None:
 
     text = json.dumps(data, ensure_ascii=False, indent=2, default=str)
     if sys.stdout.isatty():  # C1 and bidi controls JSON leaves raw: \uXXXX on a terminal
-        from dsh.cli.render import escape_json_controls
+        from dsh.cli.escape import escape_json_controls
 
         text = escape_json_controls(text)
     click.echo(text)

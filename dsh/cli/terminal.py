@@ -22,10 +22,10 @@ from typing import Any
 
 import click
 
-from dsh.cli.render import escape_controls
-from dsh.cli.render import escape_json_controls
-from dsh.cli.render import one_line
-from dsh.cli.render import use_color
+from dsh.cli.escape import escape_controls
+from dsh.cli.escape import escape_json_controls
+from dsh.cli.escape import one_line
+from dsh.cli.escape import use_color
 from dsh.ledger.events import Event
 from dsh.run.result import compact_json as _compact
 from dsh.run.result import result_dict as result_dict  # re-exported

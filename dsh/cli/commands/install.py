@@ -129,7 +129,7 @@ def install(state: State, packages: tuple[str, ...], upgrade: bool, editable: tu
         return
     text = report_text(rows)
     if sys.stdout.isatty():  # names and errors come from the plugin: controls made visible
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         text = escape_controls(text)
     click.echo(text)

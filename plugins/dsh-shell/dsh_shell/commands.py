@@ -96,7 +96,7 @@ def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -
             "--yes to approve"
         ) from None
     # Imported only when asking: the terminal helpers import click.
-    from dsh.cli.render import escape_controls
+    from dsh.cli.escape import escape_controls
     from dsh.cli.terminal import status_paused
 
     # The command comes from the model: show it quoted and with control characters escaped,
