@@ -211,9 +211,9 @@ def test_the_trajectory_view_on_a_terminal_shows_controls_escaped(
 def test_streamed_text_status_line_and_notes_on_a_terminal(
         term: Pty, monkeypatch: pytest.MonkeyPatch, deltas: list[str], name: str,
         note: str) -> None:
+    from dsh.cli.status import StatusLine
+    from dsh.cli.streams import Stdout
     from dsh.cli.terminal import RunOutput
-    from dsh.cli.terminal import StatusLine
-    from dsh.cli.terminal import Stdout
 
     monkeypatch.setattr(sys, "stdout", term.stream)
     monkeypatch.setattr(sys, "stderr", term.stream)

@@ -4,7 +4,9 @@
 (``dsh run``), ``shared`` (``State`` and the ``dsh:`` lines every command writes), ``options``
 (what ``-L -o -m -s -T -c --session`` turn into), ``commands/`` (every other built-in command,
 one concern per module, imported only when used), ``terminal`` (what ``dsh run`` prints while it
-runs), ``render`` (views) and ``repl`` (``dsh chat``).
+runs, and its signals) built from ``status`` (the status line), ``streams`` (stdout, streamed
+text) and ``escape`` (text made safe for a terminal), ``render`` (views of a session),
+``inventories`` (``dsh plugins/tools/models/agents``) and ``repl`` (``dsh chat``).
 
 May import: anything in dsh. Nothing below imports it.
 
@@ -16,5 +18,5 @@ from dsh._compat import package_getattr
 
 __getattr__ = package_getattr(
     __name__, "dsh.cli.root",
-    frozenset({"root", "run_command", "shared", "options", "commands", "terminal", "render",
-               "repl"}))
+    frozenset({"root", "run_command", "shared", "options", "commands", "terminal", "status",
+               "streams", "escape", "render", "inventories", "repl"}))

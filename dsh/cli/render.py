@@ -22,9 +22,9 @@ from typing import Any
 
 import click
 
-from dsh.cli.escape import escape_controls
+from dsh.cli.escape import escape_controls as escape_controls  # re-exported
 from dsh.cli.escape import escape_json_controls as escape_json_controls  # re-exported
-from dsh.cli.escape import one_line
+from dsh.cli.escape import one_line as one_line  # re-exported
 from dsh.cli.escape import use_color as use_color  # re-exported
 from dsh.cli.inventories import agent_rows as agent_rows  # re-exported
 from dsh.cli.inventories import agents_text as agents_text  # re-exported

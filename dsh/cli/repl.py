@@ -65,7 +65,7 @@ def history_path() -> Path:
 class Typeahead:
     """Reads lines typed while a turn runs, in a thread, without a second reader racing a
     plugin's question: it reads only while no one asks on the terminal
-    (:func:`dsh.cli.terminal.status_paused`), and stops as soon as the turn ends."""
+    (:func:`dsh.cli.status.status_paused`), and stops as soon as the turn ends."""
 
     def __init__(self, fd: int, on_line: Callable[[str], None]) -> None:
         self.fd = fd
@@ -84,17 +84,17 @@ class Typeahead:
         return self.partial.decode(errors="replace")
 
     def _run(self) -> None:
-        from dsh.cli import terminal
+        from dsh.cli import status
 
         while not self._stop.is_set():
-            if terminal.asking():
+            if status.asking():
                 self._stop.wait(0.05)
                 continue
             try:
                 ready, _, _ = select.select([self.fd], [], [], 0.1)
             except (OSError, ValueError):
                 return
-            if not ready or self._stop.is_set() or terminal.asking():
+            if not ready or self._stop.is_set() or status.asking():
                 continue
             try:
                 data = os.read(self.fd, 4096)
@@ -131,7 +131,7 @@ class Chat:
 
     def run(self) -> int:
         """Read and answer messages until ``/exit``, end of input, or a terminating signal."""
-        from dsh.cli.terminal import Stdout
+        from dsh.cli.streams import Stdout
 
         self.stdout = Stdout()
         if self.interactive:

@@ -140,7 +140,7 @@ class DshGroup(click.Group):
         except KeyboardInterrupt:
             raise Failure("interrupted", 130) from None
         except BrokenPipeError:
-            from dsh.cli.terminal import silence_stdout
+            from dsh.cli.streams import silence_stdout
 
             silence_stdout()
             ctx.exit(0)
@@ -174,7 +174,7 @@ def main() -> None:
         finally:
             sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except BrokenPipeError:
-        from dsh.cli.terminal import silence_stdout
+        from dsh.cli.streams import silence_stdout
 
         silence_stdout()
         sys.exit(0)

@@ -122,8 +122,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     else:
         text = read_prompt(prompt)  # as given: its user/message records what was sanitised
     overrides = agent_overrides(model, system, max_steps, options)
+    from dsh.cli.streams import Stdout
     from dsh.cli.terminal import RunOutput
-    from dsh.cli.terminal import Stdout
     from dsh.core.errors import DshError
 
     output = RunOutput(Stdout(), events=events, as_json=as_json,

@@ -111,7 +111,7 @@ def io_error_message(exc: OSError) -> str:
     """``cannot write to standard output: no space left on device`` and the like."""
     reason = os_reason(exc)
     if exc.filename is None:
-        from dsh.cli.terminal import silence_stdout
+        from dsh.cli.streams import silence_stdout
 
         silence_stdout()  # the interpreter's last flush must not fail the same way again
         return f"cannot write to standard output: {reason}"
