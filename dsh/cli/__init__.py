@@ -6,7 +6,8 @@
 one concern per module, imported only when used), ``terminal`` (what ``dsh run`` prints while it
 runs, and its signals) built from ``status`` (the status line), ``streams`` (stdout, streamed
 text) and ``escape`` (text made safe for a terminal), ``render`` (views of a session),
-``inventories`` (``dsh plugins/tools/models/agents``) and ``repl`` (``dsh chat``).
+``inventories`` (``dsh plugins/tools/models/agents``), ``repl`` (``dsh chat``) and
+``chat_commands`` (its ``/`` commands).
 
 May import: anything in dsh. Nothing below imports it.
 
@@ -19,4 +20,4 @@ from dsh._compat import package_getattr
 __getattr__ = package_getattr(
     __name__, "dsh.cli.root",
     frozenset({"root", "run_command", "shared", "options", "commands", "terminal", "status",
-               "streams", "escape", "render", "inventories", "repl"}))
+               "streams", "escape", "render", "inventories", "repl", "chat_commands"}))
