@@ -304,7 +304,7 @@ BAD_LIMITS = [-1, 0, -0.5, math.nan, math.inf, -math.inf, True, False, "5", [5],
 @pytest.mark.parametrize("name", LIMIT_NAMES)
 @pytest.mark.parametrize("value", BAD_LIMITS, ids=repr)
 def test_a_bad_limit_is_refused_the_same_way_by_config_and_cli(name, value):
-    from dsh.cli.root import parse_limits
+    from dsh.cli.options import parse_limits
 
     with pytest.raises(ValueError) as rule:
         check_limit(name, value)
@@ -319,7 +319,7 @@ def test_a_bad_limit_is_refused_the_same_way_by_config_and_cli(name, value):
 
 
 def test_integer_limits_take_no_fractions_and_number_limits_do():
-    from dsh.cli.root import parse_limits
+    from dsh.cli.options import parse_limits
 
     assert parse_limits(("requests=5", "cost=.5", "seconds=1e-1")) == Limits(
         requests=5, cost=0.5, seconds=0.1)
@@ -345,7 +345,7 @@ def test_cli_and_config_agree_on_every_limit_value(name, raw):
     is (a text that is no TOML value has no config counterpart, and is refused)."""
     import tomllib
 
-    from dsh.cli.root import parse_limits
+    from dsh.cli.options import parse_limits
 
     try:
         value = tomllib.loads(f"v = {raw}")["v"]

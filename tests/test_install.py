@@ -154,7 +154,8 @@ def test_run_and_help_do_not_import_the_command_modules_they_do_not_use(tmp_path
     code = ("import atexit, sys\n"
             "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(\n"
             "    m for m in sys.modules if m.startswith('dsh.cli.commands')\n"
-            "    or m in ('dsh.cli.repl', 'dsh.batch', 'dsh.batch.runner'))) + '\\n'))\n"
+            "    or m in ('dsh.cli.repl', 'dsh.cli.chat_commands', 'dsh.batch',\n"
+            "             'dsh.batch.runner'))) + '\\n'))\n"
             "from dsh.cli.root import main\n"
             "sys.argv = ['dsh'] + sys.argv[1:]\n"
             "main()\n")

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
+from dsh.cli.escape import one_line
+from dsh.cli.escape import use_color
 from dsh.cli.render import markdown
-from dsh.cli.render import one_line
 from dsh.cli.render import sessions_table
 from dsh.cli.render import trajectory
-from dsh.cli.render import use_color
-from dsh.cli.terminal import StatusLine
-from dsh.cli.terminal import Stdout
-from dsh.cli.terminal import TextPrinter
+from dsh.cli.status import StatusLine
+from dsh.cli.streams import Stdout
+from dsh.cli.streams import TextPrinter
 from dsh.cli.terminal import event_line
 from dsh.config.edit import parse_key
 from dsh.config.edit import parse_value

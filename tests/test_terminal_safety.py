@@ -2,7 +2,7 @@
 
 Every writer of dsh that targets a terminal — the trajectory view, streamed run output, the
 final answer, ``--json``/``--events`` lines, the status line, the approval question, error
-lines on stderr — passes untrusted text through :func:`dsh.cli.render.escape_controls`, and a
+lines on stderr — passes untrusted text through :func:`dsh.cli.escape.escape_controls`, and a
 pipe gets the bytes unchanged. Checked on real pseudo-terminals (``os.openpty``), in process
 with generated hostile text and end to end with ``dsh`` as a child process. The approval
 question is checked under a pty that is the child's controlling terminal (``pty.fork``).
@@ -31,8 +31,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsh.cli.render import escape_controls
-from dsh.cli.render import escape_json_controls
+from dsh.cli.escape import escape_controls
+from dsh.cli.escape import escape_json_controls
 from dsh.cli.render import trajectory
 from dsh.run.app import App
 
@@ -211,9 +211,9 @@ def test_the_trajectory_view_on_a_terminal_shows_controls_escaped(
 def test_streamed_text_status_line_and_notes_on_a_terminal(
         term: Pty, monkeypatch: pytest.MonkeyPatch, deltas: list[str], name: str,
         note: str) -> None:
+    from dsh.cli.status import StatusLine
+    from dsh.cli.streams import Stdout
     from dsh.cli.terminal import RunOutput
-    from dsh.cli.terminal import StatusLine
-    from dsh.cli.terminal import Stdout
 
     monkeypatch.setattr(sys, "stdout", term.stream)
     monkeypatch.setattr(sys, "stderr", term.stream)
@@ -249,8 +249,8 @@ def test_streamed_text_status_line_and_notes_on_a_terminal(
 @HYPO
 def test_error_lines_on_a_terminal(term: Pty, monkeypatch: pytest.MonkeyPatch,
                                    message: str) -> None:
-    from dsh.cli.root import Failure
-    from dsh.cli.root import warn
+    from dsh.cli.shared import Failure
+    from dsh.cli.shared import warn
 
     monkeypatch.setattr(sys, "stderr", term.stream)
     warn(f"warning: {message}")

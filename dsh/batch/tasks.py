@@ -42,7 +42,8 @@ class Task:
 
 def task_text(prompt: str | None, data: str | None) -> str:
     """The user message, built as ``dsh run`` builds it from an argument and stdin
-    (:func:`dsh.cli.root.read_prompt`): ``input`` becomes a ``<stdin>`` block after the prompt."""
+    (:func:`dsh.cli.run_command.read_prompt`): ``input`` becomes a ``<stdin>`` block after the
+    prompt."""
     data = (data.rstrip("\n") if data.strip() else "") if data else ""
     if prompt and data:
         return f"{prompt}\n\n<stdin>\n{data}\n</stdin>"

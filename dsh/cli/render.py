@@ -1,34 +1,39 @@
-"""Views for the command line (docs/cli.md).
-
-* the trajectory view (``dsh sessions show``), the Markdown export and the sessions table —
-  renderings of the session ledger only (MISSION C5);
-* the inventories of ``dsh plugins``, ``tools``, ``models`` and ``agents``.
+"""Views of a session for the command line (docs/cli.md): the trajectory view (``dsh sessions
+show``), the Markdown export (``dsh sessions export --format markdown``) and the sessions table
+(``dsh sessions list``) — renderings of the session ledger only (MISSION C5).
 
 What ``dsh run`` prints while it runs (status line, streamed text, ``--events``/``--json``,
-closed pipes, Ctrl-C) is in :mod:`dsh.terminal`.
+closed pipes, Ctrl-C) is in :mod:`dsh.cli.terminal`; the inventories of ``dsh plugins``,
+``tools``, ``models`` and ``agents`` are in :mod:`dsh.cli.inventories`.
 
-Colour is used only when asked for (:func:`use_color`: a terminal, and ``NO_COLOR`` unset).
-
-Text that comes from a model, a tool or a ledger is untrusted: written to a terminal it goes
-through :func:`escape_controls` (every writer of ``dsh`` that targets a terminal uses it), so
-an escape sequence in it cannot set the clipboard (OSC 52), retitle or clear the window, or
-redraw what is on screen. Written to a pipe or a file, it is passed on byte for byte.
+Colour is used only when asked for (:func:`dsh.cli.escape.use_color`). Text from the ledger is
+untrusted: on a terminal every piece of it goes through
+:func:`dsh.cli.escape.escape_controls` (:class:`_Styler`); to a pipe or a file it is passed on
+byte for byte.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Callable
 from collections.abc import Iterable
 from datetime import datetime
-from typing import IO
-from typing import TYPE_CHECKING
 from typing import Any
 
 import click
 
+from dsh.cli.escape import escape_controls as escape_controls  # re-exported
+from dsh.cli.escape import escape_json_controls as escape_json_controls  # re-exported
+from dsh.cli.escape import one_line as one_line  # re-exported
+from dsh.cli.escape import use_color as use_color  # re-exported
+from dsh.cli.inventories import agent_rows as agent_rows  # re-exported
+from dsh.cli.inventories import agents_text as agents_text  # re-exported
+from dsh.cli.inventories import models_report as models_report  # re-exported
+from dsh.cli.inventories import models_text as models_text  # re-exported
+from dsh.cli.inventories import plugin_rows as plugin_rows  # re-exported
+from dsh.cli.inventories import plugins_text as plugins_text  # re-exported
+from dsh.cli.inventories import tool_rows as tool_rows  # re-exported
+from dsh.cli.inventories import tools_text as tools_text  # re-exported
 from dsh.core.messages import Attachment
 from dsh.ledger.events import AssistantMessage
 from dsh.ledger.events import ContextCompacted
@@ -44,68 +49,9 @@ from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UnknownEvent
 from dsh.ledger.events import UserMessage
 
-if TYPE_CHECKING:
-    pass
-
 #: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
 TOOL_OUTPUT_LINES = 12
 TOOL_OUTPUT_CHARS = 2000
-
-
-def use_color(stream: IO[str]) -> bool:
-    """Colour only on a terminal, and never when ``NO_COLOR`` is set (https://no-color.org)."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
-
-
-#: What a terminal would act on instead of showing: C0 controls but newline and tab, DEL, C1
-#: controls (U+0080-U+009F: CSI, OSC, DCS as one character), the bidirectional overrides and
-#: isolates (Trojan Source: text shown in another order than it is), and lone surrogates.
-_CONTROLS = re.compile("\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
-                       "\u2066-\u2069\ud800-\udfff]")
-_LINE_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e"
-                            "\u2066-\u2069\ud800-\udfff]")
-_NAMED = {"\r": "\\r", "\x1b": "\\x1b", "\n": "\\n", "\t": "\\t"}
-
-
-def _visible(match: re.Match[str]) -> str:
-    c = match.group()
-    if c == "\r\n":
-        return "\n"  # a Windows line end is a line end, not a carriage-return trick
-    named = _NAMED.get(c)
-    if named is not None:
-        return named
-    code = ord(c)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def escape_controls(text: str, *, newlines: bool = True) -> str:
-    """``text`` safe to show on a terminal: every control character is made visible as a
-    Python-style escape (``\\x1b``, ``\\r``, ``\\x9b``, ``\\u202e``), so no escape
-    sequence, BEL, backspace or carriage return in it reaches the terminal. Newlines and tabs
-    are kept (a ``\\r\\n`` line end becomes ``\\n``) unless ``newlines`` is false (one-line
-    contexts). Per character, so a sequence split across streamed pieces is caught too.
-    Only for terminals: pipes and files get the text unchanged."""
-    pattern = _CONTROLS if newlines else _LINE_CONTROLS
-    if pattern.search(text) is None:
-        return text
-    return pattern.sub(_visible, text)
-
-
-#: Characters that JSON leaves raw (``json.dumps`` escapes only U+0000-U+001F) but a terminal
-#: acts on: DEL, C1 controls, bidirectional controls, lone surrogates.
-_JSON_RAW = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-                       "\ud800-\udfff]")
-
-
-def escape_json_controls(line: str) -> str:
-    """A JSON text (from ``json.dumps``) with the controls a terminal would act on written as
-    ``\\uXXXX`` escapes: the same JSON value, safe on a terminal."""
-    if _JSON_RAW.search(line) is None:
-        return line
-    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
 
 
 def local_time(ts: str) -> str:
@@ -114,12 +60,6 @@ def local_time(ts: str) -> str:
         return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
     except ValueError:
         return ts
-
-
-def one_line(text: str, width: int) -> str:
-    """``text`` on one line, cut to ``width`` characters with an ellipsis."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: max(0, width - 1)] + "…"
 
 
 def sessions_table(rows: Iterable[Any], width: int | None = None, *,
@@ -453,115 +393,3 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
             reason = f": {e.reason}" if e.reason else ""
             parts.append(f"_Turn {e.turn} {e.outcome}{reason}_")
     return "\n\n".join(parts) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
-# Inventories: dsh plugins / tools / models / agents
-# --------------------------------------------------------------------------------------------
-
-
-def plugin_rows(app: Any, commands: dict[str, list[str]], builtins: bool) -> list[dict[str, Any]]:
-    """One row per plugin: name, distribution and version, hooks it implements, agents that
-    use it, commands it adds, whether it is disabled, and its load error."""
-    from dsh.core.errors import DshError
-    from dsh.host.manager import BUILTIN_PLUGINS
-
-    pm = app.pm
-    using: dict[str, list[str]] = {}
-    for name in app.config.agent_names():
-        try:
-            for p in app.agent(name).plugin_names:
-                using.setdefault(p, []).append(name)
-        except DshError as exc:
-            click.echo(f"dsh: warning: agent {name}: {exc}", err=True)
-    rows: list[dict[str, Any]] = [
-        {"name": name, "builtin": True, "dist": "", "version": "", "agents": ["*"],
-         "error": None} for name in (BUILTIN_PLUGINS if builtins else ())
-    ]
-    rows += [{"name": r.name, "builtin": False, "dist": r.dist, "version": r.version,
-              "agents": using.get(r.name, []), "error": r.error} for r in app.plugins]
-    for row in rows:
-        obj = pm.get_plugin(row["name"])
-        row["disabled"] = pm.is_blocked(row["name"])
-        row["hooks"] = sorted(h.name for h in pm.get_hookcallers(obj) or ()) if obj else []
-        row["commands"] = sorted(commands.get(row["name"], []))
-    return rows
-
-
-def plugins_text(rows: list[dict[str, Any]]) -> str:
-    lines = []
-    for row in rows:
-        origin = "built-in" if row["builtin"] else " ".join(
-            x for x in (row["dist"], row["version"]) if x) or "module"
-        lines.append(f"{row['name']}  {origin}{' (disabled)' if row['disabled'] else ''}")
-        lines.append(f"  hooks: {', '.join(row['hooks']) or '-'}")
-        lines.append(f"  agents: {', '.join(row['agents']) or '-'}")
-        if row["commands"]:
-            lines.append(f"  commands: {', '.join(row['commands'])}")
-        if row["error"]:
-            lines.append(f"  error: {row['error']}")
-    return "\n".join(lines)
-
-
-def tool_rows(tools: Iterable[Any]) -> list[dict[str, Any]]:
-    return [{"name": t.name, "plugin": t.plugin, "description": t.description,
-             "parameters": t.parameters} for t in tools]
-
-
-def tools_text(rows: list[dict[str, Any]]) -> str:
-    """``name(param: type, optional?: type)  [plugin]`` and the description's first line."""
-    lines = []
-    for t in rows:
-        props = t["parameters"].get("properties", {})
-        required = set(t["parameters"].get("required", ()))
-        params = ", ".join(f"{n}{'' if n in required else '?'}: {s.get('type', 'any')}"
-                           for n, s in props.items())
-        lines.append(f"{t['name']}({params})  [{t['plugin']}]")
-        if t["description"]:
-            lines.append(f"  {t['description'].splitlines()[0]}")
-    return "\n".join(lines)
-
-
-def models_report(app: Any) -> dict[str, Any]:
-    return {
-        "default": app.default_model.id,
-        "default_why": app.default_model.why,
-        "adapters": [{"prefix": e.prefix, "plugin": e.plugin, "description": e.description}
-                     for e in app.models.values()],
-        "configured": [{"id": k, "adapter": v.get("adapter", k.partition(":")[0])}
-                       for k, v in app.config.models.items()],
-    }
-
-
-def models_text(report: dict[str, Any]) -> str:
-    adapters = report["adapters"]
-    width = max((len(a["prefix"]) for a in adapters), default=0)
-    lines = [f"{a['prefix'].ljust(width)}  {a['description']}  [{a['plugin']}]"
-             for a in adapters]
-    lines += [f"{c['id']}  (configured, adapter {c['adapter']})" for c in report["configured"]]
-    lines.append(f"default: {report['default']} ({report['default_why']})")
-    return "\n".join(lines)
-
-
-def agent_rows(app: Any) -> list[dict[str, Any]]:
-    rows = []
-    for name in app.config.agent_names():
-        a = app.agent(name)
-        rows.append({"name": name, "default": name == app.config.agent, "model": a.model_id,
-                     "max_steps": a.max_steps, "plugins": list(a.plugin_names),
-                     "tools": list(a.tools),
-                     "prompt": [{"plugin": p.plugin, "name": p.name, "order": p.order}
-                                for p in a.prompt_parts]})
-    return rows
-
-
-def agents_text(rows: list[dict[str, Any]]) -> str:
-    lines = []
-    for r in rows:
-        lines.append(f"{r['name']}{' (default)' if r['default'] else ''}")
-        lines.append(f"  model: {r['model']}  max_steps: {r['max_steps']}")
-        lines.append(f"  plugins: {', '.join(r['plugins']) or '-'}")
-        lines.append(f"  tools: {', '.join(r['tools']) or '-'}")
-        parts = [f"{p['plugin']}:{p['name'] or '-'}@{p['order']}" for p in r["prompt"]]
-        lines.append(f"  prompt: {', '.join(parts) or '-'}")
-    return "\n".join(lines)

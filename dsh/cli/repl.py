@@ -11,7 +11,8 @@ way round. What chat adds:
 * a prompt with line editing and a persistent history (the standard library's ``readline``:
   no new dependency, and it is what ``python -i`` and ``llm chat`` users already know), with
   ``\\`` line continuation, ``\"\"\"`` blocks and pasted text kept as one message;
-* ``/`` commands, and commands that plugins add with the ``register_chat_commands`` hook;
+* ``/`` commands (:mod:`dsh.cli.chat_commands`), and commands that plugins add with the
+  ``register_chat_commands`` hook;
 * without a terminal on stdin: one message per line, answered in turn (scriptable).
 
 This module is imported only by ``dsh chat``; ``dsh run`` never pays for it.
@@ -30,29 +31,18 @@ from typing import Any
 
 import attrs
 
+from dsh.cli.chat_commands import BLOCK as BLOCK  # re-exported
+from dsh.cli.chat_commands import BUILTIN_COMMANDS as BUILTIN_COMMANDS  # re-exported
+from dsh.cli.chat_commands import FOLLOW_UP as FOLLOW_UP  # re-exported
+from dsh.cli.chat_commands import ChatCommand as ChatCommand  # re-exported
 from dsh.core import errors
 
 if TYPE_CHECKING:
     from dsh.run.app import App
     from dsh.run.app import Session
 
-#: Typed during a turn, a line starting with this is a follow-up, taken after the turn.
-FOLLOW_UP = ">"
-BLOCK = '"""'
 PROMPT = "› "
 MORE = "… "
-
-
-@attrs.frozen
-class ChatCommand:
-    """A ``/NAME`` command: ``fn(chat, argument)`` may return text to print."""
-
-    name: str
-    fn: Callable[[Chat, str], str | None]
-    help: str = ""
-    plugin: str = "dsh.chat"
-    #: May be typed while a turn runs (it then must not wait for the turn).
-    during_turn: bool = False
 
 
 def history_path() -> Path:
@@ -65,7 +55,7 @@ def history_path() -> Path:
 class Typeahead:
     """Reads lines typed while a turn runs, in a thread, without a second reader racing a
     plugin's question: it reads only while no one asks on the terminal
-    (:func:`dsh.cli.terminal.status_paused`), and stops as soon as the turn ends."""
+    (:func:`dsh.cli.status.status_paused`), and stops as soon as the turn ends."""
 
     def __init__(self, fd: int, on_line: Callable[[str], None]) -> None:
         self.fd = fd
@@ -84,17 +74,17 @@ class Typeahead:
         return self.partial.decode(errors="replace")
 
     def _run(self) -> None:
-        from dsh.cli import terminal
+        from dsh.cli import status
 
         while not self._stop.is_set():
-            if terminal.asking():
+            if status.asking():
                 self._stop.wait(0.05)
                 continue
             try:
                 ready, _, _ = select.select([self.fd], [], [], 0.1)
             except (OSError, ValueError):
                 return
-            if not ready or self._stop.is_set() or terminal.asking():
+            if not ready or self._stop.is_set() or status.asking():
                 continue
             try:
                 data = os.read(self.fd, 4096)
@@ -131,7 +121,7 @@ class Chat:
 
     def run(self) -> int:
         """Read and answer messages until ``/exit``, end of input, or a terminating signal."""
-        from dsh.cli.terminal import Stdout
+        from dsh.cli.streams import Stdout
 
         self.stdout = Stdout()
         if self.interactive:
@@ -215,7 +205,7 @@ class Chat:
         if lost and result.outcome != "error":
             result = attrs.evolve(result, outcome="error", reason=lost)
         output.finish(result, self.session.agent.name, self.session.agent.model_id)
-        from dsh.cli.root import EXIT_CODES
+        from dsh.cli.run_command import EXIT_CODES
 
         code = 0
         if output.terminated:
@@ -243,14 +233,14 @@ class Chat:
         if kind == "tool/call":
             import json
 
-            from dsh.cli.render import one_line
+            from dsh.cli.escape import one_line
 
             args = json.dumps(dict(event.arguments), ensure_ascii=False, default=str)
             self.note(f"  → {event.name} {one_line(args, 100)}")
         elif kind == "tool/result":
             took = f", {event.duration_ms / 1000:.1f}s" if event.duration_ms else ""
             first = event.output.strip().splitlines()[0] if event.output.strip() else ""
-            from dsh.cli.render import one_line
+            from dsh.cli.escape import one_line
 
             self.note(f"  ← {event.name}: {event.status}{took} · {one_line(first, 80)}")
 
@@ -386,12 +376,12 @@ class Chat:
             return
         import click
 
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         click.echo(escape_controls(message) if sys.stderr.isatty() else message, err=True)
 
     def print_text(self, text: str) -> None:
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         self.stdout.write(escape_controls(text) if sys.stdout.isatty() else text)
 
@@ -424,88 +414,3 @@ class Chat:
 
             call_impl(impl, "register_chat_commands", register=register)
         return table
-
-
-def _help(chat: Chat, arg: str) -> str:
-    rows = [f"  /{c.name:<10} {c.help}" + (f"  ({c.plugin})" if c.plugin != "dsh.chat" else "")
-            for c in chat.commands.values()]
-    return "\n".join([
-        "Type a message and press Enter. While the agent works, a line you type steers it "
-        "(taken after the current step);",
-        f"start it with {FOLLOW_UP} to keep it for after the turn. End a line with \\ to go "
-        f"on, or open a block with {BLOCK}.",
-        "Ctrl-C stops the turn after the current step (twice: at once); Ctrl-D exits.", "",
-        *rows])
-
-
-def _tools(chat: Chat, arg: str) -> str:
-    tools = chat.session.agent.tools
-    if not tools:
-        return "no tools"
-    return "\n".join(f"  {t.name}: {t.description.splitlines()[0] if t.description else ''}"
-                     for t in tools.values())
-
-
-def _model(chat: Chat, arg: str) -> str:
-    if not arg:
-        return f"model: {chat.session.agent.model_id}"
-    chat.set_agent(model=arg)
-    return f"model: {arg} (from the next message on)"
-
-
-def _system(chat: Chat, arg: str) -> str:
-    if not arg:
-        return chat.session.agent.system or "(no system prompt)"
-    chat.set_agent(system=arg)
-    return "system prompt replaced (from the next message on)"
-
-
-def _session(chat: Chat, arg: str) -> str:
-    path = chat.session.ledger.path
-    return f"session {chat.session.id}" + (f"\n{path}" if path else "")
-
-
-def _stop(chat: Chat, arg: str) -> str | None:
-    output = chat.output
-    ctx = getattr(output, "ctx", None)
-    if ctx is None:
-        return "no turn is running"
-    ctx.stop()
-    chat.note("dsh: stopping after the current step")
-    return None
-
-
-def _exit(chat: Chat, arg: str) -> None:
-    chat.done = True
-
-
-def _inject(chat: Chat, arg: str) -> str:
-    if not arg.strip():
-        raise errors.UsageError("usage: /inject TEXT")
-    chat.session.inject(arg, source="chat")
-    return "context queued: the model sees it with your next message"
-
-
-def _attach(chat: Chat, arg: str) -> str:
-    """``/attach FILE|URL``: read, check and store it now; it goes with the next message."""
-    if not arg or arg == "-":
-        return "usage: /attach FILE|URL (an image or a PDF; stdin is the chat's own)"
-    from dsh.llm.attachments import describe
-
-    (ref,) = chat.session.attach(arg)
-    return f"attached {describe(ref)}: it goes with your next message"
-
-
-BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
-    ChatCommand("help", _help, "this help"),
-    ChatCommand("tools", _tools, "the agent's tools"),
-    ChatCommand("model", _model, "show or switch the model: /model NAME"),
-    ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
-    ChatCommand("session", _session, "the session's id and ledger path"),
-    ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
-    ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
-                during_turn=True),
-    ChatCommand("stop", _stop, "stop the running turn after its current step", during_turn=True),
-    ChatCommand("exit", _exit, "leave (the session stays; continue it with dsh chat -c)"),
-    ChatCommand("quit", _exit, "the same as /exit"),
-)

@@ -1,305 +1,41 @@
-"""What ``dsh run`` prints while it runs (docs/cli.md): stdout that survives a closed pipe,
-streamed text, ``--events`` and ``--json`` lines, the status line on a terminal, and Ctrl-C.
+"""What ``dsh run`` prints while it runs (docs/cli.md): :class:`RunOutput` — streamed text,
+``--events`` and ``--json`` lines (:func:`event_line`), the status line on a terminal, the
+result — and :class:`Interrupt`, the run's signals (Ctrl-C, SIGTERM, SIGHUP).
 
-Views of a finished session (the trajectory, Markdown, tables) are in :mod:`dsh.render`.
+The pieces it is built from: the status line in :mod:`dsh.cli.status`, stdout and the printers
+of streamed text in :mod:`dsh.cli.streams`, escaping for a terminal in :mod:`dsh.cli.escape`
+(their names are re-exported here). Views of a finished session (the trajectory, Markdown,
+tables) are in :mod:`dsh.cli.render`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import signal
 import threading
-import time
-import weakref
 from collections.abc import Callable
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import IO
 from typing import TYPE_CHECKING
 from typing import Any
 
 import click
 
-from dsh.cli.render import escape_controls
-from dsh.cli.render import escape_json_controls
-from dsh.cli.render import one_line
-from dsh.cli.render import use_color
+from dsh.cli.escape import escape_controls as escape_controls  # re-exported
+from dsh.cli.escape import escape_json_controls as escape_json_controls  # re-exported
+from dsh.cli.escape import one_line as one_line  # re-exported
+from dsh.cli.escape import use_color as use_color  # re-exported
+from dsh.cli.status import StatusLine as StatusLine  # re-exported
+from dsh.cli.status import asking as asking  # re-exported
+from dsh.cli.status import status_paused as status_paused  # re-exported
+from dsh.cli.streams import ReasoningPrinter as ReasoningPrinter  # re-exported
+from dsh.cli.streams import Stdout as Stdout  # re-exported
+from dsh.cli.streams import TextPrinter as TextPrinter  # re-exported
+from dsh.cli.streams import silence_stdout as silence_stdout  # re-exported
 from dsh.ledger.events import Event
 from dsh.run.result import compact_json as _compact
 from dsh.run.result import result_dict as result_dict  # re-exported
 
 if TYPE_CHECKING:
     from dsh.host.runcontext import RunContext
-
-
-_pauses = 0
-_pause_lock = threading.Lock()
-_status_lines: weakref.WeakSet[StatusLine] = weakref.WeakSet()
-
-
-@contextmanager
-def status_paused() -> Iterator[None]:
-    """Erase every status line of this process and keep it off the terminal inside the
-    block: for a plugin that asks the user something on the terminal (dsh-shell's approval
-    question), which the status line would otherwise redraw over within 0.1 s."""
-    global _pauses
-    with _pause_lock:
-        _pauses += 1
-        lines = list(_status_lines)
-    for line in lines:
-        line.pause()
-    try:
-        yield
-    finally:
-        with _pause_lock:
-            _pauses -= 1
-
-
-def asking() -> bool:
-    """True while some plugin asks the user something on the terminal
-    (:func:`status_paused`): ``dsh chat`` stops reading typed lines meanwhile."""
-    return _pauses > 0
-
-
-class StatusLine:
-    """One line on stderr (spinner, step, activity, elapsed time) while the run waits on the
-    model or a tool; redrawn by a ticking thread, erased with ``\\r\\x1b[K``.
-
-    Fed from ``Session.send(on_event=...)``; :meth:`hide` is called before text is written to
-    the same terminal. Thread-safe: events arrive from tool worker threads too.
-    """
-
-    FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-
-    def __init__(self, stream: IO[str], *, color: bool = False, interval: float = 0.1) -> None:
-        self.stream = stream
-        self.color = color
-        self.interval = interval
-        self.step = 0
-        self.activity = "starting"
-        self.started = time.monotonic()
-        self.visible = True
-        self._shown = False
-        self._frame = 0
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        _status_lines.add(self)
-
-    def pause(self) -> None:
-        """Erase the line now; :func:`status_paused` keeps it from being redrawn."""
-        with self._lock:
-            self._erase()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._tick, name="dsh-status", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1)
-        with self._lock:
-            self._erase()
-
-    def _tick(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.draw()
-
-    def _erase(self) -> None:
-        if self._shown:
-            self._write("\r\x1b[K")
-            self._shown = False
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):
-            self._stop.set()
-
-    def line(self) -> str:
-        elapsed = time.monotonic() - self.started
-        frame = self.FRAMES[self._frame % len(self.FRAMES)]
-        step = f"step {self.step} · " if self.step else ""
-        # The activity names a tool the model asked for: its controls are made visible.
-        activity = escape_controls(self.activity, newlines=False)
-        text = f"{frame} {step}{activity} · {elapsed:.1f}s"
-        import shutil
-
-        width = shutil.get_terminal_size((80, 24)).columns - 1
-        text = one_line(text, width)
-        return click.style(text, dim=True) if self.color else text
-
-    def draw(self) -> None:
-        with self._lock:
-            if self._stop.is_set() or not self.visible or _pauses:
-                return
-            self._frame += 1
-            self._write("\r" + self.line() + "\x1b[K")
-            self._shown = True
-
-    def hide(self) -> None:
-        """Erase the line and keep it hidden (text is about to go to the same terminal)."""
-        with self._lock:
-            self.visible = False
-            self._erase()
-
-    def show(self) -> None:
-        with self._lock:
-            self.visible = True
-
-    def note(self, message: str) -> None:
-        """Print ``message`` on its own line of stderr without garbling the status line."""
-        with self._lock:
-            self._erase()
-            self._write(escape_controls(message) + "\n")
-
-    def on_event(self, event: Any) -> None:
-        kind = getattr(event, "type", "")
-        with self._lock:
-            if kind == "step/start":
-                self.step = event.step + 1
-                self.activity = "waiting for the model"
-            elif kind == "tool/call":
-                self.activity = f"running tool {event.name}"
-            elif kind == "tool/result":
-                self.activity = f"tool {event.name} returned"
-            elif kind == "assistant/message":
-                self.activity = "thinking"
-            elif kind == "llm/stream":
-                self.activity = "receiving"
-
-
-class TextPrinter:
-    """Writes streamed text to stdout. The texts of successive steps are separated by a
-    newline, written as soon as the next step or a tool call starts (so the status line has a
-    clean line while a tool runs), and the output ends with one. ``hide_status`` is called
-    before each write and ``show_status`` once the line is clean again, when the status line
-    shares the terminal."""
-
-    def __init__(self, write: Callable[[str], None],
-                 hide_status: Callable[[], None] | None = None,
-                 show_status: Callable[[], None] | None = None) -> None:
-        self.write = write
-        self.hide_status = hide_status
-        self.show_status = show_status
-        self.printed = False
-        self.dirty = False  # the last character written was not a newline
-
-    def on_text(self, delta: str) -> None:
-        if not delta:
-            return
-        if self.hide_status is not None:
-            self.hide_status()
-        self.write(delta)
-        self.printed = True
-        self.dirty = not delta.endswith("\n")
-
-    def on_event(self, event: Any) -> None:
-        if getattr(event, "type", "") in ("step/start", "tool/call"):
-            self.finish()
-            if self.show_status is not None:
-                self.show_status()
-
-    def finish(self) -> None:
-        if self.dirty:
-            self.write("\n")
-            self.dirty = False
-
-
-class ReasoningPrinter(TextPrinter):
-    """A :class:`TextPrinter` for reasoning deltas (``--show-reasoning``): text is written up
-    to its last whitespace and the rest held back, so that each word is whole when it passes
-    :func:`dsh.core.redact.redact` — a secret split across two deltas is still redacted."""
-
-    #: A word longer than this is written (redacted as far as it goes) without waiting more.
-    HOLD = 4096
-
-    def __init__(self, write: Callable[[str], None],
-                 hide_status: Callable[[], None] | None = None,
-                 show_status: Callable[[], None] | None = None) -> None:
-        super().__init__(write, hide_status, show_status)
-        self.pending = ""
-
-    def on_text(self, delta: str) -> None:
-        text = self.pending + delta
-        cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
-        if cut < 0 and len(text) < self.HOLD:
-            self.pending = text
-            return
-        shown, self.pending = (text[:cut + 1], text[cut + 1:]) if cut >= 0 else (text, "")
-        self._out(shown)
-
-    def _out(self, text: str) -> None:
-        from dsh.core.redact import redact
-
-        super().on_text(redact(text))
-
-    def finish(self) -> None:
-        if self.pending:
-            text, self.pending = self.pending, ""
-            self._out(text)
-        super().finish()
-
-
-def silence_stdout() -> None:
-    """Point file descriptor 1 at ``/dev/null`` after the reader went away, so that the
-    interpreter's final flush cannot fail (the recipe of the Python docs for SIGPIPE)."""
-    import sys
-
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, ValueError, OSError):
-        return  # not a real file (tests capture stdout): nothing left to flush to fd 1
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-    finally:
-        os.close(devnull)
-
-
-class Stdout:
-    """stdout that survives a closed pipe: the first ``BrokenPipeError`` silences it, calls
-    ``on_closed`` (``dsh run`` stops the run after the step that records the prompt) and
-    turns later writes into no-ops. Any other write error (a full disk: stdout on
-    ``/dev/full``) does the same and is kept in :attr:`error` for the caller to report. Text
-    that cannot be written as UTF-8 (lone surrogates) is written with U+FFFD in their place."""
-
-    def __init__(self, on_closed: Callable[[], None] | None = None) -> None:
-        self.closed = False
-        #: ``cannot write to standard output: REASON`` when a write failed (not a closed pipe).
-        self.error: str | None = None
-        self.on_closed = on_closed
-        self._lock = threading.Lock()
-
-    def write(self, text: str) -> None:
-        import sys
-
-        from dsh.core.sanitize import clean_text
-        from dsh.core.sanitize import has_surrogates
-
-        if has_surrogates(text):
-            text = clean_text(text)[0]
-        with self._lock:
-            if self.closed:
-                return
-            try:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            except OSError as exc:
-                # A closed pipe, or a terminal that hung up (EIO after SIGHUP): the reader
-                # is gone either way.
-                if not isinstance(exc, BrokenPipeError) and exc.errno != errno.EIO:
-                    reason = os.strerror(exc.errno) if exc.errno else str(exc)
-                    self.error = ("cannot write to standard output: "
-                                  f"{reason[:1].lower()}{reason[1:]}")
-                self.closed = True
-                silence_stdout()
-        if self.closed and self.on_closed is not None:
-            self.on_closed()
 
 
 def event_line(event: Any) -> str:
@@ -398,7 +134,7 @@ class RunOutput:
         self.terminated: int | None = None
         stdout_tty = sys.stdout.isatty()
         #: stdout is a terminal: text from the model and tools has its controls made
-        #: visible (:func:`dsh.cli.render.escape_controls`); a pipe gets every byte.
+        #: visible (:func:`dsh.cli.escape.escape_controls`); a pipe gets every byte.
         self.tty = stdout_tty
         self.err_tty = sys.stderr.isatty()
         self.streaming = stream if stream is not None else (

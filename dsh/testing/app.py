@@ -200,7 +200,7 @@ class ScriptedApp:
                              "or run dsh in a subprocess")
         from click.testing import CliRunner
 
-        from dsh.cli.root import State
+        from dsh.cli.shared import State
         from dsh.cli.root import cli
 
         try:

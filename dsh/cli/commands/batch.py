@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import agent_overrides
-from dsh.cli.root import parse_limits
-from dsh.cli.root import pass_state
+from dsh.cli.options import agent_overrides
+from dsh.cli.options import parse_limits
+from dsh.cli.shared import State
+from dsh.cli.shared import pass_state
 
 
 @click.command()

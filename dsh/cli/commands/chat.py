@@ -1,19 +1,20 @@
 """``dsh chat``: the click command; the chat itself is :mod:`dsh.chat`.
 
 Imported on demand by :class:`dsh.cli.root.DshGroup`. Its options and the agent they assemble are
-those of ``dsh run`` (:func:`dsh.cli.root.agent_overrides`, :func:`dsh.cli.root.assemble_agent`).
+those of ``dsh run`` (:func:`dsh.cli.options.agent_overrides`,
+:func:`dsh.cli.options.assemble_agent`).
 """
 
 from __future__ import annotations
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import agent_overrides
-from dsh.cli.root import assemble_agent
-from dsh.cli.root import parse_limits
-from dsh.cli.root import pass_state
-from dsh.cli.root import session_to_resume
+from dsh.cli.options import agent_overrides
+from dsh.cli.options import assemble_agent
+from dsh.cli.options import parse_limits
+from dsh.cli.options import session_to_resume
+from dsh.cli.shared import State
+from dsh.cli.shared import pass_state
 
 
 @click.command()

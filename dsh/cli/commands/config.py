@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import pass_state
-from dsh.cli.root import warn
+from dsh.cli.shared import State
+from dsh.cli.shared import pass_state
+from dsh.cli.shared import warn
 
 
 @click.group()

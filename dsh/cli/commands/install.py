@@ -20,9 +20,9 @@ from typing import Any
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import pass_state
-from dsh.cli.root import warn
+from dsh.cli.shared import State
+from dsh.cli.shared import pass_state
+from dsh.cli.shared import warn
 from dsh.core import errors
 
 #: The name at the start of a requirement (``dsh-foo>=1``, ``dsh_foo[extra]``); paths and
@@ -129,7 +129,7 @@ def install(state: State, packages: tuple[str, ...], upgrade: bool, editable: tu
         return
     text = report_text(rows)
     if sys.stdout.isatty():  # names and errors come from the plugin: controls made visible
-        from dsh.cli.render import escape_controls
+        from dsh.cli.escape import escape_controls
 
         text = escape_controls(text)
     click.echo(text)

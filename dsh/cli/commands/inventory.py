@@ -1,17 +1,18 @@
 """``dsh plugins``, ``tools``, ``models``, ``agents``: what is installed and configured.
 
 Imported on demand by :class:`dsh.cli.root.DshGroup`; the views themselves are in
-:mod:`dsh.render`. ``dsh install`` / ``dsh uninstall`` are in :mod:`dsh.cli.commands.install`.
+:mod:`dsh.cli.inventories`. ``dsh install`` / ``dsh uninstall`` are in
+:mod:`dsh.cli.commands.install`.
 """
 
 from __future__ import annotations
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import _dump
-from dsh.cli.root import pass_state
-from dsh.cli.root import warn
+from dsh.cli.shared import State
+from dsh.cli.shared import _dump
+from dsh.cli.shared import pass_state
+from dsh.cli.shared import warn
 
 
 @click.command()
@@ -20,8 +21,8 @@ from dsh.cli.root import warn
 @pass_state
 def plugins(state: State, show_all: bool, as_json: bool) -> None:
     """List plugins: distribution, hooks, agents using them, commands, load errors."""
-    from dsh.cli.render import plugin_rows
-    from dsh.cli.render import plugins_text
+    from dsh.cli.inventories import plugin_rows
+    from dsh.cli.inventories import plugins_text
 
     commands: dict[str, list[str]] = {}
     for cmd, (plugin, _) in state.plugin_commands().items():
@@ -41,8 +42,8 @@ def plugins(state: State, show_all: bool, as_json: bool) -> None:
 @pass_state
 def tools(state: State, agent: str | None, as_json: bool) -> None:
     """List the tools an agent can call, with their plugin and parameters."""
-    from dsh.cli.render import tool_rows
-    from dsh.cli.render import tools_text
+    from dsh.cli.inventories import tool_rows
+    from dsh.cli.inventories import tools_text
 
     rows = tool_rows(state.app.agent(agent).tools.values())
     if as_json:
@@ -58,8 +59,8 @@ def tools(state: State, agent: str | None, as_json: bool) -> None:
 @pass_state
 def models(state: State, as_json: bool) -> None:
     """List model adapters (use PREFIX:NAME) and the models configured in [models]."""
-    from dsh.cli.render import models_report
-    from dsh.cli.render import models_text
+    from dsh.cli.inventories import models_report
+    from dsh.cli.inventories import models_text
 
     report = models_report(state.app)
     _dump(report) if as_json else click.echo(models_text(report))
@@ -70,8 +71,8 @@ def models(state: State, as_json: bool) -> None:
 @pass_state
 def agents(state: State, as_json: bool) -> None:
     """List agents: model, plugins, tools, step limit and system prompt parts."""
-    from dsh.cli.render import agent_rows
-    from dsh.cli.render import agents_text
+    from dsh.cli.inventories import agent_rows
+    from dsh.cli.inventories import agents_text
 
     rows = agent_rows(state.app)
     _dump(rows) if as_json else click.echo(agents_text(rows))

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from dsh.cli.root import warn
+from dsh.cli.shared import warn
 
 
 @click.group()

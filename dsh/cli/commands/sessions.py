@@ -1,8 +1,8 @@
 """``dsh sessions``: list, show, compact, export and remove saved sessions.
 
 Imported on demand by :class:`dsh.cli.root.DshGroup`. Resolving an ID (full, prefix, ``latest``) is
-:func:`dsh.cli.root.resolve_session`, shared with ``dsh run --session``; the views are in
-:mod:`dsh.render`.
+:func:`dsh.cli.options.resolve_session`, shared with ``dsh run --session``; the views are in
+:mod:`dsh.cli.render`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 
-from dsh.cli.root import State
-from dsh.cli.root import _dump
-from dsh.cli.root import os_reason
-from dsh.cli.root import pass_state
-from dsh.cli.root import resolve_session
-from dsh.cli.root import warn
+from dsh.cli.options import resolve_session
+from dsh.cli.shared import State
+from dsh.cli.shared import _dump
+from dsh.cli.shared import os_reason
+from dsh.cli.shared import pass_state
+from dsh.cli.shared import warn
 from dsh.core import errors
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
 
     Plugin events (x/PLUGIN/NAME) are shown with their data, marked when the plugin is not
     installed."""
+    from dsh.cli.escape import use_color
     from dsh.cli.render import trajectory
-    from dsh.cli.render import use_color
     from dsh.ledger.plugin_events import is_installed
 
     app = state.app
@@ -174,8 +174,8 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
         text = markdown(sid, events)
     if output is None:
         if sys.stdout.isatty():  # a pipe gets the bytes; a terminal sees controls escaped
-            from dsh.cli.render import escape_controls
-            from dsh.cli.render import escape_json_controls
+            from dsh.cli.escape import escape_controls
+            from dsh.cli.escape import escape_json_controls
 
             text = escape_json_controls(text) if fmt == "jsonl" else escape_controls(text)
         click.echo(text, nl=False)

@@ -23,7 +23,7 @@ def _settings(agent: str | None) -> tuple[Any, Any]:
 
 
 def _line(text: str) -> str:
-    from dsh.cli.render import escape_controls
+    from dsh.cli.escape import escape_controls
 
     return escape_controls(text, newlines=False) if sys.stdout.isatty() else text
 

@@ -42,7 +42,7 @@ def _server(settings: McpSettings, name: str, agent: str) -> Server:
 
 
 def _esc(text: str) -> str:
-    from dsh.cli.render import escape_controls
+    from dsh.cli.escape import escape_controls
 
     return escape_controls(text)
 

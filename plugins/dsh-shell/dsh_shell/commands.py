@@ -96,8 +96,8 @@ def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -
             "--yes to approve"
         ) from None
     # Imported only when asking: the terminal helpers import click.
-    from dsh.cli.render import escape_controls
-    from dsh.cli.terminal import status_paused
+    from dsh.cli.escape import escape_controls
+    from dsh.cli.status import status_paused
 
     # The command comes from the model: show it quoted and with control characters escaped,
     # so escape sequences cannot redraw the question into something else.

@@ -1,0 +1,121 @@
+"""The ``/`` commands of ``dsh chat`` (docs/cli.md): :class:`ChatCommand` (a name, a function
+``fn(chat, argument)`` that may return text to print, its help and plugin, whether it may be
+typed while a turn runs) and the built-in ones (:data:`BUILTIN_COMMANDS`: ``/help``,
+``/tools``, ``/model``, ``/system``, ``/session``, ``/attach``, ``/inject``, ``/stop``,
+``/exit``). Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
+(:meth:`dsh.cli.repl.Chat._commands`). Also here: the input syntax ``/help`` describes
+(:data:`FOLLOW_UP`, :data:`BLOCK`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from dsh.core import errors
+
+if TYPE_CHECKING:
+    from dsh.cli.repl import Chat
+
+#: Typed during a turn, a line starting with this is a follow-up, taken after the turn.
+FOLLOW_UP = ">"
+BLOCK = '"""'
+
+
+@attrs.frozen
+class ChatCommand:
+    """A ``/NAME`` command: ``fn(chat, argument)`` may return text to print."""
+
+    name: str
+    fn: Callable[[Chat, str], str | None]
+    help: str = ""
+    plugin: str = "dsh.chat"
+    #: May be typed while a turn runs (it then must not wait for the turn).
+    during_turn: bool = False
+
+
+def _help(chat: Chat, arg: str) -> str:
+    rows = [f"  /{c.name:<10} {c.help}" + (f"  ({c.plugin})" if c.plugin != "dsh.chat" else "")
+            for c in chat.commands.values()]
+    return "\n".join([
+        "Type a message and press Enter. While the agent works, a line you type steers it "
+        "(taken after the current step);",
+        f"start it with {FOLLOW_UP} to keep it for after the turn. End a line with \\ to go "
+        f"on, or open a block with {BLOCK}.",
+        "Ctrl-C stops the turn after the current step (twice: at once); Ctrl-D exits.", "",
+        *rows])
+
+
+def _tools(chat: Chat, arg: str) -> str:
+    tools = chat.session.agent.tools
+    if not tools:
+        return "no tools"
+    return "\n".join(f"  {t.name}: {t.description.splitlines()[0] if t.description else ''}"
+                     for t in tools.values())
+
+
+def _model(chat: Chat, arg: str) -> str:
+    if not arg:
+        return f"model: {chat.session.agent.model_id}"
+    chat.set_agent(model=arg)
+    return f"model: {arg} (from the next message on)"
+
+
+def _system(chat: Chat, arg: str) -> str:
+    if not arg:
+        return chat.session.agent.system or "(no system prompt)"
+    chat.set_agent(system=arg)
+    return "system prompt replaced (from the next message on)"
+
+
+def _session(chat: Chat, arg: str) -> str:
+    path = chat.session.ledger.path
+    return f"session {chat.session.id}" + (f"\n{path}" if path else "")
+
+
+def _stop(chat: Chat, arg: str) -> str | None:
+    output = chat.output
+    ctx = getattr(output, "ctx", None)
+    if ctx is None:
+        return "no turn is running"
+    ctx.stop()
+    chat.note("dsh: stopping after the current step")
+    return None
+
+
+def _exit(chat: Chat, arg: str) -> None:
+    chat.done = True
+
+
+def _inject(chat: Chat, arg: str) -> str:
+    if not arg.strip():
+        raise errors.UsageError("usage: /inject TEXT")
+    chat.session.inject(arg, source="chat")
+    return "context queued: the model sees it with your next message"
+
+
+def _attach(chat: Chat, arg: str) -> str:
+    """``/attach FILE|URL``: read, check and store it now; it goes with the next message."""
+    if not arg or arg == "-":
+        return "usage: /attach FILE|URL (an image or a PDF; stdin is the chat's own)"
+    from dsh.llm.attachments import describe
+
+    (ref,) = chat.session.attach(arg)
+    return f"attached {describe(ref)}: it goes with your next message"
+
+
+BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
+    ChatCommand("help", _help, "this help"),
+    ChatCommand("tools", _tools, "the agent's tools"),
+    ChatCommand("model", _model, "show or switch the model: /model NAME"),
+    ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
+    ChatCommand("session", _session, "the session's id and ledger path"),
+    ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
+    ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
+                during_turn=True),
+    ChatCommand("stop", _stop, "stop the running turn after its current step", during_turn=True),
+    ChatCommand("exit", _exit, "leave (the session stays; continue it with dsh chat -c)"),
+    ChatCommand("quit", _exit, "the same as /exit"),
+)
