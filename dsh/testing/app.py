@@ -200,8 +200,8 @@ class ScriptedApp:
                              "or run dsh in a subprocess")
         from click.testing import CliRunner
 
-        from dsh.cli.shared import State
         from dsh.cli.root import cli
+        from dsh.cli.shared import State
 
         try:
             runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click < 8.2
