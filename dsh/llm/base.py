@@ -141,7 +141,7 @@ class Model:
         each reasoning delta (thinking text, ``reasoning_content``) — never ``on_text``:
         reasoning is not the answer. The transport passes ``on_reasoning`` only to adapters
         whose ``complete`` declares it (adapters written before it existed keep working);
-        :class:`~dsh.llm.http.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
+        :class:`~dsh.llm.http.model.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
         ``parse_stream`` instead. Inside a run, honour ``dsh.context().cancel`` (close
         the in-flight request when it fires) and reuse the run's HTTP client.
         Raise :class:`~dsh.core.errors.ProviderError` for failures the user can act on.
