@@ -41,7 +41,7 @@ class Model:
 
     #: False for adapters that cannot stream; the loop then never asks them to.
     can_stream: bool = True
-    #: Keys ``options`` may not set (beyond :data:`dsh.llm.transport.PROTOCOL_KEYS`): the
+    #: Keys ``options`` may not set (beyond :data:`dsh.llm.record.PROTOCOL_KEYS`): the
     #: adapter's own protocol fields. Checked when the agent's options are merged.
     reserved_options: frozenset[str] = frozenset()
     #: Media types the adapter can send as attachments (issue 17); empty: it takes none, and

@@ -60,8 +60,8 @@ from dsh.ledger.events import TurnStarted
 from dsh.ledger.store import INTERRUPTED
 from dsh.ledger.store import Ledger
 from dsh.ledger.store import new_session_id
+from dsh.llm import record
 from dsh.llm import schema as output_schemas
-from dsh.llm import transport
 from dsh.llm.base import Model
 from dsh.llm.base import ModelEntry
 from dsh.run.loop import Inbox
@@ -108,7 +108,7 @@ class Agent:
             ("-o / options= override", options or {}),
         ]
         for source, layer in self._option_layers:
-            transport.check_option_keys(layer, source)
+            record.check_option_keys(layer, source)
         self._options: Mapping[str, Any] | None = None
         #: Context compaction (dsh.compaction): strategy, trigger fraction, window, summariser.
         self.compaction: str = compaction or acfg.compaction or cfg.compaction
@@ -172,14 +172,14 @@ class Agent:
         """The effective model options (read-only): adapter defaults, then ``[models.ID]``,
         ``[agents.NAME]`` and override options. Exactly these are recorded and sent."""
         if self._options is None:
-            self._options = transport.merge_options(self.model, self._option_layers)
+            self._options = record.merge_options(self.model, self._option_layers)
         return self._options
 
     @options.setter
     def options(self, value: Mapping[str, Any]) -> None:
         # A plugin may replace them: they are checked, frozen and recorded on the next turn.
         self._option_layers = [("agent.options (set by a plugin)", dict(value))]
-        self._options = transport.merge_options(self.model, self._option_layers)
+        self._options = record.merge_options(self.model, self._option_layers)
 
     @property
     def effective_model(self) -> str:
@@ -461,14 +461,14 @@ class Session:
                 options = agent.options
                 if output_schema is not None:
                     options = {**options, output_schemas.OPTION: output_schema}
-                changed = transport.record_turn(
+                changed = record.record_turn(
                     ledger, model=agent.effective_model, system=agent.system,
                     tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
                 ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
                               **_parent_link(parent, number))
-                bound = transport.bind(ctx, agent.model, ledger, pm)
+                bound = record.bind(ctx, agent.model, ledger, pm)
                 outcome = pm.hook.run_turn(turn=turn) or "completed"
             except Cancelled as exc:
                 outcome, turn.reason, error = "aborted", str(exc), exc
@@ -491,7 +491,7 @@ class Session:
                 cleanup_errors = ctx.run_cleanups()
                 ctx.cancel.detach()
                 if bound is not None:
-                    transport.unbind(bound)
+                    record.unbind(bound)
         if error is None and cleanup_errors:
             error = cleanup_errors[0]
         if isinstance(error, KeyboardInterrupt):
