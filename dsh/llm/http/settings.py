@@ -65,7 +65,6 @@ class HTTPSettings:
         return httpx.Timeout(self.timeout, connect=self.connect_timeout, pool=self.connect_timeout)
 
 
-
 #: RFC 9110 ``token``: what a header name may be made of.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
