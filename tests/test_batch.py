@@ -587,7 +587,7 @@ def test_the_names_of_the_old_runner_module_still_resolve(home: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Shared backoff on 429 (dsh.llm.http.RATE_GATE)
+# Shared backoff on 429 (dsh.llm.http.errors.RATE_GATE)
 # ------------------------------------------------------------------------------------------
 
 
@@ -598,7 +598,7 @@ def test_a_429_pauses_every_request_to_that_endpoint(monkeypatch: pytest.MonkeyP
 
     from dsh.core.messages import Message
     from dsh.core.messages import ModelRequest
-    from dsh.llm import http
+    from dsh.llm.http.errors import RATE_GATE
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
     from tests.servers import Reply
@@ -618,9 +618,9 @@ def test_a_429_pauses_every_request_to_that_endpoint(monkeypatch: pytest.MonkeyP
         a = threading.Thread(target=lambda: answers.setdefault("a", send(req, model=model).text))
         a.start()
         end = time.monotonic() + 5
-        while http.RATE_GATE.remaining(model.endpoint()) == 0 and time.monotonic() < end:
+        while RATE_GATE.remaining(model.endpoint()) == 0 and time.monotonic() < end:
             time.sleep(0.005)
-        assert http.RATE_GATE.remaining(model.endpoint()) > 0.5
+        assert RATE_GATE.remaining(model.endpoint()) > 0.5
         start = time.monotonic()
         b = threading.Thread(target=lambda: answers.setdefault("b", send(req, model=model).text))
         b.start()

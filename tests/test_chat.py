@@ -370,7 +370,7 @@ def test_dsh_llama_offers_the_local_model_only_when_it_can_run() -> None:
     dsh_llama = pytest.importorskip("dsh_llama")
     offered = dsh_llama.default_model()
     runnable = importlib.util.find_spec("llama_cpp") is not None and (
-        importlib.import_module("dsh_llama.model").bundled_gguf() is not None)
+        importlib.import_module("dsh_llama.settings").bundled_gguf() is not None)
     assert (offered is not None) == runnable
     if offered:
         assert offered[0] == "local"

@@ -32,7 +32,7 @@ PROMPT = ("Turn {i}. Here is a note to remember, about the weather, the garden a
 def _gguf() -> Path:
     pytest.importorskip("llama_cpp", reason=NO_LLAMA)
     sys.path.insert(0, str(Path(__file__).parents[1] / "plugins" / "dsh-llama"))
-    from dsh_llama.model import bundled_gguf
+    from dsh_llama.settings import bundled_gguf
 
     path = bundled_gguf()
     if path is None:

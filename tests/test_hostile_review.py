@@ -507,7 +507,7 @@ _JSON_VALUES = st.recursive(
 @given(args=st.dictionaries(st.text(max_size=4), _JSON_VALUES, max_size=4),
        as_text=st.booleans())
 def test_tool_arguments_are_always_strict_json(args: dict[str, Any], as_text: bool) -> None:
-    from dsh.llm.http import parse_tool_arguments
+    from dsh.llm.base import parse_tool_arguments
 
     raw: Any = json.dumps(args) if as_text else args
     parsed = parse_tool_arguments(raw)
@@ -586,13 +586,13 @@ def test_a_provider_response_over_the_cap_is_an_error(stream_server: Any,
     from dsh.core.errors import ProviderError
     from dsh.core.messages import Message
     from dsh.core.messages import ModelRequest
-    from dsh.llm import http
+    from dsh.llm.http import client
     from dsh.llm.openai import OpenAIModel
     from dsh.llm.transport import send
     from tests.servers import Reply
     from tests.servers import sse
 
-    monkeypatch.setattr(http, "MAX_RESPONSE_BYTES", 256 * 1024, raising=False)
+    monkeypatch.setattr(client, "MAX_RESPONSE_BYTES", 256 * 1024)
     kb = b"x" * 1024
     if shape == "endless line":
         reply = Reply(chunks=[b"data: "] + [kb] * 400,

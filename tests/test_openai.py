@@ -1,6 +1,6 @@
 """The OpenAI-compatible adapter against a real loopback HTTP server (no mocks).
 
-Also covers the shared transport in dsh/llm/http.py: retries, timeouts, cancellation, the
+Also covers the shared transport in dsh/llm/http/: retries, timeouts, cancellation, the
 per-run client and the error messages.
 """
 
@@ -25,8 +25,8 @@ from dsh.core.messages import ToolSpec
 from dsh.core.messages import Usage
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
-from dsh.llm.http import INVALID_JSON_KEY
-from dsh.llm.http import parse_retry_after
+from dsh.llm.base import INVALID_JSON_KEY
+from dsh.llm.http.errors import parse_retry_after
 from dsh.llm.openai import OpenAIModel
 from dsh.llm.transport import send
 from tests.servers import Reply

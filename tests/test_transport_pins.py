@@ -43,6 +43,8 @@ from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
 from dsh.host.runcontext import context
 from dsh.ledger.history import Projection
+from dsh.llm import invariant
+from dsh.llm import record
 from dsh.llm import transport
 from dsh.llm.base import Model
 from dsh.run.app import App
@@ -185,9 +187,9 @@ def test_a_request_rebuilt_with_equal_values_has_no_differences():
     req = base_request()
     copy = deep_copy_request(req)
     assert copy.system is not req.system and copy.options is not req.options
-    assert transport.differences(copy, req) == []
-    assert transport.differences(req, copy) == []
-    assert transport.differences(req, req) == []
+    assert invariant.differences(copy, req) == []
+    assert invariant.differences(req, copy) == []
+    assert invariant.differences(req, req) == []
 
 
 CHANGES: list[tuple[str, Callable[[ModelRequest], ModelRequest], list[str]]] = [
@@ -212,8 +214,8 @@ CHANGES: list[tuple[str, Callable[[ModelRequest], ModelRequest], list[str]]] = [
 @pytest.mark.parametrize("change,expected", [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
 def test_each_changed_field_is_listed_in_order(change, expected):
     req = base_request()
-    assert transport.differences(change(deep_copy_request(req)), req) == expected
-    assert transport.differences(change(req), req) == expected
+    assert invariant.differences(change(deep_copy_request(req)), req) == expected
+    assert invariant.differences(change(req), req) == expected
 
 
 def _field_changes() -> list[tuple[str, Callable[[ModelRequest], ModelRequest], str]]:
@@ -281,7 +283,7 @@ def test_every_field_of_every_record_is_compared(change, problem):
     req = base_request()
     changed = change(req)
     assert changed != req  # the table changes something
-    problems = transport.differences(changed, req)
+    problems = invariant.differences(changed, req)
     assert [p.split(" (")[0] for p in problems] == [problem]
 
 
@@ -331,12 +333,12 @@ def test_values_a_request_cannot_hold_always_differ(name, field, value, expected
     req = base_request()
     hostile = deep_copy_request(req)
     object.__setattr__(hostile, field, value(hostile))
-    assert transport.differences(hostile, req) == expected
+    assert invariant.differences(hostile, req) == expected
 
 
 def test_a_request_of_another_type_is_named():
     req = base_request()
-    assert transport.differences(attrs.asdict(req), req) == [
+    assert invariant.differences(attrs.asdict(req), req) == [
         "the request is a dict, not a dsh ModelRequest"]
 
     class Sub(ModelRequest):
@@ -344,7 +346,7 @@ def test_a_request_of_another_type_is_named():
 
     sub = Sub(model=req.model, system=req.system, messages=req.messages, tools=req.tools,
               options=req.options)
-    assert transport.differences(sub, req) == ["the request is a Sub, not a dsh ModelRequest"]
+    assert invariant.differences(sub, req) == ["the request is a Sub, not a dsh ModelRequest"]
 
 
 JSON = st.recursive(
@@ -382,17 +384,17 @@ def test_plain_and_frozen_containers_compare_by_value(options, pick):
     for plain in (thaw(req.options), freeze(options)):
         rebuilt = attrs.evolve(req)
         object.__setattr__(rebuilt, "options", plain)
-        assert transport.differences(rebuilt, req) == []
-        assert transport.differences(req, rebuilt) == []
+        assert invariant.differences(rebuilt, req) == []
+        assert invariant.differences(req, rebuilt) == []
     leaves = _leaves(options)
     if leaves:
         path = leaves[pick % len(leaves)]
         changed = _replace(thaw(req.options), path, ["changed"])
         other = attrs.evolve(req)
         object.__setattr__(other, "options", changed)
-        assert transport.differences(other, req) == ["model options differ"]
+        assert invariant.differences(other, req) == ["model options differ"]
         object.__setattr__(other, "options", freeze(changed))
-        assert transport.differences(other, req) == ["model options differ"]
+        assert invariant.differences(other, req) == ["model options differ"]
 
 
 # -- check() and violation(): the public check and its message ------------------------------
@@ -409,9 +411,9 @@ def test_check_against_a_projection_or_a_request():
     req = ModelRequest(model="rec:x", system="Be brief.", tools=base_request().tools,
                        options={"seed": 7})
     proj = _projection(req)
-    transport.check(deep_copy_request(req), proj)  # equal: no error
-    transport.check(deep_copy_request(req), req)
-    transport.check(object(), None)  # nothing to check against
+    invariant.check(deep_copy_request(req), proj)  # equal: no error
+    invariant.check(deep_copy_request(req), req)
+    invariant.check(object(), None)  # nothing to check against
     for expected in (proj, req):
         for change, problem in (({"system": "x"}, "system prompt differs"),
                                 ({"options": {}}, "model options differ"),
@@ -420,17 +422,17 @@ def test_check_against_a_projection_or_a_request():
                                 ({"messages": (Message(role="user", content="hi"),)},
                                  "messages differ (1 sent, 0 in the ledger)")):
             with pytest.raises(InvariantViolation) as err:
-                transport.check(attrs.evolve(req, **change), expected)
+                invariant.check(attrs.evolve(req, **change), expected)
             assert str(err.value) == HEAD + problem + tail()
             assert err.value.plugin == ""
 
 
 def test_a_violation_names_the_plugin_and_every_problem():
-    exc = transport.violation(["system prompt differs", "model options differ"], "probe")
+    exc = invariant.violation(["system prompt differs", "model options differ"], "probe")
     assert str(exc) == (HEAD + "system prompt differs; model options differ"
                         + tail("Plugin probe"))
     assert exc.plugin == "probe"
-    anonymous = transport.violation(["tool schemas differ"])
+    anonymous = invariant.violation(["tool schemas differ"])
     assert str(anonymous) == HEAD + "tool schemas differ" + tail()
     assert anonymous.plugin == ""
 
@@ -439,9 +441,9 @@ def test_a_violation_names_the_plugin_and_every_problem():
 
 
 def test_check_option_keys_names_the_first_protocol_key_and_where():
-    transport.check_option_keys({"temperature": 1}, "anywhere")  # fine
+    record.check_option_keys({"temperature": 1}, "anywhere")  # fine
     with pytest.raises(ConfigError) as err:
-        transport.check_option_keys({"tools": 1, "stream": True, "top_p": 1}, "[agents.x]")
+        record.check_option_keys({"tools": 1, "stream": True, "top_p": 1}, "[agents.x]")
     assert str(err.value) == (
         "[agents.x]: option 'stream' cannot be set through options: it is a field of the "
         f"request dsh builds from the session ledger (MISSION C3); protocol keys are {PROTOCOL}")
@@ -574,7 +576,7 @@ class Unrecorded:
 
 def test_bind_needs_the_turn_recorded_first():
     with pytest.raises(InvariantViolation) as err:
-        transport.bind(None, recorder_class()("x"), Unrecorded(), None)  # type: ignore[arg-type]
+        record.bind(None, recorder_class()("x"), Unrecorded(), None)  # type: ignore[arg-type]
     assert str(err.value) == "invariant C3: bind() before the turn was recorded"
 
 
@@ -606,8 +608,9 @@ def test_the_normal_path_never_compares_by_value(tmp_path, plugin_module, monkey
     def never(*args: Any) -> Any:
         raise AssertionError("compared by value on the normal path")
 
-    monkeypatch.setattr(transport, "_differences", never)
-    monkeypatch.setattr(transport, "_plain", never)
+    monkeypatch.setattr(transport, "_differences", never)  # where send looks it up
+    monkeypatch.setattr(invariant, "_differences", never)
+    monkeypatch.setattr(invariant, "_plain", never)
     app = make_app(tmp_path, plugin_module, script=("call", "a", "call", "b", "c"))
     with app.session() as s:
         assert s.send("one").outcome == "completed"
@@ -834,7 +837,7 @@ def test_an_unhashable_key_after_rebuilding_is_a_difference_not_a_crash():
     req = base_request()
     hostile = deep_copy_request(req)
     object.__setattr__(hostile, "options", {**req.options, ("a", "b"): 1})  # a tuple key
-    assert transport.differences(hostile, req) == ["model options differ"]
+    assert invariant.differences(hostile, req) == ["model options differ"]
 
 
 def test_a_changed_system_prompt_is_found_without_walking_the_history(monkeypatch):
@@ -843,20 +846,20 @@ def test_a_changed_system_prompt_is_found_without_walking_the_history(monkeypatc
     proj = Projection()
     proj.system = "Be brief."
     seen: list[type] = []
-    real = transport._plain
+    real = invariant._plain
 
     def spy(value: Any) -> Any:
         seen.append(type(value))
         return real(value)
 
-    monkeypatch.setattr(transport, "_plain", spy)
+    monkeypatch.setattr(invariant, "_plain", spy)
     view = proj.view()
     req = ModelRequest(model=proj.model, system="Be long.", messages=proj.view(),
                        tools=proj.tools, options=proj.options)
     assert req.messages is not view and req.messages.same_as(view)
     expected = ModelRequest(model=proj.model, system=proj.system, messages=view,
                             tools=proj.tools, options=proj.options)
-    assert transport.differences(req, expected) == ["system prompt differs"]
+    assert invariant.differences(req, expected) == ["system prompt differs"]
     assert seen == [str, str]
 
 
@@ -979,9 +982,9 @@ def test_a_view_of_another_history_is_compared_by_value():
         object.__setattr__(event, "seq", 1)
         proj.apply(event)
     expected = ModelRequest(model="", messages=one.view())
-    assert transport.differences(ModelRequest(model="", messages=one.view()), expected) == []
-    assert transport.differences(ModelRequest(model="", messages=other.view()), expected) == [
+    assert invariant.differences(ModelRequest(model="", messages=one.view()), expected) == []
+    assert invariant.differences(ModelRequest(model="", messages=other.view()), expected) == [
         "messages differ (1 sent, 1 in the ledger)"]
     with pytest.raises(InvariantViolation, match="messages differ"):
-        transport.check(ModelRequest(model="", messages=other.view()), one)
-    transport.check(ModelRequest(model="", messages=(Message(role="user", content="hi"),)), one)
+        invariant.check(ModelRequest(model="", messages=other.view()), one)
+    invariant.check(ModelRequest(model="", messages=(Message(role="user", content="hi"),)), one)

@@ -16,7 +16,7 @@ Where keys live (:func:`store`):
   file and replace the old one (a crash leaves either version whole).
 
 ``DSH_KEYS_BACKEND=file|keyring`` overrides the choice. Environment variables still win
-over stored keys (``dsh.llm.http.HTTPModel.api_key``): a stored key is read only when no
+over stored keys (``dsh.llm.http.model.HTTPModel.api_key``): a stored key is read only when no
 variable holds one, once per model object. Every key read here is registered with
 :mod:`dsh.redact` before it is returned, so no message, ledger event or error can show it;
 no key is ever put into ``os.environ`` (child processes never see it).

@@ -1,13 +1,13 @@
 """Keeping dsh's own secrets out of everything it shows or records (MISSION G3).
 
 One function, :func:`redact`, is what every diagnostic passes through on its way to a user or a
-file: provider errors (dsh/llm/http.py), the reason of a failed turn (``describe_error`` and the
+file: provider errors (dsh/llm/http/), the reason of a failed turn (``describe_error`` and the
 ``turn/end`` event), the text of ``step/rejected``, the CLI's error line, ``dsh config show`` and
 the ``httpx``/``dsh`` log records. It applies three rules:
 
 1. **Registered secrets** — the API keys, URL credentials and secret header values of the models
    this process built (:func:`register`, :func:`register_url`, :func:`register_headers`, filled
-   by :class:`~dsh.llm.http.HTTPModel` when a model is built) — are replaced by ``[redacted]``
+   by :class:`~dsh.llm.http.model.HTTPModel` when a model is built) — are replaced by ``[redacted]``
    in every form a message may carry them: as is, JSON-escaped, ``repr``-escaped (str and bytes),
    URL-encoded (any hex case, ``+`` for spaces), base64'd at any alignment (an echoed
    ``Authorization: Basic …`` header), whitespace-collapsed, and cut short where a message was

@@ -48,11 +48,11 @@ from dsh.core.messages import Usage
 from dsh.core.sanitize import StreamText
 from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
-from dsh.llm.http import HTTPModel
-from dsh.llm.http import join_path
-from dsh.llm.http import make_response
-from dsh.llm.http import parse_tool_arguments
-from dsh.llm.http import truncate
+from dsh.llm.base import parse_tool_arguments
+from dsh.llm.http.errors import truncate
+from dsh.llm.http.model import HTTPModel
+from dsh.llm.http.model import make_response
+from dsh.llm.http.settings import join_path
 from dsh.llm.schema import OPTION as OUTPUT_SCHEMA
 from dsh.llm.schema import answer_from_tool
 from dsh.llm.schema import output_tool

@@ -41,7 +41,7 @@ class Model:
 
     #: False for adapters that cannot stream; the loop then never asks them to.
     can_stream: bool = True
-    #: Keys ``options`` may not set (beyond :data:`dsh.llm.transport.PROTOCOL_KEYS`): the
+    #: Keys ``options`` may not set (beyond :data:`dsh.llm.record.PROTOCOL_KEYS`): the
     #: adapter's own protocol fields. Checked when the agent's options are merged.
     reserved_options: frozenset[str] = frozenset()
     #: Media types the adapter can send as attachments (issue 17); empty: it takes none, and
@@ -141,7 +141,7 @@ class Model:
         each reasoning delta (thinking text, ``reasoning_content``) — never ``on_text``:
         reasoning is not the answer. The transport passes ``on_reasoning`` only to adapters
         whose ``complete`` declares it (adapters written before it existed keep working);
-        :class:`~dsh.llm.http.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
+        :class:`~dsh.llm.http.model.HTTPModel` subclasses call ``self.emit_reasoning(delta)`` from
         ``parse_stream`` instead. Inside a run, honour ``dsh.context().cancel`` (close
         the in-flight request when it fires) and reuse the run's HTTP client.
         Raise :class:`~dsh.core.errors.ProviderError` for failures the user can act on.

@@ -35,6 +35,7 @@ from dsh.core.messages import ToolCall
 from dsh.core.messages import Usage
 from dsh.core.sanitize import nesting_depth
 from dsh.hookspecs import hookimpl
+from dsh.llm import invariant
 from dsh.llm import transport
 from dsh.llm.base import MAX_ARGUMENT_DEPTH
 from dsh.llm.base import Model
@@ -120,12 +121,12 @@ def register_models(register: Callable[..., None]) -> None:
 
 def check_invariant(request: ModelRequest, expected: Any) -> None:
     """Fail loudly when the request differs from ``expected`` (a sealed request or a
-    :class:`~dsh.ledger.history.Projection`), MISSION C3: :func:`dsh.llm.transport.check`.
+    :class:`~dsh.ledger.history.Projection`), MISSION C3: :func:`dsh.llm.invariant.check`.
 
     Cheap by construction: the loop hands the provider an O(1) view of the projection, so the
     normal path is an identity test; only a request some layer rebuilt is compared by value.
     """
-    transport.check(request, expected)
+    invariant.check(request, expected)
 
 
 @hookimpl(trylast=True)

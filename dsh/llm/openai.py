@@ -30,10 +30,10 @@ from dsh.core.sanitize import StreamText
 from dsh.core.sanitize import clean_text
 from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
-from dsh.llm.http import HTTPModel
-from dsh.llm.http import make_response
-from dsh.llm.http import parse_tool_arguments
-from dsh.llm.http import truncate
+from dsh.llm.base import parse_tool_arguments
+from dsh.llm.http.errors import truncate
+from dsh.llm.http.model import HTTPModel
+from dsh.llm.http.model import make_response
 from dsh.llm.schema import DIALECTS
 from dsh.llm.schema import OPTION as OUTPUT_SCHEMA
 from dsh.llm.schema import response_format
@@ -160,8 +160,8 @@ class OpenAIModel(HTTPModel):
         if known is not False:
             return known
         self._reported_window: int | None = None
-        from dsh.llm.http import get_client
-        from dsh.llm.http import is_loopback
+        from dsh.llm.http.client import get_client
+        from dsh.llm.http.settings import is_loopback
 
         if not is_loopback(self.base_url):
             return None

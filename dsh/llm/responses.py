@@ -34,10 +34,10 @@ from dsh.core.sanitize import StreamText
 from dsh.core.sanitize import clean_text
 from dsh.core.sanitize import join_pairs
 from dsh.llm.base import TextCallback
-from dsh.llm.http import HTTPModel
-from dsh.llm.http import make_response
-from dsh.llm.http import parse_tool_arguments
-from dsh.llm.http import truncate
+from dsh.llm.base import parse_tool_arguments
+from dsh.llm.http.errors import truncate
+from dsh.llm.http.model import HTTPModel
+from dsh.llm.http.model import make_response
 from dsh.llm.openai import MAX_REASONING_CHARS
 from dsh.llm.openai import count
 from dsh.llm.openai import own_reasoning

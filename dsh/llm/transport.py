@@ -25,274 +25,47 @@ not in a hook a plugin could replace:
   no session to record into, and an adapter bound to an agent is refused there.
 * **Every request that leaves is counted first**: ``requests=1`` is reserved in the run's
   budget chain before sending (D8), so calling the transport twice cannot exceed the limit.
+
+The values it sends are kept by :mod:`dsh.llm.record` (what the app recorded, the run's
+binding); the comparison is :mod:`dsh.llm.invariant`. This module holds what hands a request
+over: :func:`send`, the adapters' ``complete`` guard, the attachment store of the request.
 """
 
 from __future__ import annotations
 
 import contextvars
 import functools
-import operator
-import weakref
 from collections.abc import Callable
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
 
 from dsh.core.errors import BudgetExceeded
-from dsh.core.errors import ConfigError
 from dsh.core.errors import InvariantViolation
-from dsh.core.messages import Attachment
-from dsh.core.messages import FrozenDict
-from dsh.core.messages import FrozenList
-from dsh.core.messages import Message
 from dsh.core.messages import MessageView
 from dsh.core.messages import ModelRequest
 from dsh.core.messages import ModelResponse
-from dsh.core.messages import Reasoning
-from dsh.core.messages import ToolCall
-from dsh.core.messages import ToolSpec
-from dsh.core.messages import freeze
-from dsh.core.messages import thaw
 from dsh.host.runcontext import _current
+from dsh.llm.invariant import _differences
+from dsh.llm.invariant import check as check  # re-exported
+from dsh.llm.invariant import differences as differences  # re-exported
+from dsh.llm.invariant import violation
+from dsh.llm.record import PROTOCOL_KEYS as PROTOCOL_KEYS  # re-exported
+from dsh.llm.record import OptionLayer as OptionLayer  # re-exported
+from dsh.llm.record import Record as Record  # re-exported
+from dsh.llm.record import _binding
+from dsh.llm.record import _bound_models
+from dsh.llm.record import bind as bind  # re-exported
+from dsh.llm.record import check_option_keys as check_option_keys  # re-exported
+from dsh.llm.record import merge_options as merge_options  # re-exported
+from dsh.llm.record import record_turn as record_turn  # re-exported
+from dsh.llm.record import unbind as unbind  # re-exported
 
 if TYPE_CHECKING:
-    from dsh.host.runcontext import RunContext
     from dsh.llm.base import Model
 
 TextCallback = Callable[[str], None]
-
-#: Keys no ``options`` table may set, whatever the adapter: they are the request's own fields
-#: (or a protocol's words for them), and options are merged into the wire body.
-PROTOCOL_KEYS = frozenset({"messages", "model", "tools", "system", "stream", "input", "prompt"})
-
-
-# -- options ----------------------------------------------------------------------------------
-
-#: One layer of options: ``(where it comes from, the table)``.
-OptionLayer = tuple[str, Mapping[str, Any]]
-
-
-def check_option_keys(options: Mapping[str, Any], source: str,
-                      reserved: frozenset[str] = PROTOCOL_KEYS) -> None:
-    """A :class:`ConfigError` naming the first protocol key ``options`` sets, and where."""
-    bad = sorted(k for k in options if k in reserved)
-    if bad:
-        raise ConfigError(
-            f"{source}: option {bad[0]!r} cannot be set through options: it is a field of the "
-            "request dsh builds from the session ledger (MISSION C3); protocol keys are "
-            f"{', '.join(sorted(reserved))}")
-
-
-def merge_options(model: Model, layers: list[OptionLayer]) -> Mapping[str, Any]:
-    """The effective options of an agent: the adapter's defaults, then each layer in order
-    (model-level, agent-level, overrides), each checked for protocol keys; frozen."""
-    reserved = PROTOCOL_KEYS | model.reserved_options
-    merged: dict[str, Any] = {}
-    for source, options in [(f"model adapter {type(model).__name__} (defaults)",
-                             model.default_options()), *layers]:
-        check_option_keys(options, source, reserved)
-        merged.update(options)
-    return freeze(merged)
-
-
-# -- what the app records ---------------------------------------------------------------------
-
-
-class Record:
-    """The request-level values last written on a session's ``turn/start`` lines.
-
-    ``model``, ``system``, ``tools`` and ``options`` are the objects that were written (the
-    projection holds the same ones, which keeps the check an identity test). What is *sent*
-    is built from private copies of the tool schemas and options, taken when they were
-    recorded: a plugin that defeats the read-only mappings it can reach
-    (``dict.__setitem__(request.options, …)``) changes nothing that leaves.
-    """
-
-    __slots__ = ("model", "system", "tools", "options", "sent_tools", "sent_options")
-
-    def __init__(self, model: str, system: str, tools: tuple[ToolSpec, ...],
-                 options: Mapping[str, Any], previous: Record | None = None) -> None:
-        self.model = model
-        self.system = system
-        self.tools = tools
-        self.options = freeze(options)
-        # the private copies are taken once per change, not per turn (this also keeps the
-        # adapter's tool memo an identity hit)
-        self.sent_tools: tuple[ToolSpec, ...]
-        self.sent_options: Mapping[str, Any]
-        if previous is not None and previous.tools == tools:
-            self.sent_tools = previous.sent_tools
-        else:
-            self.sent_tools = _copy_tools(tools)
-        if previous is not None and previous.options == self.options:
-            self.sent_options = previous.sent_options
-        else:
-            self.sent_options = _copy(options)
-
-
-def _copy(value: Any) -> Any:
-    """A new frozen deep copy (no object shared with ``value``)."""
-    return freeze(thaw(value))
-
-
-def _copy_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
-    return tuple(ToolSpec(name=str(t.name), description=str(t.description),
-                          parameters=_copy(t.parameters)) for t in tools)
-
-
-class _Binding:
-    __slots__ = ("ctx", "model", "ledger", "record", "pm")
-
-    def __init__(self, ctx: Any, model: Model, ledger: Any, record: Record, pm: Any) -> None:
-        self.ctx = ctx
-        self.model = model
-        self.ledger = ledger
-        self.record = record
-        self.pm = pm
-
-
-#: Per ledger: its record. Per run (a context variable, so a run's tool threads and nothing
-#: else see it): the adapter, ledger and record it was bound to. Module-private on purpose
-#: (see docs/architecture.md, "The invariant (C3)", for where the line is drawn).
-_records: weakref.WeakKeyDictionary[Any, Record] = weakref.WeakKeyDictionary()
-_binding: contextvars.ContextVar[_Binding | None] = contextvars.ContextVar("dsh_binding",
-                                                                          default=None)
-_bound_models: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def record_turn(ledger: Any, *, model: str, system: str, tools: tuple[ToolSpec, ...],
-                options: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``turn/start`` fields to write for a turn using these values: each is ``None``
-    when unchanged since this session's last recorded turn. Remembers them as the values the
-    transport will send (call it with the values it is about to write, then write them)."""
-    previous = _records.get(ledger)
-    if previous is None:  # a fresh session, or one just loaded from its file
-        proj = ledger.projection
-        previous = Record(proj.model, proj.system, tuple(proj.tools), proj.options)
-    rec = Record(model, system, tools, options, previous)
-    changed = {
-        "model": None if rec.model == previous.model else rec.model,
-        "system": None if rec.system == previous.system else rec.system,
-        "tools": None if rec.tools == previous.tools else rec.tools,
-        "options": None if rec.options == previous.options else rec.options,
-    }
-    # Keep the previous objects when equal, so the projection (folded from the same events)
-    # and the record hold the same objects and the check stays an identity test.
-    for key in ("model", "system", "tools", "options"):
-        if changed[key] is None:
-            setattr(rec, key, getattr(previous, key))
-    _records[ledger] = rec
-    return changed
-
-
-def bind(ctx: RunContext, model: Model, ledger: Any, pm: Any) -> Any:
-    """Bind run ``ctx`` to the agent's adapter and the session's ledger (by the app, once the
-    turn is recorded, inside the run's context). Returns a token for :func:`unbind`."""
-    rec = _records.get(ledger)
-    if rec is None:
-        raise InvariantViolation("invariant C3: bind() before the turn was recorded")
-    _bound_models.add(model)
-    return _binding.set(_Binding(ctx, model, ledger, rec, pm))
-
-
-def unbind(token: Any) -> None:
-    """End a binding (when the run's turn ends: a nested run must not leave its binding in
-    the parent's context)."""
-    _binding.reset(token)
-
-
-# -- the check --------------------------------------------------------------------------------
-
-
-#: The record types a request holds, compared field by field (every field, so a field added
-#: to one of them is compared too).
-_RECORDS = tuple((cls, operator.attrgetter(*[f.name for f in attrs.fields(cls)]))
-                 for cls in (Message, ToolCall, ToolSpec, Reasoning, Attachment))
-
-
-class _Odd(Exception):
-    """A value of a type a request cannot legitimately hold: the comparison says "differs"."""
-
-
-def _plain(value: Any) -> Any:
-    """``value`` rebuilt from exact built-in types, for a comparison no subclass can fool:
-    scalars as they are, mappings as dicts, sequences as lists, a record (message, tool call,
-    tool schema, reasoning part, attachment) as its class name and fields; any other type
-    raises :class:`_Odd`."""
-    t = type(value)
-    if value is None or t is str or t is int or t is float or t is bool:
-        return value
-    if t is dict or t is FrozenDict:
-        return {_plain(k): _plain(v) for k, v in dict.items(value)}
-    if t is list or t is FrozenList or t is tuple or t is MessageView:
-        return [_plain(v) for v in value]
-    for cls, fields in _RECORDS:
-        if t is cls:
-            return (cls.__name__, *map(_plain, fields(value)))
-    raise _Odd
-
-
-def differences(request: Any, expected: ModelRequest) -> list[str]:
-    """What differs between ``request`` and ``expected`` (empty: the same).
-
-    O(1) when every field is the recorded object itself; by value otherwise.
-    """
-    return _differences(request, expected.model, expected.system, expected.messages,
-                        expected.tools, expected.options)
-
-
-def _differences(request: Any, model: str, system: str, view: Any, tools: Any,
-                 options: Any) -> list[str]:
-    if type(request) is not ModelRequest:
-        return [f"the request is a {type(request).__name__}, not a dsh ModelRequest"]
-    problems = []
-    msgs = request.messages
-    if not (type(msgs) is MessageView and type(view) is MessageView and view.same_as(msgs)):
-        if _differ(msgs, view):
-            n = len(msgs) if hasattr(msgs, "__len__") else "?"
-            problems.append(f"messages differ ({n} sent, {len(view)} in the ledger)")
-    if request.system is not system and _differ(request.system, system):
-        problems.append("system prompt differs")
-    if request.tools is not tools and _differ(request.tools, tools):
-        problems.append("tool schemas differ")
-    if request.model is not model and _differ(request.model, model):
-        problems.append(f"model differs ({request.model!r} vs {model!r} recorded)")
-    if request.options is not options and _differ(request.options, options):
-        problems.append("model options differ")
-    return problems
-
-
-def _differ(a: Any, b: Any) -> bool:
-    try:
-        return bool(_plain(a) != _plain(b))
-    except (_Odd, AttributeError, TypeError, RecursionError):
-        return True
-
-
-def check(request: Any, expected: Any) -> None:
-    """Raise :class:`InvariantViolation` when ``request`` is not what ``expected`` (a sealed
-    request, or anything with ``view()``, ``model``, ``system``, ``tools``, ``options`` such
-    as a :class:`~dsh.ledger.history.Projection`) records."""
-    if expected is None:
-        return
-    if not isinstance(expected, ModelRequest):
-        expected = ModelRequest(model=expected.model, system=expected.system,
-                                messages=expected.view(), tools=expected.tools,
-                                options=expected.options)
-    problems = differences(request, expected)
-    if problems:
-        raise violation(problems)
-
-
-def violation(problems: list[str], plugin: str = "") -> InvariantViolation:
-    who = (f"Plugin {plugin} changed it" if plugin else "Some plugin changed it")
-    return InvariantViolation(
-        "invariant C3 violated: the model request is not what the session ledger records: "
-        + "; ".join(problems) + f". {who} without writing it to the ledger; nothing was sent.",
-        plugin=plugin,
-    )
 
 
 # -- sending ----------------------------------------------------------------------------------

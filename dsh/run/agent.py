@@ -28,7 +28,7 @@ from dsh.host.manager import make_plugin_manager
 from dsh.host.manager import plugin_of
 from dsh.host.runcontext import Limits
 from dsh.host.scope import AgentHandle
-from dsh.llm import transport
+from dsh.llm import record
 from dsh.llm.base import Model
 from dsh.run.prompt import collect_prompt
 from dsh.run.subagent import check_subagent
@@ -75,7 +75,7 @@ class Agent:
             ("-o / options= override", options or {}),
         ]
         for source, layer in self._option_layers:
-            transport.check_option_keys(layer, source)
+            record.check_option_keys(layer, source)
         self._options: Mapping[str, Any] | None = None
         #: Context compaction (dsh.compaction): strategy, trigger fraction, window, summariser.
         self.compaction: str = compaction or acfg.compaction or cfg.compaction
@@ -139,14 +139,14 @@ class Agent:
         """The effective model options (read-only): adapter defaults, then ``[models.ID]``,
         ``[agents.NAME]`` and override options. Exactly these are recorded and sent."""
         if self._options is None:
-            self._options = transport.merge_options(self.model, self._option_layers)
+            self._options = record.merge_options(self.model, self._option_layers)
         return self._options
 
     @options.setter
     def options(self, value: Mapping[str, Any]) -> None:
         # A plugin may replace them: they are checked, frozen and recorded on the next turn.
         self._option_layers = [("agent.options (set by a plugin)", dict(value))]
-        self._options = transport.merge_options(self.model, self._option_layers)
+        self._options = record.merge_options(self.model, self._option_layers)
 
     @property
     def effective_model(self) -> str:

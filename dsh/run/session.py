@@ -44,8 +44,8 @@ from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.writer import INTERRUPTED
 from dsh.ledger.writer import Ledger
+from dsh.llm import record
 from dsh.llm import schema as output_schemas
-from dsh.llm import transport
 from dsh.run.loop import Inbox
 from dsh.run.loop import Turn
 from dsh.run.recorder import emit as emit_live
@@ -316,14 +316,14 @@ class Session:
                 options = agent.options
                 if output_schema is not None:
                     options = {**options, output_schemas.OPTION: output_schema}
-                changed = transport.record_turn(
+                changed = record.record_turn(
                     ledger, model=agent.effective_model, system=agent.system,
                     tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
                 ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
                               **_parent_link(parent, number))
-                bound = transport.bind(ctx, agent.model, ledger, pm)
+                bound = record.bind(ctx, agent.model, ledger, pm)
                 outcome = pm.hook.run_turn(turn=turn) or "completed"
             except Cancelled as exc:
                 outcome, turn.reason, error = "aborted", str(exc), exc
@@ -346,7 +346,7 @@ class Session:
                 cleanup_errors = ctx.run_cleanups()
                 ctx.cancel.detach()
                 if bound is not None:
-                    transport.unbind(bound)
+                    record.unbind(bound)
         if error is None and cleanup_errors:
             error = cleanup_errors[0]
         if isinstance(error, KeyboardInterrupt):

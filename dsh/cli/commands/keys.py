@@ -42,7 +42,7 @@ def keys_set(name: str) -> None:
         raise UsageError("no key given (type it at the prompt, or pipe it on stdin)")
     if "\n" in value or "\r" in value:
         raise UsageError("the key has more than one line; give one key")
-    from dsh.llm.http import header_value_problem
+    from dsh.llm.http.settings import header_value_problem
 
     problem = header_value_problem(value)
     if problem:  # it could never be sent: say so now, not at the first request

@@ -1,7 +1,8 @@
 """dsh-hooks: hook scripts written for Claude Code's command-hook protocol, run unchanged.
 
 Installed, dsh imports this module on every start-up, so it holds only the hook
-implementations; the engine (:mod:`dsh_hooks.engine`, subprocesses, JSON, threads) is
+implementations; the engine (:mod:`dsh_hooks.events` — the protocol's events —,
+:mod:`dsh_hooks.engine` and :mod:`dsh_hooks.answers`: subprocesses, JSON, threads) is
 imported when a run's agent has hooks configured. With none, each hook below returns after a
 dictionary lookup. Settings: ``[plugins.hooks]`` overlaid with
 ``[agents.NAME.plugin_settings.hooks]`` (docs/hooks-plugin.md).
@@ -47,9 +48,9 @@ def _start(turn: Turn | None) -> Engine | None:
     ctx.data[KEY] = None
     raw = turn.agent.info.plugin_settings("hooks") if turn is not None else None
     if raw:
-        from dsh_hooks import engine
+        from dsh_hooks import events
 
-        engine.begin(turn, raw)  # stores the engine in ctx.data
+        events.begin(turn, raw)  # stores the engine in ctx.data
     return ctx.data[KEY]
 
 
@@ -77,18 +78,18 @@ def configure(app: App) -> None:
 def pre_step(step: StepDraft) -> None:
     eng = _start(step.turn)
     if eng is not None:
-        from dsh_hooks import engine
+        from dsh_hooks import events
 
-        engine.pre_step(eng, step)
+        events.pre_step(eng, step)
 
 
 @hookimpl
 def pre_execute(call: ToolInvocation) -> None:
     eng = _engine()
     if eng is not None:
-        from dsh_hooks import engine
+        from dsh_hooks import events
 
-        engine.pre_execute(eng, call)
+        events.pre_execute(eng, call)
 
 
 @hookimpl(tryfirst=True)
@@ -97,10 +98,10 @@ def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
     # plugin's post_execute could fail.
     eng = _engine()
     if eng is not None:
-        from dsh_hooks import engine
+        from dsh_hooks import events
 
-        engine.after_execute(eng, call)
-        engine.post_execute(eng, call, outcome)
+        events.after_execute(eng, call)
+        events.post_execute(eng, call, outcome)
 
 
 @hookimpl
@@ -108,9 +109,9 @@ def turn_stopping(turn: Turn) -> str | None:
     eng = _start(turn)
     if eng is None:
         return None
-    from dsh_hooks import engine
+    from dsh_hooks import events
 
-    return engine.turn_stopping(eng, turn)
+    return events.turn_stopping(eng, turn)
 
 
 @hookimpl(tryfirst=True)
@@ -119,10 +120,10 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
     turns the strategy off for this call (``request.strategy`` becomes a name no strategy
     answers to, so no summary is written). Always returns None: the strategies decide."""
     if request.agent.info.plugin_settings("hooks"):
-        from dsh_hooks import engine
+        from dsh_hooks import events
 
-        eng = engine.for_compaction(request)
-        if eng is not None and eng.settings.active("PreCompact") and engine.pre_compact(
+        eng = events.for_compaction(request)
+        if eng is not None and eng.settings.active("PreCompact") and events.pre_compact(
                 eng, request):
             request.strategy = "off (vetoed by a PreCompact hook)"
     return None

