@@ -219,8 +219,10 @@ def _broken(exc: BaseException) -> str:
     from referencing.exceptions import Unresolvable
 
     if isinstance(exc, Unresolvable):
-        ref = getattr(exc, "ref", "") or ""
-        return (f"the server's input schema is invalid: $ref {_cut(str(ref))!r} cannot be "
+        ref = str(getattr(exc, "ref", "") or "")
+        if ref.startswith("/"):  # a JSON pointer that points nowhere: show it as written
+            ref = "#" + ref
+        return (f"the server's input schema is invalid: $ref {_cut(ref)!r} cannot be "
                 "resolved (dsh resolves only references within the schema and fetches "
                 "nothing)")
     if isinstance(exc, RecursionError):
