@@ -55,51 +55,97 @@ def settings_for(agent: AgentInfo) -> McpSettings:
 def tool_list(server: Server, *, refresh: bool = False) -> dict[str, Any]:
     """The server's cached listing; fetched (server started, ``tools/list``) and cached when
     there is none or ``refresh`` is set. Raises :class:`dsh.core.errors.ToolError` (one line naming
-    the server, with its stderr tail) when it cannot be fetched."""
+    the server, with its stderr tail) when it cannot be fetched; that failure is remembered
+    for :data:`dsh_mcp.cache.FAILED_FOR` seconds, so the runs in that time do not wait for
+    the server again (``refresh`` tries at once)."""
+    from dsh.core.errors import Cancelled
+    from dsh.core.errors import ToolError
+
     if not refresh:
         data = cache.load(server)
         if data is not None:
             return data
+        failed = cache.load_failure(server)
+        if failed is not None:
+            raise ToolError(failed)
     from dsh_mcp import client
 
     pool = client.pool()
     conn = pool.connection(server)
-    tools = pool.run(conn.list_tools(), timeout=server.startup_timeout + server.timeout + 5)
+    try:
+        tools = pool.run(conn.list_tools(), timeout=server.startup_timeout + server.timeout + 5)
+    except Cancelled:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an unreadable answer is one line, not a traceback
+        if not isinstance(exc, ToolError):
+            exc = ToolError(f"mcp server {server.name!r} sent a tools/list answer dsh cannot "
+                            f"read: {client.one_line(exc)}")
+        cache.store_failure(server, str(exc))
+        raise exc from None
     return cache.store(server, tools, conn.server_info, conn.protocol)
 
 
 @hookimpl
 def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
-    """Register the tools of every server the agent uses, from their cached lists."""
+    """Register the tools of every server the agent uses, from their cached lists. A tool
+    whose dsh name another already has (``a.b`` and ``a_b`` are both ``mcp__S__a_b``) is left
+    out with a warning naming both: the rest of the run is not affected."""
+    from dsh.core.errors import PluginError
     from dsh.core.errors import ToolError
 
+    taken: dict[str, str] = {}  # dsh name -> "server 'S' tool 'T'"
     for server in settings_for(agent).servers.values():
         try:
             listing = tool_list(server)
         except ToolError as exc:
             # Without a list there are no schemas to show the model; the run goes on without
             # this server's tools, and says so on one line.
-            from dsh.core.redact import redact
-
-            sys.stderr.write(f"dsh: warning: {redact(str(exc))}; its tools are not available "
-                             f"to agent {agent.name}\n")
+            _warn(f"{exc}; its tools are not available to agent {agent.name}")
             continue
         for entry in listing["tools"]:
             name = entry.get("name")
             if not isinstance(name, str) or not server.wants(name):
                 continue
+            dsh_name = server.tool_name(name)
+            which = f"server {server.name!r} tool {name!r}"
+            if dsh_name in taken:
+                _warn(f"mcp: {which} is left out: its name {dsh_name} is already that of "
+                      f"{taken[dsh_name]}")
+                continue
             schema = entry.get("inputSchema")
             if not isinstance(schema, dict):
                 schema = {"type": "object"}
-            register(_caller(server, name), name=server.tool_name(name),
-                     description=str(entry.get("description") or entry.get("title") or name),
-                     parameters=schema, validator=make_validator(schema))
+            try:
+                register(_caller(server, name), name=dsh_name,
+                         description=_description(entry, name), parameters=schema,
+                         validator=make_validator(schema))
+            except PluginError as exc:  # the name is another plugin's tool
+                _warn(f"mcp: {which} is left out: {exc}")
+                continue
+            taken[dsh_name] = which
+
+
+def _description(entry: dict[str, Any], name: str) -> str:
+    """The server's description with its control characters made visible (``dsh tools``
+    prints it; the model sees the same, recorded text)."""
+    from dsh.cli.render import escape_controls
+
+    return escape_controls(str(entry.get("description") or entry.get("title") or name))
+
+
+def _warn(text: str) -> None:
+    """One ``dsh: warning:`` line on stderr: redacted, control characters made visible."""
+    from dsh.cli.render import escape_controls
+    from dsh.core.redact import redact
+
+    sys.stderr.write(f"dsh: warning: {escape_controls(redact(text), newlines=False)}\n")
 
 
 def _caller(server: Server, tool: str) -> Callable[..., str]:
     def call(**arguments: Any) -> str:
         from dsh.core.errors import ToolError
         from dsh_mcp import client
+        from dsh_mcp.results import cap
         from dsh_mcp.results import to_output
 
         _cleanup_after_run()
@@ -110,9 +156,9 @@ def _caller(server: Server, tool: str) -> Callable[..., str]:
         result = pool.run(conn.call(tool, arguments),
                           timeout=server.startup_timeout + server.timeout + 5)
         try:
-            return conn.clean(to_output(result))
-        except ToolError as exc:  # an isError result: its text, cleaned the same way
-            raise ToolError(conn.clean(str(exc))) from None
+            return cap(conn.clean(to_output(result)), server.max_output)
+        except ToolError as exc:  # an isError result: its text, cleaned and capped the same way
+            raise ToolError(cap(conn.clean(str(exc)), server.max_output)) from None
 
     call.__name__ = server.tool_name(tool)
     return call

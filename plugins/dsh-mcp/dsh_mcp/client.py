@@ -22,14 +22,13 @@ import atexit
 import concurrent.futures
 import contextlib
 import os
-import tempfile
 import threading
-from typing import IO
 from typing import Any
 
 from dsh.core.errors import Cancelled
 from dsh.core.errors import ToolError
 from dsh.core.redact import redact
+from dsh_mcp.process import StderrTail
 from dsh_mcp.settings import Server
 
 #: Seconds an exiting process waits for its servers to stop (the SDK's own escalation,
@@ -57,7 +56,7 @@ class Connection:
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
-        self._errlog: IO[str] | None = None
+        self._errlog: StderrTail | None = None  # the server's stderr, bounded
         self._background: set[asyncio.Task[None]] = set()
         self.redactor: Any = None  # dsh.core.redact.Redactor of this server's secrets
 
@@ -126,17 +125,18 @@ class Connection:
                     from mcp import StdioServerParameters
                     from mcp import stdio_client
 
+                    from dsh_mcp.process import harden
+
+                    harden()  # non-dumpable before the first server runs (docs/mcp.md)
                     if self._errlog is not None:
                         self._errlog.close()
-                    # O_APPEND: the server's writes always go to the end, whatever offset
-                    # reading the tail (_tail) leaves on this shared open file.
-                    self._errlog = tempfile.TemporaryFile("a+", encoding="utf-8",
-                                                          errors="replace")
+                    self._errlog = StderrTail(asyncio.get_running_loop())
                     params = StdioServerParameters(command=server.command,
                                                    args=list(server.args),
                                                    env=server_env(server), cwd=server.cwd)
                     streams = await stack.enter_async_context(
-                        stdio_client(params, errlog=self._errlog))
+                        stdio_client(params, errlog=self._errlog.writer))
+                    self._errlog.started()
                 else:
                     from mcp.client.streamable_http import streamable_http_client
                     from mcp.shared._httpx_utils import create_mcp_http_client
@@ -145,6 +145,9 @@ class Connection:
                         create_mcp_http_client(headers=dict(server.headers)))
                     streams = await stack.enter_async_context(
                         streamable_http_client(server.url, http_client=http))
+                from dsh_mcp.process import escape_sdk_logging
+
+                escape_sdk_logging()  # the SDK's loggers exist now (they log server text)
                 session = await stack.enter_async_context(
                     ClientSession(streams[0], streams[1], message_handler=self._on_message))
                 result = await session.initialize()
@@ -240,21 +243,18 @@ class Connection:
 
     def _tail(self) -> str:
         """``; stderr: …`` with the server's last stderr output, on one line."""
+        from dsh.cli.render import escape_controls
+
         log = self._errlog
         if log is None:
             return ""
-        try:
-            log.flush()
-            size = os.fstat(log.fileno()).st_size
-            log.seek(max(0, size - 4 * STDERR_TAIL))
-            text = log.read()
-        except (OSError, ValueError):
-            return ""
+        text = log.text()[-4 * STDERR_TAIL:]
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if not lines:
             return ""
         tail = " | ".join(lines)[-STDERR_TAIL:]
-        return f"; stderr: {redact(tail)}"
+        # one line whatever the server wrote: its control characters made visible
+        return f"; stderr: {escape_controls(redact(tail), newlines=False)}"
 
     def clean(self, text: str) -> str:
         """A tool output without this server's env/header values."""
@@ -383,18 +383,37 @@ def server_env(server: Server) -> dict[str, str]:
 
 
 def _register_secrets(server: Server) -> Any:
-    """env and header values are secrets: registered with dsh.core.redact (so every error line,
+    """env and header values (and values ``${VAR}`` expanded to) are secrets: registered with
+    dsh.core.redact (so every error line,
     turn/end reason and log record hides them, in every encoding it knows), and returned as
     the server's own redactor, which its tool outputs go through."""
     from dsh.core import redact as r
 
     own = r.Redactor()
     for registry in (r.default, own):
-        for value in [*server.env.values(), *server.headers.values()]:
+        for value in [*server.env.values(), *server.headers.values(), *server.expanded]:
             registry.register(value)
         registry.register_headers(server.headers)
         registry.register_url(server.url)
     return own
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """A short line for an exception a server's answer caused (a pydantic validation error
+    is many lines with links: its count and first problem)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        try:
+            found = errors()
+            first = found[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            text = f"{len(found)} problem(s), first: {where}: {first.get('msg', '')}"
+        except Exception:  # noqa: BLE001 - fall back to the plain description
+            text = _describe(exc)
+    else:
+        text = _describe(exc)
+    text = redact(" ".join(text.split()))
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _describe(exc: BaseException) -> str:

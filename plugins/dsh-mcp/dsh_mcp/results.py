@@ -64,3 +64,19 @@ def _same_json(text: str, value: Any) -> bool:
         return bool(json.loads(text) == value)
     except ValueError:
         return False
+
+
+def cap(text: str, limit: int) -> str:
+    """``text`` within ``limit`` bytes of UTF-8 (``max_output``): when it is longer, its first
+    and last ``limit // 2`` bytes (cut at character boundaries) around one marker line that
+    says how much was cut, so the ledger and every later request hold a bounded output."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    half = limit // 2
+    head = data[:half].decode("utf-8", "ignore")
+    tail = data[len(data) - half:].decode("utf-8", "ignore")
+    hidden = len(data) - len(head.encode("utf-8", "surrogatepass")) - len(
+        tail.encode("utf-8", "surrogatepass"))
+    return (f"{head}\n[… {hidden} bytes cut: the output was {len(data)} bytes, over "
+            f"max_output = {limit} …]\n{tail}")

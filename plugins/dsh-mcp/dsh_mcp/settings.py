@@ -18,11 +18,13 @@ import attrs
 
 from dsh.core.errors import ConfigError
 
-TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout")
+TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "max_output")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
-               "tools_allow", "tools_deny")
+               "tools_allow", "tools_deny", "max_output")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_STARTUP_TIMEOUT = 30.0
+#: Bytes (UTF-8) of one tool output that are recorded; past it the middle is cut, marked.
+DEFAULT_MAX_OUTPUT = 64 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 # Claude Code expands ${VAR} and ${VAR:-default} in .mcp.json; so do we, so its files work.
@@ -46,7 +48,11 @@ class Server:
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     tools_allow: tuple[str, ...] | None = None
     tools_deny: tuple[str, ...] = ()
+    max_output: int = DEFAULT_MAX_OUTPUT
     source: str = ""
+    #: The values ``${VAR}`` expanded to in an ``mcpServers`` file: secrets (registered with
+    #: :mod:`dsh.core.redact` when the file is read).
+    expanded: tuple[str, ...] = attrs.field(default=(), hash=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -59,14 +65,17 @@ class Server:
         return hashlib.sha256(raw).hexdigest()
 
     def describe(self) -> str:
-        """How to show the server: command line or URL, without env/header values."""
+        """How to show the server: command line or URL, without env/header values, expanded
+        ``${VAR}`` values or URL credentials (redacted)."""
+        from dsh.core.redact import redact
+
         if self.transport == "stdio":
             from shlex import join
 
-            return join([self.command, *self.args])
+            return redact(join([self.command, *self.args]))
         from dsh.core.redact import redact_url
 
-        return redact_url(self.url)
+        return redact(redact_url(self.url))
 
     def wants(self, tool: str) -> bool:
         """Whether ``tool`` (the server's own name) passes ``tools_allow`` / ``tools_deny``."""
@@ -95,6 +104,7 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
                           f"(known: {', '.join(TOP_KEYS)})")
     timeout = _number(raw, "timeout", DEFAULT_TIMEOUT, where)
     startup = _number(raw, "startup_timeout", DEFAULT_STARTUP_TIMEOUT, where)
+    cap = _size(raw, "max_output", DEFAULT_MAX_OUTPUT, where)
     servers: dict[str, Server] = {}
     files = raw.get("mcp_json", [])
     if isinstance(files, str):
@@ -106,13 +116,13 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         for server in read_mcp_json(path, timeout, startup):
-            servers[server.name] = server
+            servers[server.name] = attrs.evolve(server, max_output=cap)
     table = raw.get("servers", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: 'servers' must be a table of servers")
     for name, entry in table.items():
         servers[name] = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
-                                     strict=True)
+                                     strict=True, max_output=cap)
     use = raw.get("use")
     if use is not None:
         if not isinstance(use, list) or not all(isinstance(u, str) for u in use):
@@ -148,13 +158,15 @@ def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
     for name, entry in entries.items():
         if isinstance(entry, dict) and entry.get("disabled") is True:
             continue
-        servers.append(parse_server(name, _expand(entry), f"{path}: mcpServers.{name}",
-                                    timeout, startup, strict=False))
+        expanded: list[str] = []
+        server = parse_server(name, _expand(entry, expanded), f"{path}: mcpServers.{name}",
+                              timeout, startup, strict=False)
+        servers.append(attrs.evolve(server, expanded=tuple(expanded)))
     return servers
 
 
 def parse_server(name: str, entry: Any, where: str, timeout: float, startup: float, *,
-                 strict: bool) -> Server:
+                 strict: bool, max_output: int = DEFAULT_MAX_OUTPUT) -> Server:
     if not _NAME.match(name):
         raise ConfigError(f"{where}: server names may use letters, digits, '_' and '-'")
     if not isinstance(entry, Mapping):
@@ -179,6 +191,7 @@ def parse_server(name: str, entry: Any, where: str, timeout: float, startup: flo
         "startup_timeout": startup,
         "tools_allow": _names(entry, "tools_allow", where, None),
         "tools_deny": _names(entry, "tools_deny", where, ()) or (),
+        "max_output": _size(entry, "max_output", max_output, where) if strict else max_output,
     }
     if has_command:
         command = entry["command"]
@@ -199,13 +212,26 @@ def parse_server(name: str, entry: Any, where: str, timeout: float, startup: flo
                   **common)
 
 
-def _expand(value: Any) -> Any:
+def _expand(value: Any, expanded: list[str]) -> Any:
+    """``value`` with ``${VAR}`` / ``${VAR:-default}`` expanded. Every expanded value is
+    registered as a secret (:func:`dsh.core.redact.register`, which skips values too short or
+    plain to be one) before anything can show it — an ``args`` entry ``${OPENAI_API_KEY}``
+    is in the server's command line, which error lines show — and appended to
+    ``expanded``."""
     if isinstance(value, str):
-        return _VAR.sub(lambda m: os.environ.get(m.group(1), m.group(2) or ""), value)
+        def sub(m: re.Match[str]) -> str:
+            from dsh.core.redact import register
+
+            got = os.environ.get(m.group(1), m.group(2) or "")
+            register(got)
+            expanded.append(got)
+            return got
+
+        return _VAR.sub(sub, value)
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, expanded) for v in value]
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, expanded) for k, v in value.items()}
     return value
 
 
@@ -214,6 +240,13 @@ def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> f
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigError(f"{where}: {key!r} must be a positive number of seconds")
     return float(value)
+
+
+def _size(table: Mapping[str, Any], key: str, default: int, where: str) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+        raise ConfigError(f"{where}: {key!r} must be a number of bytes, at least 1024")
+    return value
 
 
 def _names(table: Mapping[str, Any], key: str, where: str,
