@@ -54,6 +54,9 @@ class AgentConfig:
     compact_at: float | None = None
     context_window: int | None = None
     summary_model: str | None = None
+    #: The sandbox of the processes this agent's tools start, over ``[sandbox]``: a policy
+    #: name (``"off"``) or a table (dsh.sandbox.policy; docs/config.md, "Sandbox").
+    sandbox: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -91,6 +94,8 @@ class Config:
     #: Budget limits of every run (``[limits]``: requests, steps, tool_calls, input_tokens,
     #: output_tokens, total_tokens, cost, seconds).
     limits: Limits = attrs.field(factory=Limits)
+    #: ``[sandbox]``: the default policy of processes tools start (every agent).
+    sandbox: Any = None
     fsync: str = "step"
     sessions_dir: str | None = None
     source: str | None = None

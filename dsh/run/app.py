@@ -116,8 +116,13 @@ class Agent:
         self.context_window: int | None = acfg.context_window or cfg.context_window
         self.summary_model: str | None = acfg.summary_model or cfg.summary_model
         #: What hooks reach as ``agent`` / ``.handle`` (issue 11); ``info`` is its old name.
+        from dsh.sandbox.policy import merged_settings
+        from dsh.sandbox.policy import parse_policy
+
+        sandbox = merged_settings(cfg.sandbox, acfg.sandbox)
+        parse_policy(sandbox, where=f"sandbox, agent {name}")  # a bad policy fails assembly
         self.handle = self.info = AgentHandle(
-            name=name, model=self.model_id, settings=attrs.asdict(acfg),
+            name=name, model=self.model_id, settings={**attrs.asdict(acfg), "sandbox": sandbox},
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
             all_plugin_settings=cfg.plugins, stash=app.agent_stash(name), app_stash=app.stash,
         )
