@@ -38,7 +38,9 @@ INTERPRETER = "/proc/self/exe"
 
 class SandboxUnavailable(DshError, RuntimeError):
     """The kernel could not apply the policy; the command did not run. The message is one
-    line: why, and which setting chooses otherwise."""
+    line: why, and which setting chooses otherwise. ``dsh sandbox run`` exits 126 with it."""
+
+    exit_code = 126
 
 
 def run_protected() -> tuple[str | None, ...]:
