@@ -466,3 +466,134 @@ def test_a_policy_string_is_its_mode_and_defaults_are_workspace_write() -> None:
     assert parse_policy("off").mode == "off"
     default = parse_policy(None)
     assert (default.mode, default.network, default.confined) == ("workspace-write", False, True)
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: a scripted model's run_command under `dsh run`, the ledger, `dsh sessions show`
+# --------------------------------------------------------------------------------------------
+
+
+def _dsh_run(tmp_path: Path, commands: list[str], sandbox: str | None = None,
+             ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], str, Path]:
+    """``dsh run --yes`` whose scripted model runs ``commands``; the ledger's events and the
+    whole ledger text."""
+    ws, home, cfg_home, data = (tmp_path / n for n in ("ws", "home", "cfg", "data"))
+    for d in (ws, home / ".ssh", home / ".aws", cfg_home / "dsh" / "keys", data):
+        d.mkdir(parents=True, exist_ok=True)
+    (home / ".ssh" / "id_rsa").write_text(f"{MARK}-ssh")
+    (home / ".aws" / "credentials").write_text(f"{MARK}-aws")
+    (home / "notes.txt").write_text("plain notes")
+    keys = cfg_home / "dsh" / "keys" / "keys.json"
+    keys.write_text(json.dumps({"openai": f"sk-{MARK}-stored"}))
+    keys.chmod(0o600)
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [
+        *({"tool_calls": [{"name": "run_command", "arguments": {"command": c}}]}
+          for c in commands), {"text": "done"}]}))
+    config = cfg_home / "dsh" / "config.toml"
+    config.write_text(
+        (f"sandbox = {json.dumps(sandbox)}\n" if sandbox else "")
+        + f'[plugins.shell]\nworkspace = {json.dumps(str(ws))}\n'
+        + f'[models.x]\napi_key = "sk-{MARK}-config"\n')
+    other = data / "dsh" / "sessions" / "20200101-000000.000-aaaaaa.jsonl"
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({"text": f"{MARK}-other-session"}) + "\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_CONFIG_HOME": str(cfg_home),
+           "XDG_DATA_HOME": str(data), "DSH_KEYS_BACKEND": "file", "LANG": "C.UTF-8",
+           "NO_COLOR": "1", "DSH_LOAD_PLUGINS": os.environ.get("DSH_LOAD_PLUGINS", "")}
+    if not env["DSH_LOAD_PLUGINS"]:
+        env.pop("DSH_LOAD_PLUGINS")
+    proc = subprocess.run([sys.executable, "-m", "dsh", "run", "--yes", "-m",
+                           f"scripted:{script}", "go"], env=env, cwd=ws, capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL)
+    [ledger] = (data / "dsh" / "sessions").glob("2026*.jsonl") or list(
+        p for p in (data / "dsh" / "sessions").glob("*.jsonl") if p != other)
+    text = ledger.read_text()
+    show = subprocess.run([sys.executable, "-m", "dsh", "sessions", "show", ledger.stem],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert show.returncode == 0, show.stderr
+    return proc, [json.loads(line) for line in text.splitlines()], text + show.stdout, home
+
+
+@needs_sandbox
+def test_a_scripted_model_cannot_reach_secrets_network_or_dsh(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    home = tmp_path / "home"
+    cfg = tmp_path / "cfg" / "dsh"
+    commands = [
+        f"cat {cfg}/keys/keys.json", f"cat {cfg}/config.toml",
+        f"cat {tmp_path}/data/dsh/sessions/20200101-000000.000-aaaaaa.jsonl",
+        f"cat {home}/.ssh/id_rsa", f"cat {home}/.aws/credentials",
+        f"{sys.executable} -c \"open('{tmp_path}/escaped', 'w')\"",
+        f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {port}))\"",
+        f"{sys.executable} -c \"import os, signal; os.kill(os.getppid(), signal.SIGTERM)\"",
+        "touch made-in-workspace",
+    ]
+    proc, events, text, _ = _dsh_run(tmp_path, commands)
+    try:
+        conn = listener.accept()
+        pytest.fail(f"the listener was reached: {conn}")
+    except TimeoutError:
+        pass
+    finally:
+        listener.close()
+    assert proc.returncode == 0, proc.stderr  # not killed by the SIGTERM; the run completed
+    assert proc.stdout == "done\n"
+    assert MARK not in text + proc.stdout + proc.stderr
+    assert not (tmp_path / "escaped").exists()
+    assert (tmp_path / "ws" / "made-in-workspace").exists()
+    results = [e["output"] for e in events if e["type"] == "tool/result"]
+    assert len(results) == len(commands)
+    for output in results[:5]:
+        assert "Permission denied" in output and output.startswith("exit code: 1")
+    assert "PermissionError" in results[5]
+    assert "Address family not supported" in results[6] or "PermissionError" in results[6]
+    assert "PermissionError" in results[7]
+    records = [e for e in events if e["type"] == "x/shell/sandbox"]
+    assert [r["data"]["call_id"] for r in records] == [
+        e["call_id"] for e in events if e["type"] == "tool/call"]
+    assert {(r["data"]["policy"], r["data"]["network"], r["data"]["backend"])
+            for r in records} == {("workspace-write", False, "landlock")}
+    assert "⛨ sandbox of call_0_0 (run_command): workspace-write, no network in " in text
+    assert "landlock ABI" in text
+
+
+def test_with_sandbox_off_the_same_command_runs_and_the_ledger_says_unconfined(
+        tmp_path: Path) -> None:
+    proc, events, text, home = _dsh_run(tmp_path, [f"cat {tmp_path}/home/notes.txt"],
+                                        sandbox="off")
+    assert proc.returncode == 0, proc.stderr
+    [result] = [e["output"] for e in events if e["type"] == "tool/result"]
+    assert "plain notes" in result
+    [record] = [e["data"] for e in events if e["type"] == "x/shell/sandbox"]
+    assert record["policy"] == "off" and record["backend"] == "none"
+    assert "sandbox of call_0_0 (run_command): off — ran unconfined" in text
+
+
+def test_without_landlock_run_command_refuses_and_the_run_completes(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch ran"}}]},
+        {"text": "done"}]}))
+    config = tmp_path / "c.toml"
+    config.write_text(f'sessions_dir = {json.dumps(str(tmp_path / "s"))}\n'
+                      f'[plugins.shell]\nworkspace = {json.dumps(str(ws))}\nallow = ["touch"]\n')
+    proc = subprocess.run(without_landlock("-m", "dsh", "--config", str(config), "run",
+                                           "--json", "-m", f"scripted:{script}", "go"),
+                          capture_output=True, text=True, timeout=180, cwd=ws,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    assert not (ws / "ran").exists()
+    [ledger] = (tmp_path / "s").glob("*.jsonl")
+    [result] = [json.loads(line) for line in ledger.read_text().splitlines()
+                if '"tool/result"' in line]
+    assert result["status"] == "error"
+    assert result["output"].startswith("sandbox: cannot confine the command (the kernel has no "
+                                       "Landlock (ENOSYS)); it was not run.")
+    assert '"off" in [sandbox, agent default]' in result["output"]

@@ -68,6 +68,23 @@ class Policy:
         return ", ".join(parts)
 
 
+def describe_record(data: Mapping[str, Any]) -> str:
+    """A recorded policy (``x/PLUGIN/sandbox``) as one line for ``dsh sessions show``:
+    ``sandbox of call_1 (run_command): workspace-write, no network — landlock ABI 7``."""
+    mode = str(data.get("policy"))
+    what = f" of {data['call_id']}" if data.get("call_id") else ""
+    what += f" ({data['tool']})" if data.get("tool") else ""
+    if mode == "off":
+        return f"sandbox{what}: off — ran unconfined"
+    parts = [mode, "network" if data.get("network") else "no network"]
+    for key, verb in (("read", "also reads"), ("write", "also writes")):
+        if data.get(key):
+            parts.append(f"{verb} {', '.join(map(str, data[key]))}")
+    backend = f"{data.get('backend')}" + (f" ABI {data['abi']}" if data.get("abi") else "")
+    ws = f" in {data['workspace']}" if data.get("workspace") else ""
+    return f"sandbox{what}: {', '.join(parts)}{ws} — {backend}"
+
+
 def parse_policy(raw: Any, where: str = "sandbox") -> Policy:
     """Validate ``raw`` — a mode string (``"off"``) or a table — into a :class:`Policy`;
     raise :class:`ConfigError` naming ``where`` and the key."""
