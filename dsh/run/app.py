@@ -120,7 +120,10 @@ class Agent:
         from dsh.sandbox.policy import parse_policy
 
         sandbox = merged_settings(cfg.sandbox, acfg.sandbox)
-        parse_policy(sandbox, where=f"sandbox, agent {name}")  # a bad policy fails assembly
+        try:  # a bad policy fails assembly, naming the file, the agent and the key
+            parse_policy(sandbox, where=f"sandbox, agent {name}")
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: {exc}" if cfg.source else str(exc)) from None
         self.handle = self.info = AgentHandle(
             name=name, model=self.model_id, settings={**attrs.asdict(acfg), "sandbox": sandbox},
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,

@@ -13,8 +13,9 @@ Public API, for dsh-shell and any third-party tool plugin that starts a program:
 * :mod:`dsh.sandbox.spawn` — :class:`Popen`, :class:`SandboxUnavailable`, :func:`check`;
 * :mod:`dsh.sandbox.exec` — the launcher (Landlock, seccomp, no capabilities, then execve).
 
-Below ``dsh.run`` in the layers; imports ``dsh.config``, ``dsh.ledger`` (where dsh's data
-lives), ``dsh.host`` and ``dsh.core`` only, and nothing at all until a name is used.
+May import ``dsh.config``, ``dsh.ledger`` (where dsh's data lives), ``dsh.host`` and
+``dsh.core`` (it sits beside ``dsh.tools`` and ``dsh.llm``, below ``dsh.run``); this module
+imports nothing until a name is used.
 """
 
 from __future__ import annotations

@@ -281,28 +281,46 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(json.dumps(probe()) + "\n")
         return 0
     if len(argv) < 5 or argv[3] != "--":
-        sys.stderr.write("usage: exec.py POLICY_FD STATUS_FD -- CMD [ARG…]\n")
+        sys.stderr.write("usage: exec.py POLICY_FD STATUS_FD -- CMD [ARG…]\n"
+                         "       exec.py --inline PLAN_BASE64 -- CMD [ARG…]\n")
         return 2
-    status = int(argv[2])
-    os.set_inheritable(status, False)
+    inline = argv[1] == "--inline"
+    status = 2 if inline else int(argv[2])
     cmd = argv[4:]
     try:
-        with os.fdopen(int(argv[1]), "rb") as f:
-            policy = decode(f.read())
+        if inline:  # a program that starts the launcher itself (the MCP SDK): no pipes
+            import binascii
+
+            policy = decode(binascii.a2b_base64(argv[2]))
+        else:
+            os.set_inheritable(status, False)
+            with os.fdopen(int(argv[1]), "rb") as f:
+                policy = decode(f.read())
         abi = apply(policy)
     except (Refused, OSError, ValueError, KeyError, TypeError) as exc:
         text = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
-        os.write(status, b"E " + text.encode(errors="replace") + b"\n")
+        _report(status, inline, "E", text)
         return 126
-    os.write(status, f"A {abi}\n".encode())
+    if not inline:
+        os.write(status, f"A {abi}\n".encode())
     try:
         os.execvp(cmd[0], cmd)
     except FileNotFoundError:
-        os.write(status, b"N not found\n")
+        _report(status, inline, "N", cmd[0])
         return 127
     except OSError as exc:
-        os.write(status, b"X " + (exc.strerror or str(exc)).encode(errors="replace") + b"\n")
+        _report(status, inline, "X", exc.strerror or str(exc))
         return 126
+
+
+def _report(status: int, inline: bool, tag: str, text: str) -> None:
+    """A failure: ``TAG text`` on the status pipe, or one ``dsh: sandbox:`` line on stderr."""
+    line = f"{tag} {text}"
+    if inline:
+        line = "dsh: sandbox: " + {
+            "E": f"cannot confine the command ({text}); it was not run",
+            "N": f"command not found: {text}"}.get(tag, f"cannot execute the command: {text}")
+    os.write(status, line.encode(errors="replace") + b"\n")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,33 @@ class Popen(subprocess.Popen[bytes]):
         return code
 
 
+def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
+         protected: Iterable[str | None] = ()) -> tuple[list[str], dict[str, str], Any]:
+    """For code that starts the process itself (the MCP SDK's ``stdio_client``): the argv
+    that runs ``argv`` through the launcher under ``policy``, the environment to add
+    (``TMPDIR``: a private directory) and a ``finalize`` that removes that directory. The
+    plan travels on the command line; if the kernel cannot apply it the launcher writes
+    ``dsh: sandbox: cannot confine the command (WHY); it was not run`` on stderr and exits
+    126 (fail closed). With policy ``off`` it is ``argv`` itself, no environment."""
+    if not policy.confined:
+        return list(argv), {}, None
+    import base64
+
+    protect = protected_paths([*protected, *run_protected()])
+    tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
+    try:
+        plan = build_plan(policy, workspace, tmp, protect)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    holder = type("SandboxTemp", (), {})()
+    cleanup = weakref.finalize(holder, shutil.rmtree, tmp, True)
+    cleanup.atexit = True
+    launcher = [INTERPRETER, "-I", "-S", "-B", LAUNCHER, "--inline",
+                base64.b64encode(plan.encode()).decode(), "--", *argv]
+    return launcher, {"TMPDIR": tmp}, (holder, cleanup)
+
+
 def _refusal(policy: Policy, why: str) -> str:
     return (f"sandbox: cannot confine the command ({why}); it was not run. "
             f"To run it unconfined, set policy = \"off\" in [{policy.where}]")

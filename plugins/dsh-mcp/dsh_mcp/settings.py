@@ -18,9 +18,9 @@ import attrs
 
 from dsh.core.errors import ConfigError
 
-TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout")
+TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "sandbox")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
-               "tools_allow", "tools_deny")
+               "tools_allow", "tools_deny", "sandbox")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_STARTUP_TIMEOUT = 30.0
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -47,6 +47,9 @@ class Server:
     tools_allow: tuple[str, ...] | None = None
     tools_deny: tuple[str, ...] = ()
     source: str = ""
+    #: The kernel sandbox of a stdio server's process (:class:`dsh.sandbox.Policy`); None:
+    #: ``off`` (the default for servers: docs/mcp.md, "Sandbox").
+    sandbox: Any = None
 
     @property
     def key(self) -> str:
@@ -54,7 +57,8 @@ class Server:
         cached tool list per key. Timeouts and tool filters are not part of it."""
         ident = {"transport": self.transport, "command": self.command, "args": self.args,
                  "env": dict(self.env), "cwd": self.cwd, "url": self.url,
-                 "headers": dict(self.headers)}
+                 "headers": dict(self.headers),
+                 "sandbox": self.sandbox.record() if self.sandbox is not None else None}
         raw = json.dumps(ident, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(raw).hexdigest()
 
@@ -95,6 +99,7 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
                           f"(known: {', '.join(TOP_KEYS)})")
     timeout = _number(raw, "timeout", DEFAULT_TIMEOUT, where)
     startup = _number(raw, "startup_timeout", DEFAULT_STARTUP_TIMEOUT, where)
+    default_policy = _policy(raw, f"{where}: sandbox")
     servers: dict[str, Server] = {}
     files = raw.get("mcp_json", [])
     if isinstance(files, str):
@@ -106,13 +111,17 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         for server in read_mcp_json(path, timeout, startup):
-            servers[server.name] = server
+            # A project's .mcp.json cannot choose its own sandbox: dsh's settings do.
+            servers[server.name] = attrs.evolve(server, sandbox=default_policy)
     table = raw.get("servers", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: 'servers' must be a table of servers")
     for name, entry in table.items():
-        servers[name] = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
-                                     strict=True)
+        server = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
+                              strict=True)
+        own = _policy(entry, f"{where}: servers.{name}.sandbox") if isinstance(
+            entry, Mapping) and "sandbox" in entry else default_policy
+        servers[name] = attrs.evolve(server, sandbox=own)
     use = raw.get("use")
     if use is not None:
         if not isinstance(use, list) or not all(isinstance(u, str) for u in use):
@@ -207,6 +216,17 @@ def _expand(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _expand(v) for k, v in value.items()}
     return value
+
+
+def _policy(table: Mapping[str, Any], where: str) -> Any:
+    """The ``sandbox`` of ``table`` as a :class:`dsh.sandbox.Policy`, None when absent or
+    ``off``."""
+    if table.get("sandbox") is None:
+        return None
+    from dsh.sandbox.policy import parse_policy
+
+    policy = parse_policy(table["sandbox"], where=where)
+    return policy if policy.confined else None
 
 
 def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
