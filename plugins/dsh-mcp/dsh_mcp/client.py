@@ -133,7 +133,8 @@ class Connection:
                     # reading the tail (_tail) leaves on this shared open file.
                     self._errlog = tempfile.TemporaryFile("a+", encoding="utf-8",
                                                           errors="replace")
-                    command, args, env = server.command, list(server.args), {}
+                    command, args = server.command, list(server.args)
+                    env: dict[str, str] = {}
                     if server.sandbox is not None:  # the launcher confines it, then execs
                         from dsh.sandbox.spawn import wrap
 
