@@ -597,3 +597,77 @@ def test_without_landlock_run_command_refuses_and_the_run_completes(tmp_path: Pa
     assert result["output"].startswith("sandbox: cannot confine the command (the kernel has no "
                                        "Landlock (ENOSYS)); it was not run.")
     assert '"off" in [sandbox, agent default]' in result["output"]
+
+
+def test_dsh_sandbox_run_passes_no_secret_and_reports_the_policy(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "p.toml").write_text('[sandbox]\npolicy = "off"\n')
+    proc = subprocess.run([sys.executable, "-m", "dsh", "sandbox", "run", "--policy",
+                           str(tmp_path / "p.toml"), "--", "env"], capture_output=True,
+                          text=True, cwd=ws, timeout=120,
+                          env={**os.environ, "OPENAI_API_KEY": f"sk-{MARK}",
+                               "DATABASE_URL": f"postgres://u:{MARK}@h/db"})
+    assert proc.returncode == 0, proc.stderr
+    assert MARK not in proc.stdout and f"PWD={ws}" in proc.stdout
+    assert proc.stderr == "dsh: sandbox: off (unconfined) (none)\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('policy = "of"\n', "policy: expected one of"),
+    ("network = nan\n", "network: expected true or false, got the number nan"),
+    ('read = ["rel"]\n', "read[0]: 'rel' is relative"),
+    ('[sandbox]\nwrit = []\n', "unknown key 'writ'; did you mean 'write'"),
+    ("not toml = = 3\n", "not valid TOML"),
+])
+def test_a_bad_policy_file_is_one_line_exit_2(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "p.toml").write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "dsh", "sandbox", "run", "--policy",
+                           str(tmp_path / "p.toml"), "--", "true"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("dsh: error: ") and message in line and str(tmp_path) in line
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def test_no_plan_ever_grants_a_protected_path(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Whatever the workspace, the lists and dsh's own paths, a plan never grants a rule at
+    or below a protected path, nor write above one: it is a PlanError instead."""
+    from hypothesis import given
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    from dsh.sandbox.policy import PlanError
+    from dsh.sandbox.policy import build_plan
+
+    base = tmp_path_factory.mktemp("plan")
+    tree = ["ws", "ws/a", "ws/a/b", "home", "home/.config", "home/.config/dsh", "data",
+            "data/sessions", "etc-like", "etc-like/x"]
+    for rel in tree:
+        (base / rel).mkdir(parents=True, exist_ok=True)
+    paths = [str(base / rel) for rel in tree] + ["/etc", "/usr/lib"]
+    pick = st.sampled_from(paths)
+
+    @settings(max_examples=150, deadline=None)
+    @given(ws=st.sampled_from(paths[:-2]), protected=st.lists(pick, min_size=1, max_size=3),
+           read=st.lists(pick, max_size=2), write=st.lists(pick, max_size=2),
+           read_only=st.booleans())
+    def check_plan(ws: str, protected: list[str], read: list[str], write: list[str],
+                   read_only: bool) -> None:
+        policy = Policy(mode="read-only" if read_only else "workspace-write",
+                        read=tuple(read), write=() if read_only else tuple(write))
+        try:
+            plan = build_plan(policy, ws, None, protected)
+        except PlanError:
+            return
+        for path, kind in plan.rules:
+            for p in protected:
+                assert not _within(path, p), (path, p)
+                if kind == "write":
+                    assert not _within(p, path), (path, p)
+
+    check_plan()

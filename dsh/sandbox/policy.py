@@ -9,6 +9,7 @@ the lists say (:func:`protected_paths`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -28,6 +29,10 @@ KEYS = ("policy", "network", "read", "write", "backend")
 #: ``/var`` or ``/dev`` as a whole.
 SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
                "/proc", "/sys")
+#: The environment ``dsh sandbox run`` passes (``LC_*`` a prefix): dsh-shell's allowlist
+#: (``dsh_shell.process.BASE_ENV``), so a command tried by hand sees what run_command's would.
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM",
+            "TZ", "TMPDIR")
 #: Device files every command may read and write.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
@@ -217,11 +222,7 @@ def build_plan(policy: Policy, workspace: str, tmp: str | None,
     is, holds or lies in one of dsh's ``protected`` paths."""
     protected = tuple(protected)
     workspace = os.path.realpath(workspace)
-    rules: list[tuple[str, str]] = []
-    system = [*SYSTEM_READ, sys.base_prefix, sys.prefix]
-    for root in dict.fromkeys(os.path.realpath(p) for p in system if os.path.exists(p)):
-        rules += _read_around(root, protected)
-    rules += [(d, "device") for d in DEVICES if os.path.exists(d)]
+    rules = list(_system_rules(protected))
     ws_kind = "write" if policy.mode == "workspace-write" else "read"
     named = [(workspace, ws_kind, "the workspace")]
     named += [(p, "read", "read") for p in policy.read]
@@ -239,6 +240,18 @@ def build_plan(policy: Policy, workspace: str, tmp: str | None,
     if tmp is not None:
         rules.append((os.path.realpath(tmp), "write"))
     return Plan(rules=tuple(rules), network=policy.network)
+
+
+@functools.lru_cache(maxsize=8)
+def _system_rules(protected: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """The system trees and devices (the same for every command of a process with the same
+    protected paths: computed once, not per command)."""
+    rules: list[tuple[str, str]] = []
+    system = [*SYSTEM_READ, sys.base_prefix, sys.prefix]
+    for root in dict.fromkeys(os.path.realpath(p) for p in system if os.path.exists(p)):
+        rules += _read_around(root, protected)
+    rules += [(d, "device") for d in DEVICES if os.path.exists(d)]
+    return tuple(rules)
 
 
 def _read_around(root: str, protected: tuple[str, ...], depth: int = 0) -> list[tuple[str, str]]:

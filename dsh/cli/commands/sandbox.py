@@ -84,8 +84,7 @@ def sandbox_run(state: State, agent: str | None, policy_file: Path | None,
     if not os.path.isdir(root):
         raise UsageError(f"--workspace: {root} is not a directory")
     try:
-        proc = Popen(list(command), policy, workspace=root, stdin=None,
-                     env=dict(os.environ))
+        proc = Popen(list(command), policy, workspace=root, stdin=None, env=_env(root))
     except FileNotFoundError:
         click.echo(f"dsh: error: command not found: {command[0]!r}", err=True)
         sys.exit(127)
@@ -100,6 +99,18 @@ def sandbox_run(state: State, agent: str | None, policy_file: Path | None,
         proc.wait()
         raise
     sys.exit(code if code >= 0 else 128 - code)
+
+
+def _env(root: str) -> dict[str, str]:
+    """dsh's environment filtered by the allowlist run_command uses: no key reaches it."""
+    import os
+
+    from dsh.sandbox.policy import BASE_ENV
+
+    env = {k: v for k, v in os.environ.items()
+           if k in BASE_ENV or (k.startswith("LC_") and "LC_*" in BASE_ENV)}
+    env["PWD"] = root
+    return env
 
 
 def _read_policy_file(path: Path) -> object:
