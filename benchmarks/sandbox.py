@@ -6,7 +6,8 @@ Each round spawns the trivial command twice — once through ``dsh.sandbox.Popen
 default policy (the launcher: an interpreter start with ``-I -S``, Landlock, seccomp, then
 ``execve``) and once through ``subprocess.Popen`` with the same arguments, in alternating
 order — and waits for each. Printed: the median and best of each, and the median of the
-paired differences (the overhead per command). Target (issue 22): at most +15 ms on this
+paired differences (the overhead per command), and the children's CPU time per spawn (which
+load does not inflate the way it does wall time). Target (issue 22): at most +15 ms on this
 machine. The machine is shared: compare the columns of one run.
 """
 
@@ -25,6 +26,8 @@ from dsh.sandbox.spawn import Popen
 
 
 def once(confined: bool, argv: list[str], ws: str) -> float:
+    """Wall ms of one spawn-and-wait; the children's CPU goes to :data:`CPU`."""
+    before = _children_cpu()
     start = time.perf_counter()
     if confined:
         proc: subprocess.Popen[bytes] = Popen(argv, Policy(), workspace=ws,
@@ -32,7 +35,20 @@ def once(confined: bool, argv: list[str], ws: str) -> float:
     else:
         proc = subprocess.Popen(argv, cwd=ws, stdin=subprocess.DEVNULL, close_fds=True)
     proc.wait()
-    return (time.perf_counter() - start) * 1000
+    wall = (time.perf_counter() - start) * 1000
+    CPU[confined].append(_children_cpu() - before)
+    return wall
+
+
+#: CPU ms (user + system) of the spawned processes, per spawn: stable under load, unlike wall.
+CPU: dict[bool, list[float]] = {True: [], False: []}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def main() -> None:
@@ -60,6 +76,10 @@ def main() -> None:
           f"best {min(confined):7.2f} ms")
     print(f"  overhead    median {statistics.median(diffs):+7.2f} ms per command "
           f"(best pair {min(diffs):+.2f} ms; target <= +15 ms)")
+    cpu_c, cpu_b = statistics.median(CPU[True]), statistics.median(CPU[False])
+    print(f"  child CPU   median {cpu_b:7.2f} ms unconfined, {cpu_c:7.2f} ms sandboxed "
+          f"({cpu_c - cpu_b:+.2f} ms: the launcher's interpreter start, ctypes, Landlock, "
+          "seccomp)")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ from dsh.sandbox.policy import protected_paths
 #: The launcher, run by path with ``-I -S``: no site-packages, no ``dsh`` import, so it starts
 #: as fast as the interpreter can.
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec.py")
-#: The interpreter that runs it: this very one, by ``/proc/self/exe`` (resolved in the child
-#: before it execs), which works even where ``sys.executable`` names a path this user cannot
-#: reach (a venv whose base lives under another user's home).
-INTERPRETER = "/proc/self/exe"
+#: The interpreter that runs it: ``sys.executable``, else this very process's binary by
+#: ``/proc/self/exe`` (resolved in the child before it execs) where ``sys.executable`` names a
+#: path this user cannot execute (a venv whose base lives under another user's home).
+INTERPRETER = (sys.executable if sys.executable and os.access(sys.executable, os.X_OK)
+               else "/proc/self/exe")
 
 
 class SandboxUnavailable(DshError, RuntimeError):

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from dsh.core.errors import ConfigError
 from dsh.core.errors import ToolError
 from dsh.host.runcontext import current_or_none
 from dsh_shell import process
@@ -199,7 +200,7 @@ def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy
         proc = Popen(argv, policy, workspace=root, cwd=root, stdin=subprocess.DEVNULL,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                      env=process.child_env(settings.env_keep, root))
-    except SandboxUnavailable as exc:
+    except (SandboxUnavailable, ConfigError) as exc:  # cannot confine, or a plan refused
         raise ToolError(str(exc)) from None
     except FileNotFoundError:
         workspace_root(root)  # the workspace itself vanished: say so, not "not found"
