@@ -671,3 +671,14 @@ def test_no_plan_ever_grants_a_protected_path(tmp_path_factory: pytest.TempPathF
                     assert not _within(p, path), (path, p)
 
     check_plan()
+
+
+def test_run_command_in_a_workspace_holding_dshs_data_is_a_tool_error(dsh_env: Any) -> None:
+    """The plan is refused before anything runs, and the model reads why."""
+    from dsh.core.errors import ToolError
+    from dsh.run.app import App
+
+    pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
+    app = App.from_config({"plugins": {"shell": {"workspace": str(dsh_env.root)}}})
+    with pytest.raises(ToolError, match="holds dsh's own files"):
+        app.agent().tools["run_command"].fn(command="ls")
