@@ -682,3 +682,30 @@ def test_run_command_in_a_workspace_holding_dshs_data_is_a_tool_error(dsh_env: A
     app = App.from_config({"plugins": {"shell": {"workspace": str(dsh_env.root)}}})
     with pytest.raises(ToolError, match="holds dsh's own files"):
         app.agent().tools["run_command"].fn(command="ls")
+
+
+@needs_sandbox
+def test_a_fork_flood_in_the_sandbox_dies_with_its_group_at_the_timeout(
+        dsh_env: Any, tmp_path: Path) -> None:
+    """Resource exhaustion inside the sandbox: the timeout still kills the whole tree."""
+    from dsh.core.errors import ToolError
+    from dsh.run.app import App
+
+    pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "pids").mkdir()
+    flood = ("i=0; while [ $i -lt 40 ]; do sleep 300 & echo $! > pids/$i; i=$((i+1)); done; "
+             "wait")
+    app = App.from_config({"plugins": {"shell": {"workspace": str(ws), "timeout": 3,
+                                                 "allow": ["sh"],
+                                                 "tty": str(tmp_path / "no-tty")}}})
+    with pytest.raises(ToolError, match="timed out after 3s"):
+        app.agent().tools["run_command"].fn(command=f"sh -c '{flood}'")
+    pids = [int(p.read_text()) for p in (ws / "pids").iterdir()]
+    assert len(pids) > 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.1)
+    assert [p for p in pids if Path(f"/proc/{p}/status").exists()
+            and "State:\tZ" not in Path(f"/proc/{p}/status").read_text()] == []
