@@ -87,21 +87,67 @@ class Refused(Exception):
     """The policy cannot be applied: the command must not run."""
 
 
-def _libc():  # type: ignore[no-untyped-def]
-    import ctypes
+class _Libc:
+    """``syscall(2)`` and ``prctl(2)`` through ``_ctypes``, the C core of ``ctypes``: importing
+    ``ctypes`` itself costs ~10 ms more CPU per command (its module body; benchmarks/
+    sandbox.py), ``_ctypes`` ~1 ms. Every argument is passed as a C ``long`` or as a pointer
+    to a buffer, which is what both calls take."""
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return ctypes, libc
+    def __init__(self) -> None:
+        import _ctypes
+
+        c: Any = _ctypes  # typed loosely: its stubs describe ctypes' own classes
+
+        class Long(c._SimpleCData):
+            _type_ = "l"
+
+        class Char(c._SimpleCData):
+            _type_ = "c"
+
+        class Fn(c.CFuncPtr):
+            _flags_ = c.FUNCFLAG_CDECL | c.FUNCFLAG_USE_ERRNO
+            _restype_ = Long
+
+        class Lib:  # what CFuncPtr looks a symbol up in: the process's own libc
+            _handle = c.dlopen(None, c.RTLD_LOCAL)
+
+        self._c: Any = c
+        self._long, self._char = Long, Char
+        self._syscall = Fn(("syscall", Lib))
+        self._prctl = Fn(("prctl", Lib))
+
+    def buffer(self, data: bytes) -> Any:
+        """A C array holding a copy of ``data`` (passed as a pointer)."""
+        array: Any = self._c.Array
+
+        class Buf(array):
+            _type_ = self._char
+            _length_ = max(len(data), 1)
+
+        return Buf.from_buffer_copy(data or b"\0")
+
+    def address(self, buf: Any) -> int:
+        return int(self._c.addressof(buf))
+
+    def _args(self, args: tuple[Any, ...]) -> list[Any]:
+        return [a if isinstance(a, self._c.Array) else self._long(a) for a in args]
+
+    def syscall(self, *args: Any) -> int:
+        return int(self._syscall(*self._args(args)))
+
+    def prctl(self, *args: Any) -> int:
+        return int(self._prctl(*self._args(args)))
+
+    def errno(self) -> int:
+        return int(self._c.get_errno())
 
 
 def landlock_abi() -> tuple[int, str]:
     """``(abi, why)``: the kernel's Landlock ABI version (0 when none, with the reason)."""
-    ctypes, libc = _libc()
-    abi = libc.syscall(ctypes.c_long(SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
-                       ctypes.c_uint32(CREATE_RULESET_VERSION))
+    libc = _Libc()
+    abi = libc.syscall(SYS_CREATE_RULESET, 0, 0, CREATE_RULESET_VERSION)
     if abi < 0:
-        err = ctypes.get_errno()
+        err = libc.errno()
         why = {38: "the kernel has no Landlock (ENOSYS)",
                95: "Landlock is disabled at boot (EOPNOTSUPP: not in lsm=)",
                1: "Landlock is forbidden here (EPERM: a seccomp filter or container)"}
@@ -109,14 +155,14 @@ def landlock_abi() -> tuple[int, str]:
     return int(abi), ""
 
 
-def _check(ctypes, result: int, what: str) -> None:  # type: ignore[no-untyped-def]
+def _check(libc: _Libc, result: int, what: str) -> None:
     if result < 0:
-        raise Refused(f"{what} failed: {os.strerror(ctypes.get_errno())}")
+        raise Refused(f"{what} failed: {os.strerror(libc.errno())}")
 
 
 def apply(policy: dict[str, Any]) -> int:
     """Confine this process by ``policy``; return the Landlock ABI used."""
-    ctypes, libc = _libc()
+    libc = _Libc()
     machine = os.uname().machine
     if machine not in ARCHES:
         raise Refused(f"no seccomp filter for this architecture ({machine})")
@@ -126,46 +172,44 @@ def apply(policy: dict[str, Any]) -> int:
     if abi < MIN_ABI:
         raise Refused(f"the kernel's Landlock ABI is {abi}; dsh needs {MIN_ABI} or newer "
                       "(signal and abstract-socket scoping)")
-    _check(ctypes, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _drop_capabilities(ctypes, libc, ARCHES[machine][2])
-    _landlock(ctypes, libc, abi, policy)
-    _seccomp(ctypes, libc, machine, bool(policy.get("network")))
+    _check(libc, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _drop_capabilities(libc, ARCHES[machine][2])
+    _landlock(libc, abi, policy)
+    _seccomp(libc, machine, bool(policy.get("network")))
     return abi
 
 
-def _drop_capabilities(ctypes, libc, sys_capset: int) -> None:  # type: ignore[no-untyped-def]
+def _drop_capabilities(libc: _Libc, sys_capset: int) -> None:
     for cap in range(64):
         if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            err = ctypes.get_errno()
+            err = libc.errno()
             if err == 22:  # EINVAL: past the last capability this kernel knows
                 break
             if err != EPERM:  # EPERM: no CAP_SETPCAP, so there is nothing to drop
                 raise Refused(f"prctl(CAPBSET_DROP) failed: {os.strerror(err)}")
-    header = ctypes.create_string_buffer(struct.pack("Ii", CAP_VERSION_3, 0))
-    data = ctypes.create_string_buffer(bytes(24))
-    _check(ctypes, libc.syscall(ctypes.c_long(sys_capset), header, data), "capset")
+    header = libc.buffer(struct.pack("Ii", CAP_VERSION_3, 0))
+    data = libc.buffer(bytes(24))
+    _check(libc, libc.syscall(sys_capset, header, data), "capset")
 
 
-def _landlock(ctypes, libc, abi: int, policy: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+def _landlock(libc: _Libc, abi: int, policy: dict[str, Any]) -> None:
     fs = FS_BY_ABI.get(abi, FS_BY_ABI[5])
     net = 0 if policy.get("network") else NET_BIND_TCP | NET_CONNECT_TCP
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
-    attr = ctypes.create_string_buffer(struct.pack("QQQ", fs, net, scoped))
-    ruleset = libc.syscall(ctypes.c_long(SYS_CREATE_RULESET), attr,
-                           ctypes.c_size_t(len(attr.raw)), ctypes.c_uint32(0))
-    _check(ctypes, ruleset, "landlock_create_ruleset")
+    attr = struct.pack("QQQ", fs, net, scoped)
+    ruleset = libc.syscall(SYS_CREATE_RULESET, libc.buffer(attr), len(attr), 0)
+    _check(libc, ruleset, "landlock_create_ruleset")
     try:
         for path, kind in policy.get("rules", ()):
             rights = {"read": READ_RIGHTS, "write": fs, "device": DEVICE_RIGHTS,
                       "list": FS_READ_DIR}[kind]
-            _add_path(ctypes, libc, ruleset, path, rights & fs)
-        _check(ctypes, libc.syscall(ctypes.c_long(SYS_RESTRICT_SELF), ctypes.c_int(ruleset),
-                                    ctypes.c_uint32(0)), "landlock_restrict_self")
+            _add_path(libc, ruleset, path, rights & fs)
+        _check(libc, libc.syscall(SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
 
 
-def _add_path(ctypes, libc, ruleset: int, path: str, rights: int) -> None:  # type: ignore[no-untyped-def]
+def _add_path(libc: _Libc, ruleset: int, path: str, rights: int) -> None:
     try:
         fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -180,9 +224,8 @@ def _add_path(ctypes, libc, ruleset: int, path: str, rights: int) -> None:  # ty
 
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             rights &= FS_FILE_RIGHTS
-        rule = ctypes.create_string_buffer(struct.pack("=Qi", rights, fd))
-        _check(ctypes, libc.syscall(ctypes.c_long(SYS_ADD_RULE), ctypes.c_int(ruleset),
-                                    ctypes.c_int(RULE_PATH_BENEATH), rule, ctypes.c_uint32(0)),
+        rule = libc.buffer(struct.pack("=Qi", rights, fd))
+        _check(libc, libc.syscall(SYS_ADD_RULE, ruleset, RULE_PATH_BENEATH, rule, 0),
                f"landlock_add_rule({path})")
     finally:
         os.close(fd)
@@ -242,16 +285,11 @@ def _jump(target: object, labels: dict[str, int], at: int) -> int:
     return int(target)  # type: ignore[call-overload]
 
 
-def _seccomp(ctypes, libc, machine: str, network: bool) -> None:  # type: ignore[no-untyped-def]
-    code = seccomp_program(machine, network)
-    buf = ctypes.create_string_buffer(code, len(code))
-
-    class Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    prog = Prog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    _check(ctypes, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0),
-           "seccomp")
+def _seccomp(libc: _Libc, machine: str, network: bool) -> None:
+    code = libc.buffer(seccomp_program(machine, network))
+    # struct sock_fprog: unsigned short len, (padding), struct sock_filter *filter
+    prog = libc.buffer(struct.pack("=HxxxxxxQ", len(code) // 8, libc.address(code)))
+    _check(libc, libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0), "seccomp")
 
 
 def probe() -> dict[str, Any]:
