@@ -1,10 +1,11 @@
 """The sandbox launcher: apply a policy to this process, then ``execve`` the command.
 
-Run as ``python -I -S …/dsh/sandbox/exec.py POLICY_FD STATUS_FD -- CMD ARGS…`` (or
-``python -m dsh.sandbox.exec …``) by :func:`dsh.sandbox.spawn.Popen`. It is a separate
-program so that nothing of dsh runs in the child between ``fork`` and ``exec`` (a
-``preexec_fn`` is not safe in a process with threads), and it imports only the standard
-library (no ``dsh``, no site-packages: ``-S``) so that it starts as fast as Python can.
+Started by :class:`dsh.sandbox.spawn.Popen` as ``python -I -S -c "…import exec…" POLICY_FD
+STATUS_FD -- CMD ARGS…`` (imported by a one-line ``-c`` so its bytecode is cached; running
+it by path or as ``python -m dsh.sandbox.exec`` works too). It is a separate program so that
+nothing of dsh runs in the child between ``fork`` and ``exec`` (a ``preexec_fn`` is not safe
+in a process with threads), and it imports only the standard library (no ``dsh``, no
+site-packages: ``-S``; ``_ctypes``, not ``ctypes``) so that it starts as fast as Python can.
 
 What it does, in order:
 
@@ -24,8 +25,10 @@ What it does, in order:
 
 Any failure before ``exec`` is one line ``E <why>`` on ``STATUS_FD`` and exit status 126
 (``N <why>``/127 when the program is not found): the parent turns it into an error and the
-command never runs unconfined (fail closed). ``--probe`` prints what the kernel supports as
-JSON instead (``dsh sandbox check``).
+command never runs unconfined (fail closed). ``--inline PLAN_BASE64`` in place of the two
+descriptors (:func:`dsh.sandbox.spawn.wrap`, for code that starts the process itself) reports
+a failure as one ``dsh: sandbox: …`` line on stderr instead. ``--probe`` prints what the
+kernel supports as JSON (``dsh sandbox check``).
 """
 
 from __future__ import annotations
