@@ -31,8 +31,9 @@ from dsh.sandbox.policy import protected_paths
 #: as the interpreter can. Imported as a module by a one-line ``-c`` rather than run as a
 #: script: a script is compiled on every run (~6 ms of CPU), a module's bytecode is cached.
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec.py")
-_STUB = (f"import sys; sys.path.insert(0, {os.path.dirname(LAUNCHER)!r}); import exec as launcher; "
-         "sys.exit(launcher.main(sys.argv))")
+# Appended, not prepended: nothing in that directory may shadow a standard module.
+_STUB = (f"import sys; sys.path.append({os.path.dirname(LAUNCHER)!r}); "
+         "import exec as launcher; sys.exit(launcher.main(sys.argv))")
 #: ``INTERPRETER + LAUNCH + [args…]`` runs :func:`dsh.sandbox.exec.main`.
 LAUNCH = ["-I", "-S", "-c", _STUB]
 #: The interpreter that runs it: ``sys.executable``, else this very process's binary by
