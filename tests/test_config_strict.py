@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from dsh.config.loader import MAX_OPTION_DEPTH
 from dsh.config.loader import AgentConfig
 from dsh.config.loader import Config
+from dsh.config.loader import SandboxSetting
 from dsh.config.loader import check_limit
 from dsh.config.loader import config_from_dict
 from dsh.config.loader import json_problem
@@ -78,7 +79,10 @@ def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
 
 
 def _kind(tp: Any) -> tuple[str, Any]:
-    """``(kind, type)`` of a field: string, boolean, integer, number, array or table."""
+    """``(kind, type)`` of a field: string, boolean, integer, number, array or table, or a
+    sandbox policy (a string or a table)."""
+    if tp == SandboxSetting:
+        return "policy", tp
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
     origin = typing.get_origin(tp)
@@ -99,7 +103,8 @@ def _kind(tp: Any) -> tuple[str, Any]:
 
 EXPECTED = {"string": "expected a string", "boolean": "expected a boolean",
             "integer": "expected an integer", "number": "expected a number",
-            "array": "expected an array", "table": "expected a table"}
+            "array": "expected an array", "table": "expected a table",
+            "policy": "expected a policy name"}
 #: Values of every TOML kind but the expected one (a TOML date included).
 WRONG: dict[str, list[Any]] = {
     "string": [3, 1.5, True, ["a"], {"a": "b"}, DATE],
@@ -108,6 +113,7 @@ WRONG: dict[str, list[Any]] = {
     "number": ["0.5", True, [1.0], {"a": "b"}, DATE],
     "array": ["a", 3, True, {"a": "b"}, DATE],
     "table": ["a", 3, True, [1], DATE],
+    "policy": [3, 1.5, True, ["off"], DATE],
 }
 
 
@@ -281,8 +287,16 @@ def test_any_value_for_any_key_is_accepted_or_one_config_error_naming_the_key(ca
              "boolean": lambda v: isinstance(v, bool),
              "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
              "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-             "array": lambda v: isinstance(v, list), "table": lambda v: isinstance(v, dict)}
+             "array": lambda v: isinstance(v, list), "table": lambda v: isinstance(v, dict),
+             "policy": lambda v: isinstance(v, str | dict)}
     assert check[kind](value), (key, value)
+    if kind == "policy":  # its content is checked when the agent is assembled: same rule
+        from dsh.sandbox.policy import parse_policy
+
+        try:
+            parse_policy(value, where=key)
+        except ConfigError as exc:
+            assert str(exc).startswith(f"[{key}]") and "\n" not in str(exc), str(exc)
     if "limits." in key:  # and a limit is valid by the one rule
         limits = cfg.limits if key.startswith("limits.") else cfg.agents["x"].limits
         assert limits is not None

@@ -223,6 +223,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                              if e.strategy != "mask" or m.role != "tool")
             block("CONTEXT COMPACTED", _truncate(text, full) if e.strategy != "mask" else "",
                   {"fg": "magenta"}, compaction_note(e))
+        elif isinstance(e, PluginEvent) and e.name == "sandbox" and "policy" in e.data:
+            from dsh.sandbox.policy import describe_record  # what confined a tool call
+
+            out.append(s("  ⛨ ", fg="cyan") + s(describe_record(e.data), dim=True))
         elif isinstance(e, PluginEvent):
             out.append(plugin_event_line(e, s, full, installed))
         elif isinstance(e, UnknownEvent):

@@ -62,6 +62,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "config": "dsh.cli.commands.config:config",
     "chat": "dsh.cli.commands.chat:chat",
     "batch": "dsh.cli.commands.batch:batch",
+    "sandbox": "dsh.cli.commands.sandbox:sandbox",
 }
 
 #: Other names that moved from this module to dsh/cli/commands/. They, and the commands above,

@@ -27,6 +27,8 @@ FSYNC_CHOICES = ("event", "step", "never")
 MAX_OPTION_DEPTH = 64
 #: Keys of ``[models.ID]`` that dsh itself reads (an adapter validates the others).
 MODEL_PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
+#: ``sandbox``: a policy name or a table; its content is checked at assembly (dsh.sandbox).
+SandboxSetting = str | dict[str, Any] | None
 
 
 @attrs.frozen(kw_only=True)
@@ -54,6 +56,7 @@ class AgentConfig:
     compact_at: float | None = None
     context_window: int | None = None
     summary_model: str | None = None
+    sandbox: SandboxSetting = None  #: over ``[sandbox]``: a policy name or a table
 
 
 @attrs.frozen(kw_only=True)
@@ -91,6 +94,7 @@ class Config:
     #: Budget limits of every run (``[limits]``: requests, steps, tool_calls, input_tokens,
     #: output_tokens, total_tokens, cost, seconds).
     limits: Limits = attrs.field(factory=Limits)
+    sandbox: SandboxSetting = None  #: of processes tools start, every agent (docs/config.md)
     fsync: str = "step"
     sessions_dir: str | None = None
     source: str | None = None
@@ -470,6 +474,13 @@ def _make_converter() -> Any:
         return typing.get_origin(tp) is list
 
     conv.register_structure_hook_func(is_list, structure_list)
+
+    def structure_sandbox(value: Any, _: Any) -> Any:
+        if value is None or isinstance(value, str | Mapping):
+            return value
+        raise _WrongType(f"expected a policy name or a table, got {_toml_kind(value)}")
+
+    conv.register_structure_hook_func(lambda tp: tp == SandboxSetting, structure_sandbox)
 
     def table_hook(cls: type) -> Any:
         """An attrs class (``[agents.X]``, ``[limits]``) is structured from a table only."""

@@ -83,8 +83,16 @@ class Agent:
         self.context_window: int | None = acfg.context_window or cfg.context_window
         self.summary_model: str | None = acfg.summary_model or cfg.summary_model
         #: What hooks reach as ``agent`` / ``.handle`` (issue 11); ``info`` is its old name.
+        from dsh.sandbox.policy import merged_settings
+        from dsh.sandbox.policy import parse_policy
+
+        sandbox = merged_settings(cfg.sandbox, acfg.sandbox)
+        try:  # a bad policy fails assembly, naming the file, the agent and the key
+            parse_policy(sandbox, where=f"sandbox, agent {name}")
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: {exc}" if cfg.source else str(exc)) from None
         self.handle = self.info = AgentHandle(
-            name=name, model=self.model_id, settings=attrs.asdict(acfg),
+            name=name, model=self.model_id, settings={**attrs.asdict(acfg), "sandbox": sandbox},
             plugins=tuple(acfg.plugins) if acfg.plugins is not None else None,
             all_plugin_settings=cfg.plugins, stash=app.agent_stash(name), app_stash=app.stash,
         )

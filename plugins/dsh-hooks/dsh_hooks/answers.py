@@ -134,6 +134,7 @@ def hook_event(ans: Answer, fields: Mapping[str, Any]) -> dict[str, Any]:
         "matcher": ans.hook.matcher, "status": ran.status if ran else "exit",
         "exit": ran.code if ran else None, "answer": ans.kind, "reason": _cut(ans.reason),
         "duration_ms": ran.duration_ms if ran else 0.0,
+        "sandbox": ans.hook.policy.describe() if ans.hook.policy is not None else "off",
     }
     for key in ("tool_name", "tool_use_id"):
         if isinstance(fields.get(key), str):

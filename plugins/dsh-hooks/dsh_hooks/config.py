@@ -30,7 +30,10 @@ MATCHED = frozenset({"PreToolUse", "PostToolUse", "PreCompact", "SessionStart"})
 SOURCES = {"project": ".claude/settings.json", "local": ".claude/settings.local.json",
            "user": "~/.claude/settings.json"}
 KEYS = ("hooks", "claude_settings", "project_dir", "tools", "env_keep", "max_output",
-        "timeout")
+        "timeout", "sandbox")
+#: The hook sources a ``sandbox`` table names: ``config`` (dsh's own TOML) and each settings
+#: file. Every source is unconfined unless its policy is set (its hooks were written by you).
+SANDBOX_SOURCES = ("config", *SOURCES)
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT = 1024 * 1024
 
@@ -65,6 +68,8 @@ class Hook:
     source: str
     #: Why it never runs (an event or hook type dsh does not support), else "".
     ignored: str = ""
+    #: The kernel sandbox of its process (:class:`dsh.sandbox.Policy`), None: unconfined.
+    policy: Any = None
 
 
 @attrs.frozen
@@ -106,6 +111,7 @@ def check(raw: Mapping[str, Any], where: str) -> None:
             if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
                 raise ConfigError(f"[{where}] {key}: expected a positive number, got {v!r}")
     _tools(raw.get("tools", {}), where)
+    policies(raw, where)
     parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
                 default_timeout=float(raw.get("timeout", DEFAULT_TIMEOUT)))
 
@@ -116,8 +122,10 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSetti
     project = os.path.realpath(os.path.expanduser(
         raw.get("project_dir") or workspace or os.getcwd()))
     timeout = float(raw.get("timeout", DEFAULT_TIMEOUT))
-    hooks = list(parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
-                             default_timeout=timeout))
+    confine = policies(raw, where)
+    hooks = [attrs.evolve(h, policy=confine.get("config"))
+             for h in parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
+                                  default_timeout=timeout)]
     missing = []
     for name in raw.get("claude_settings", []):
         rel = SOURCES[name]
@@ -138,12 +146,33 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSetti
             raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
         if data.get("disableAllHooks") is True:
             continue
-        hooks.extend(parse_hooks(data.get("hooks", {}), path, strict=False,
-                                 default_timeout=timeout))
+        hooks.extend(attrs.evolve(h, policy=confine.get(name))
+                     for h in parse_hooks(data.get("hooks", {}), path, strict=False,
+                                          default_timeout=timeout))
     tools = dict(DEFAULT_TOOLS)
     tools.update(_tools(raw.get("tools", {}), where))
     return HookSettings(tuple(hooks), project, tools, tuple(raw.get("env_keep", [])),
                         int(raw.get("max_output", DEFAULT_MAX_OUTPUT)), tuple(missing))
+
+
+def policies(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``sandbox``: a table from hook source (:data:`SANDBOX_SOURCES`) to a policy (a name
+    or a table, as ``[sandbox]``); the confined ones as :class:`dsh.sandbox.Policy`."""
+    table = raw.get("sandbox", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{where}] sandbox: expected a table of hook sources "
+                          f"({', '.join(SANDBOX_SOURCES)}) to policies, got {table!r:.80}")
+    out = {}
+    for source, value in table.items():
+        if source not in SANDBOX_SOURCES:
+            raise ConfigError(f"[{where}] sandbox: unknown hook source {source!r}; valid: "
+                              f"{', '.join(SANDBOX_SOURCES)}")
+        from dsh.sandbox.policy import parse_policy
+
+        policy = parse_policy(value, where=f"{where} sandbox.{source}")
+        if policy.confined:
+            out[source] = policy
+    return out
 
 
 def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -> list[Hook]:

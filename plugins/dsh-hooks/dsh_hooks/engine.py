@@ -104,7 +104,7 @@ class Engine:
 
         def one(h: Hook) -> Answer:
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
-                             env=self.env, max_output=cap, cancel=cancel)
+                             env=self.env, max_output=cap, cancel=cancel, policy=h.policy)
             return interpret(h, ran, cap)
 
         answers: list[Answer | None] = [None] * len(unique)

@@ -19,8 +19,11 @@ import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
+
+from dsh.core.errors import DshError
 
 try:  # the same allowlist and hardening as dsh-shell's commands, when it is installed
     from dsh_shell.process import BASE_ENV
@@ -79,12 +82,14 @@ def _shell() -> str:
 
 
 def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, str],
-        max_output: int, cancel: CancelToken | None = None) -> Ran:
+        max_output: int, cancel: CancelToken | None = None, policy: Any = None) -> Ran:
     """Run ``command`` with ``stdin``; never raises for the command's own failures.
 
     :param cancel: the run's :class:`dsh.host.runcontext.CancelToken`: when it fires, the hook's
         process group is killed at once (from the thread that cancels) and the result's
         status is ``aborted``; a token that has fired already starts nothing.
+    :param policy: the hook source's :class:`dsh.sandbox.Policy` (None: unconfined); a policy
+        the kernel cannot apply is status ``spawn`` with the one-line reason (fail closed).
     """
     if cancel is not None and cancel.cancelled:
         return Ran("aborted", None, "", f"not started: the run was aborted ({cancel.reason})",
@@ -96,10 +101,18 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
         # session (start_new_session): with the kernel's autogroup scheduling, a new session
         # is a new scheduling group, measured at +7 ms median per hook on a loaded machine
         # (benchmarks/hooks.py); a process group costs nothing.
-        proc = subprocess.Popen([_shell(), "-c", command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                                env=env, process_group=0, close_fds=True)
-    except OSError as exc:
+        argv = [_shell(), "-c", command]
+        if policy is not None:  # confined by the kernel (dsh.sandbox), workspace = cwd
+            from dsh.sandbox.spawn import Popen
+
+            proc: subprocess.Popen[bytes] = Popen(
+                argv, policy, workspace=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, cwd=cwd, env=env, process_group=0)
+        else:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, cwd=cwd, env=env, process_group=0,
+                                    close_fds=True)
+    except (OSError, DshError) as exc:
         return Ran("spawn", None, "", f"cannot start: {exc}", 0.0)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 

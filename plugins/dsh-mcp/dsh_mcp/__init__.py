@@ -14,7 +14,10 @@ enable it. Its settings come from ``[plugins.mcp]``, overlaid (key by key) with
 ``use``
     the names of the servers this agent uses (default: all);
 ``timeout`` / ``startup_timeout``
-    defaults for every server (60 s per call, 30 s to start and initialize).
+    defaults for every server (60 s per call, 30 s to start and initialize);
+``sandbox``
+    the kernel sandbox of stdio servers (a policy name or table, as ``[sandbox]``; per server
+    too, ``servers.NAME.sandbox``); default ``off`` (docs/mcp.md, "Sandbox").
 
 Each server tool becomes ``mcp__SERVER__TOOL``. Tool lists are cached on disk
 (:mod:`dsh_mcp.cache`), so assembly starts no server once a list is cached; the first
@@ -149,6 +152,7 @@ def _caller(server: Server, tool: str) -> Callable[..., str]:
         from dsh_mcp.results import to_output
 
         _cleanup_after_run()
+        _record_sandbox(server)
         pool = client.pool()
         conn = pool.connection(server)
         # The SDK's own read timeout cancels the request (notifications/cancelled); the wait
@@ -162,6 +166,29 @@ def _caller(server: Server, tool: str) -> Callable[..., str]:
 
     call.__name__ = server.tool_name(tool)
     return call
+
+
+def _record_sandbox(server: Server) -> None:
+    """``x/mcp/sandbox`` with the call's id: what confines the server that runs this call
+    (``off`` for an HTTP server or an unconfined one), for ``dsh sessions show``."""
+    from dsh.tools.registry import current_call
+
+    try:
+        call = current_call()
+    except LookupError:
+        return
+    from dsh.core.errors import NoRunContext
+    from dsh.ledger.plugin_events import record_event
+
+    policy = server.sandbox
+    record: dict[str, Any] = {"policy": "off", "backend": "none"}
+    if policy is not None:
+        record = {**policy.record(), "workspace": server.cwd or ".", "backend": "landlock"}
+    try:
+        record_event("mcp", "sandbox", {"call_id": call.call.id, "tool": call.call.name,
+                                        "server": server.name, **record})
+    except NoRunContext:
+        return
 
 
 def _cleanup_after_run() -> None:

@@ -57,6 +57,7 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._errlog: StderrTail | None = None  # the server's stderr, bounded
+        self._sandbox_temp: Any = None  # keeps a sandboxed server's private TMPDIR alive
         self._background: set[asyncio.Task[None]] = set()
         self.redactor: Any = None  # dsh.core.redact.Redactor of this server's secrets
 
@@ -131,9 +132,18 @@ class Connection:
                     if self._errlog is not None:
                         self._errlog.close()
                     self._errlog = StderrTail(asyncio.get_running_loop())
-                    params = StdioServerParameters(command=server.command,
-                                                   args=list(server.args),
-                                                   env=server_env(server), cwd=server.cwd)
+                    command, args = server.command, list(server.args)
+                    env: dict[str, str] = {}
+                    if server.sandbox is not None:  # the launcher confines it, then execs
+                        from dsh.sandbox.spawn import wrap
+
+                        root = os.path.realpath(server.cwd or os.getcwd())
+                        argv, env, self._sandbox_temp = wrap(
+                            [command, *args], server.sandbox, workspace=root)
+                        command, args = argv[0], argv[1:]
+                    params = StdioServerParameters(command=command, args=args,
+                                                   env={**server_env(server), **env},
+                                                   cwd=server.cwd)
                     streams = await stack.enter_async_context(
                         stdio_client(params, errlog=self._errlog.writer))
                     self._errlog.started()

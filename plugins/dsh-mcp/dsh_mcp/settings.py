@@ -18,9 +18,10 @@ import attrs
 
 from dsh.core.errors import ConfigError
 
-TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "max_output")
+TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "max_output",
+            "sandbox")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
-               "tools_allow", "tools_deny", "max_output")
+               "tools_allow", "tools_deny", "max_output", "sandbox")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_STARTUP_TIMEOUT = 30.0
 #: Bytes (UTF-8) of one tool output that are recorded; past it the middle is cut, marked.
@@ -53,6 +54,9 @@ class Server:
     #: The values ``${VAR}`` expanded to in an ``mcpServers`` file: secrets (registered with
     #: :mod:`dsh.core.redact` when the file is read).
     expanded: tuple[str, ...] = attrs.field(default=(), hash=False, repr=False)
+    #: The kernel sandbox of a stdio server's process (:class:`dsh.sandbox.Policy`); None:
+    #: ``off`` (the default for servers: docs/mcp.md, "Sandbox").
+    sandbox: Any = None
 
     @property
     def key(self) -> str:
@@ -60,7 +64,8 @@ class Server:
         cached tool list per key. Timeouts and tool filters are not part of it."""
         ident = {"transport": self.transport, "command": self.command, "args": self.args,
                  "env": dict(self.env), "cwd": self.cwd, "url": self.url,
-                 "headers": dict(self.headers)}
+                 "headers": dict(self.headers),
+                 "sandbox": self.sandbox.record() if self.sandbox is not None else None}
         raw = json.dumps(ident, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(raw).hexdigest()
 
@@ -105,6 +110,7 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
     timeout = _number(raw, "timeout", DEFAULT_TIMEOUT, where)
     startup = _number(raw, "startup_timeout", DEFAULT_STARTUP_TIMEOUT, where)
     cap = _size(raw, "max_output", DEFAULT_MAX_OUTPUT, where)
+    default_policy = _policy(raw, f"{where}: sandbox")
     servers: dict[str, Server] = {}
     files = raw.get("mcp_json", [])
     if isinstance(files, str):
@@ -116,13 +122,17 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         for server in read_mcp_json(path, timeout, startup):
-            servers[server.name] = attrs.evolve(server, max_output=cap)
+            # A project's .mcp.json cannot choose its own sandbox: dsh's settings do.
+            servers[server.name] = attrs.evolve(server, max_output=cap, sandbox=default_policy)
     table = raw.get("servers", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: 'servers' must be a table of servers")
     for name, entry in table.items():
-        servers[name] = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
-                                     strict=True, max_output=cap)
+        server = parse_server(name, entry, f"{where}: servers.{name}", timeout, startup,
+                              strict=True, max_output=cap)
+        own = _policy(entry, f"{where}: servers.{name}.sandbox") if isinstance(
+            entry, Mapping) and "sandbox" in entry else default_policy
+        servers[name] = attrs.evolve(server, sandbox=own)
     use = raw.get("use")
     if use is not None:
         if not isinstance(use, list) or not all(isinstance(u, str) for u in use):
@@ -233,6 +243,17 @@ def _expand(value: Any, expanded: list[str]) -> Any:
     if isinstance(value, dict):
         return {k: _expand(v, expanded) for k, v in value.items()}
     return value
+
+
+def _policy(table: Mapping[str, Any], where: str) -> Any:
+    """The ``sandbox`` of ``table`` as a :class:`dsh.sandbox.Policy`, None when absent or
+    ``off``."""
+    if table.get("sandbox") is None:
+        return None
+    from dsh.sandbox.policy import parse_policy
+
+    policy = parse_policy(table["sandbox"], where=where)
+    return policy if policy.confined else None
 
 
 def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:

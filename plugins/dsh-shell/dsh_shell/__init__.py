@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from dsh import sandbox
 from dsh.hookspecs import hookimpl
 from dsh.tools.registry import parse_docstring
 from dsh_shell import commands
@@ -49,6 +50,8 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     settings, so agents with different workspaces each get their own."""
     settings = parse_settings(agent.plugin_settings("shell"),
                               where=f"plugins.shell, agent {agent.name}")
+    # The agent's sandbox policy ([sandbox], [agents.NAME] sandbox): every command runs under it.
+    policy = sandbox.policy_for(agent)
 
     def run_command(command: str) -> str:
         """Run one program in the workspace directory; return its exit code, stdout and stderr.
@@ -62,7 +65,7 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
 
         :param command: the command line, e.g. "grep -rn TODO src" or "python -m pytest -q".
         """
-        return commands.run_command(settings, command)
+        return commands.run_command(settings, command, policy)
 
     def read_file(path: str, start_line: int = 1) -> str:
         """Read a text file in the workspace and return its content.
@@ -93,8 +96,8 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     allowed = ", ".join(settings.allow) or "none"
     # The model plans better when it knows which programs run without a question.
     run_description = (
-        f"{summary}\n\nRuns without approval: {allowed}. Output limit: {settings.max_output} "
-        f"bytes. Timeout: {settings.timeout:g}s."
+        f"{summary}\n\nSandbox: {policy.describe()}. Runs without approval: {allowed}. "
+        f"Output limit: {settings.max_output} bytes. Timeout: {settings.timeout:g}s."
     )
     # Side effects are ordered as the model wrote them: a step's write_file and run_command
     # calls run one after another, never concurrently (an approval question also waits).

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from dsh.core.errors import ConfigError
 from dsh.core.errors import ToolError
 from dsh.host.runcontext import current_or_none
 from dsh_shell import process
@@ -27,6 +28,7 @@ from dsh_shell.workspace import workspace_root
 
 if TYPE_CHECKING:
     from dsh.host.runcontext import RunContext
+    from dsh.sandbox.policy import Policy
 
 #: Tokens that mean the model expected a shell. Without one they would reach the program as
 #: plain arguments (``ls | wc`` would list files named ``|`` and ``wc``), so they are refused.
@@ -41,8 +43,13 @@ _BUILTINS = frozenset({"cd", "export", "source", ".", "set", "alias", "ulimit", 
 _tty_lock = threading.Lock()
 
 
-def run_command(settings: ShellSettings, command: str) -> str:
-    """Parse, approve and run ``command``; return its exit code and output as text."""
+def run_command(settings: ShellSettings, command: str, policy: Policy | None = None) -> str:
+    """Parse, approve and run ``command`` confined by ``policy`` (default: the default
+    policy, ``workspace-write``); return its exit code and output as text."""
+    if policy is None:
+        from dsh.sandbox.policy import Policy
+
+        policy = Policy()
     try:
         argv = shlex.split(command)
     except ValueError as exc:
@@ -58,9 +65,13 @@ def run_command(settings: ShellSettings, command: str) -> str:
         )
     root = workspace_root(settings.workspace_path())
     reason = _needs_approval(argv[0], settings.allow, root)
+    if reason is None and (not policy.confined or policy.network):
+        # The sandbox is what makes the allowlist safe to run without asking: a command
+        # that may reach the network or runs unconfined is always asked about.
+        reason = f"the sandbox policy is {policy.describe()}"
     if reason is not None:
         _approve(argv, reason, root, settings)
-    return _execute(argv, root, settings)
+    return _execute(argv, root, settings, policy)
 
 
 def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None:
@@ -170,21 +181,27 @@ def _time_left(ctx: RunContext | None) -> float | None:
     return left
 
 
-def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
+def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy) -> str:
     # Imported here: dsh imports this plugin on every start-up.
     import subprocess
+
+    from dsh.sandbox.spawn import Popen
+    from dsh.sandbox.spawn import SandboxUnavailable
 
     # Before the first command exists: it must not be able to read dsh's environment.
     process.harden_process()
     try:
+        # The command runs confined by the agent's sandbox policy (dsh.sandbox: Landlock and
+        # seccomp applied by a launcher before exec; nothing if the policy says "off").
         # start_new_session: the command gets its own process group (killed as a whole on
         # timeout) and no controlling terminal, so it cannot prompt the user behind dsh's
-        # back (sudo, ssh) — it fails instead of hanging. close_fds (the default) keeps
-        # every descriptor of dsh (the ledger, sockets) away from it.
-        proc = subprocess.Popen(argv, cwd=root, shell=False, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True,
-                                env=process.child_env(settings.env_keep, root))
+        # back (sudo, ssh) — it fails instead of hanging. close_fds (always) keeps every
+        # descriptor of dsh (the ledger, sockets) away from it.
+        proc = Popen(argv, policy, workspace=root, cwd=root, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                     env=process.child_env(settings.env_keep, root))
+    except (SandboxUnavailable, ConfigError) as exc:  # cannot confine, or a plan refused
+        raise ToolError(str(exc)) from None
     except FileNotFoundError:
         workspace_root(root)  # the workspace itself vanished: say so, not "not found"
         hint = (" (it is a shell builtin; commands always run in the workspace, so give "
@@ -194,6 +211,7 @@ def _execute(argv: list[str], root: str, settings: ShellSettings) -> str:
         raise ToolError(f"permission denied: cannot execute {argv[0]!r}") from None
     except OSError as exc:
         raise ToolError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
+    process.record_sandbox(proc.sandbox)
     assert proc.stdout is not None and proc.stderr is not None
     out = process.Stream(settings.max_output)
     err = process.Stream(settings.max_output)

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from typing import TYPE_CHECKING
+from typing import Any
 
 if TYPE_CHECKING:
     import subprocess
@@ -87,6 +88,26 @@ def child_env(keep: tuple[str, ...], cwd: str) -> dict[str, str]:
 
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
+
+
+def record_sandbox(record: dict[str, Any]) -> None:
+    """Write what confined the current tool call — ``x/shell/sandbox`` with the call's id,
+    the policy, the backend and the kernel's ABI — into the session ledger, so a reader knows
+    what the command could have done. Nothing outside a run (the tool called directly)."""
+    from dsh.tools.registry import current_call
+
+    try:
+        call = current_call()
+    except LookupError:
+        return
+    from dsh.core.errors import NoRunContext
+    from dsh.ledger.plugin_events import record_event
+
+    try:
+        record_event("shell", "sandbox", {"call_id": call.call.id, "tool": call.call.name,
+                                          **record})
+    except NoRunContext:
+        return
 
 
 def drain_limit(max_output: int) -> int:

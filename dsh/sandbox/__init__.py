@@ -1,0 +1,56 @@
+"""The kernel sandbox for processes a model drives (issue 22; docs/security.md).
+
+Public API, for dsh-shell and any third-party tool plugin that starts a program::
+
+    from dsh import sandbox
+
+    policy = sandbox.policy_for(agent)          # at register_tools: the agent's policy
+    proc = sandbox.Popen(argv, policy, workspace=root, stdout=subprocess.PIPE)
+    record = proc.sandbox                       # what was applied: record it with the call
+
+* :mod:`dsh.sandbox.policy` — the ``[sandbox]`` settings (:func:`parse_policy`), dsh's own
+  paths (:func:`protected_paths`) and the plan of one command;
+* :mod:`dsh.sandbox.spawn` — :class:`Popen`, :class:`SandboxUnavailable`, :func:`check`;
+* :mod:`dsh.sandbox.exec` — the launcher (Landlock, seccomp, no capabilities, then execve).
+
+May import ``dsh.config``, ``dsh.ledger`` (where dsh's data lives), ``dsh.host`` and
+``dsh.core`` (it sits beside ``dsh.tools`` and ``dsh.llm``, below ``dsh.run``); this module
+imports nothing until a name is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:
+    from dsh.sandbox.policy import Policy
+    from dsh.sandbox.policy import parse_policy
+    from dsh.sandbox.spawn import Popen
+    from dsh.sandbox.spawn import SandboxUnavailable
+    from dsh.sandbox.spawn import check
+
+__all__ = ["Policy", "Popen", "SandboxUnavailable", "check", "parse_policy", "policy_for"]
+
+_LAZY = {"Policy": "dsh.sandbox.policy", "parse_policy": "dsh.sandbox.policy",
+         "Popen": "dsh.sandbox.spawn", "SandboxUnavailable": "dsh.sandbox.spawn",
+         "check": "dsh.sandbox.spawn"}
+
+
+def policy_for(agent: Any) -> Policy:
+    """The sandbox policy of ``agent`` (an :class:`dsh.AgentHandle`): ``[sandbox]`` overlaid
+    by the agent's own ``sandbox`` setting, validated (a bad one is a ConfigError naming the
+    agent and key)."""
+    from dsh.sandbox.policy import parse_policy
+
+    raw = agent.settings.get("sandbox")
+    return parse_policy(raw, where=f"sandbox, agent {agent.name}")
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dsh.sandbox' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

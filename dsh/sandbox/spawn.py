@@ -1,0 +1,207 @@
+"""Starting a confined process: :class:`Popen`, the public way for any tool plugin.
+
+``Popen(argv, policy, workspace=…)`` is :class:`subprocess.Popen` run through the launcher
+(:mod:`dsh.sandbox.exec`): the launcher applies the policy to itself and ``execve``'s the
+command, so the command is confined from its first instruction and nothing of dsh runs in
+the child after ``fork``. The constructor returns once the command has been exec'd: a policy
+the kernel cannot apply raises :class:`SandboxUnavailable` (fail closed) and the command never
+runs; a program that is not found raises :class:`FileNotFoundError`, as ``subprocess`` does.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import weakref
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
+
+from dsh.core.errors import DshError
+from dsh.sandbox.policy import Policy
+from dsh.sandbox.policy import build_plan
+from dsh.sandbox.policy import protected_paths
+
+#: The launcher, run with ``-I -S``: no site-packages, no ``dsh`` import, so it starts as fast
+#: as the interpreter can. Imported as a module by a one-line ``-c`` rather than run as a
+#: script: a script is compiled on every run (~6 ms of CPU), a module's bytecode is cached.
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec.py")
+# Appended, not prepended: nothing in that directory may shadow a standard module.
+_STUB = (f"import sys; sys.path.append({os.path.dirname(LAUNCHER)!r}); "
+         "import exec as launcher; sys.exit(launcher.main(sys.argv))")
+#: ``INTERPRETER + LAUNCH + [args…]`` runs :func:`dsh.sandbox.exec.main`.
+LAUNCH = ["-I", "-S", "-c", _STUB]
+#: The interpreter that runs it: ``sys.executable``, else this very process's binary by
+#: ``/proc/self/exe`` (resolved in the child before it execs) where ``sys.executable`` names a
+#: path this user cannot execute (a venv whose base lives under another user's home).
+INTERPRETER = (sys.executable if sys.executable and os.access(sys.executable, os.X_OK)
+               else "/proc/self/exe")
+
+
+class SandboxUnavailable(DshError, RuntimeError):
+    """The kernel could not apply the policy; the command did not run. The message is one
+    line: why, and which setting chooses otherwise. ``dsh sandbox run`` exits 126 with it."""
+
+    exit_code = 126
+
+
+def run_protected() -> tuple[str | None, ...]:
+    """The current run's config file and session directory (besides the defaults)."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        return ()
+    ledger_path = getattr(getattr(ctx, "ledger", None), "path", None)
+    app = getattr(getattr(ctx, "session", None), "app", None)
+    source = getattr(getattr(app, "config", None), "source", None)
+    return (str(ledger_path.parent) if ledger_path is not None else None, source)
+
+
+class Popen(subprocess.Popen[bytes]):
+    """A process confined by ``policy`` with ``workspace`` as its workspace.
+
+    Keyword arguments are :class:`subprocess.Popen`'s (``cwd`` defaults to the workspace;
+    ``close_fds`` is always true; ``env`` is passed as given, with ``TMPDIR`` set to the
+    command's private temp directory). ``self.sandbox`` is the record of what was applied:
+    the policy, ``backend`` (``landlock`` or ``none``) and the kernel's ``abi``.
+    """
+
+    def __init__(self, args: Sequence[str], policy: Policy, *, workspace: str,
+                 protected: Iterable[str | None] = (), **kwargs: Any) -> None:
+        argv = [os.fspath(a) for a in args]
+        kwargs.setdefault("cwd", workspace)
+        kwargs["close_fds"] = True
+        self.sandbox: dict[str, Any] = {**policy.record(), "workspace": workspace}
+        self._tmp: str | None = None
+        if not policy.confined:
+            self.sandbox["backend"] = "none"
+            super().__init__(argv, **kwargs)
+            return
+        if not sys.platform.startswith("linux"):
+            raise SandboxUnavailable(_refusal(policy, f"no sandbox backend on {sys.platform}"))
+        protect = protected_paths([*protected, *run_protected()])
+        self._tmp = tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, True)
+        try:
+            plan = build_plan(policy, workspace, tmp, protect)
+        except Exception:
+            self._cleanup()
+            raise
+        env = dict(kwargs.pop("env", None) or os.environ)
+        env["TMPDIR"] = tmp
+        spec = os.memfd_create("dsh-sandbox-policy", os.MFD_CLOEXEC)
+        status_r, status_w = os.pipe()
+        try:
+            os.write(spec, plan.encode())
+            os.lseek(spec, 0, os.SEEK_SET)
+            kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), spec, status_w)
+            launcher = [INTERPRETER, *LAUNCH, str(spec), str(status_w), "--", *argv]
+            super().__init__(launcher, env=env, **kwargs)
+        except BaseException:
+            os.close(status_r)
+            self._cleanup()
+            raise
+        finally:
+            os.close(spec)
+            os.close(status_w)
+        with os.fdopen(status_r, "rb") as f:
+            status = f.read(65536).decode(errors="replace").splitlines()
+        self.sandbox.update(backend="landlock")
+        for line in status:
+            tag, _, text = line.partition(" ")
+            if tag == "A":
+                self.sandbox["abi"] = int(text)
+                continue
+            self._abandon()
+            if tag == "N":
+                raise FileNotFoundError(errno.ENOENT, "command not found", argv[0])
+            if tag == "X":
+                raise PermissionError(errno.EACCES, text, argv[0])
+            raise SandboxUnavailable(_refusal(policy, text))
+        if "abi" not in self.sandbox:  # the launcher died before saying anything
+            self._abandon()
+            raise SandboxUnavailable(_refusal(policy, "the sandbox launcher failed"))
+
+    def _abandon(self) -> None:
+        """The command did not start: reap the launcher, close our ends, drop the temp dir."""
+        super().wait()
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self._cleanup()
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        if self._tmp is not None:
+            self._cleanup()
+        return code
+
+
+def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
+         protected: Iterable[str | None] = ()) -> tuple[list[str], dict[str, str], Any]:
+    """For code that starts the process itself (the MCP SDK's ``stdio_client``): the argv
+    that runs ``argv`` through the launcher under ``policy``, the environment to add
+    (``TMPDIR``: a private directory) and a ``finalize`` that removes that directory. The
+    plan travels on the command line; if the kernel cannot apply it the launcher writes
+    ``dsh: sandbox: cannot confine the command (WHY); it was not run`` on stderr and exits
+    126 (fail closed). With policy ``off`` it is ``argv`` itself, no environment."""
+    if not policy.confined:
+        return list(argv), {}, None
+    import base64
+
+    protect = protected_paths([*protected, *run_protected()])
+    tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
+    try:
+        plan = build_plan(policy, workspace, tmp, protect)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    holder = type("SandboxTemp", (), {})()
+    cleanup = weakref.finalize(holder, shutil.rmtree, tmp, True)
+    cleanup.atexit = True
+    launcher = [INTERPRETER, *LAUNCH, "--inline",
+                base64.b64encode(plan.encode()).decode(), "--", *argv]
+    return launcher, {"TMPDIR": tmp}, (holder, cleanup)
+
+
+def _refusal(policy: Policy, why: str) -> str:
+    return (f"sandbox: cannot confine the command ({why}); it was not run. "
+            f"To run it unconfined, set policy = \"off\" in [{policy.where}]")
+
+
+def check() -> dict[str, Any]:
+    """What this machine supports (the launcher's ``--probe``, run as a child, the way a
+    command would be started) and which backend a policy would use."""
+    info: dict[str, Any] = {"platform": sys.platform}
+    if not sys.platform.startswith("linux"):
+        return {**info, "backend": None, "why": f"no sandbox backend on {sys.platform}"}
+    out = subprocess.run([INTERPRETER, *LAUNCH, "--probe"],
+                         capture_output=True, text=True, check=False)
+    try:
+        info.update(json.loads(out.stdout))
+    except ValueError:
+        return {**info, "backend": None, "why": f"the launcher failed: {out.stderr.strip()}"}
+    abi, need = info.get("landlock_abi", 0), info.get("min_abi", 0)
+    if not abi:
+        info.update(backend=None, why=info.get("landlock_error") or "no Landlock")
+    elif abi < need:
+        info.update(backend=None, why=f"Landlock ABI {abi} is older than {need}")
+    elif not info.get("seccomp_filter"):
+        info.update(backend=None, why=f"no seccomp filter for {info.get('machine')}")
+    else:
+        # A trial: confine `true` under the default policy, as a command would be.
+        with tempfile.TemporaryDirectory(prefix="dsh-sandbox-check-") as ws:
+            try:
+                proc = Popen(["true"], Policy(), workspace=ws, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL)
+                proc.wait()
+                info.update(backend="landlock", why="")
+            except (SandboxUnavailable, OSError) as exc:
+                info.update(backend=None, why=str(exc))
+    return info
