@@ -155,16 +155,22 @@ def sessions_compact(state: State, session_id: str, strategy: str | None) -> Non
 
 @sessions.command("export")
 @click.argument("session_id", metavar="ID")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="markdown",
-              show_default=True, help="jsonl: the ledger's lines; markdown: a transcript.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "html"]),
+              default="markdown", show_default=True,
+              help="jsonl: the ledger's lines; markdown: a transcript; html: a one-file page.")
+@click.option("--html", "fmt", flag_value="html", help="Same as --format html.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to this file instead of stdout.")
 @pass_state
 def sessions_export(state: State, session_id: str, fmt: str, output: Path | None) -> None:
-    """Export a session as JSON Lines or Markdown."""
+    """Export a session as JSON Lines, Markdown or one self-contained HTML page."""
     sid = resolve_session(state.app, session_id)
     events = state.app.store.read(sid)
-    if fmt == "jsonl":
+    if fmt == "html":
+        from dsh.cli.export_html import page_of
+
+        text = page_of(state.app, sid, events)
+    elif fmt == "jsonl":
         from dsh.ledger.serialize import dump_event
 
         text = "".join(dump_event(e) + "\n" for e in events)
