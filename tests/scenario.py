@@ -65,15 +65,16 @@ def helper_script() -> list[dict[str, Any]]:
 
 
 def make(folder: Path, *, hostile: str = "", size: int = 1500,
-         plugins: dict[str, Any] | None = None, load: tuple[str, ...] = ()) -> Path:
+         plugins: dict[str, Any] | None = None, autoload: bool = False) -> Path:
     """Write the config, scripts and tool module under ``folder``; return the config path.
-    ``plugins``: ``[plugins.NAME]`` tables; ``load``: more plugin modules to load."""
+    ``plugins``: ``[plugins.NAME]`` tables; ``autoload``: load installed plugins too (narrow
+    them with ``DSH_LOAD_PLUGINS``)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "scenario_tools.py").write_text(TOOLS.format(size=size, payload=hostile))
     for name, script in (("lead", lead_script(hostile)), ("helper", helper_script())):
         (folder / f"{name}.json").write_text(json.dumps({"responses": script}))
     config: dict[str, Any] = {
-        "autoload": False, "load": ["scenario_tools", *load], "agent": "lead",
+        "autoload": autoload, "load": ["scenario_tools"], "agent": "lead",
         "sessions_dir": str(folder / "sessions"),
         "agents": {
             "lead": {"model": f"scripted:{folder / 'lead.json'}", "subagents": ["helper"],

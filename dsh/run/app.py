@@ -619,7 +619,7 @@ def choose_default_model(app: App) -> DefaultModel:
 def configure(pm: Any, app: App) -> None:
     """Call the historic ``configure`` hook; a plugin raising is named with the hook."""
     try:
-        pm.hook.configure.call_historic(kwargs={"app": app})
+        pm.hook.configure.call_historic(kwargs={"app": app, "pm": pm})
     except DshError:
         raise
     except Exception as exc:
