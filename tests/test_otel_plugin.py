@@ -170,9 +170,8 @@ def test_export_rebuilds_the_same_trace_from_the_ledger(phoenix: Phoenix,
                                                        tmp_path: Path) -> None:
     scenario.make(tmp_path)  # the plugin not loaded: an unobserved run
     sid = scenario.run(tmp_path)
-    _config(tmp_path, "rebuilt", "http://127.0.0.1:9/v1/traces")  # --endpoint wins
-    proc = scenario.dsh(tmp_path, "otel", "export", sid, "--endpoint",
-                        phoenix.url + "/v1/traces", DSH_LOAD_PLUGINS="otel")
+    _config(tmp_path, "rebuilt", phoenix.url + "/v1/traces")
+    proc = scenario.dsh(tmp_path, "sessions", "export", "--otlp", sid, DSH_LOAD_PLUGINS="otel")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "" and f"sent {SPANS} spans" in proc.stderr
     check_trace(phoenix.spans("rebuilt", SPANS))
@@ -182,8 +181,9 @@ def test_export_rebuilds_the_same_trace_from_the_ledger(phoenix: Phoenix,
 def test_capture_content_is_opt_in_and_redacted(phoenix: Phoenix, tmp_path: Path) -> None:
     scenario.make(tmp_path, hostile="token sk-" + "a1" * 16 + " end")
     sid = scenario.run(tmp_path)
-    _config(tmp_path, "content", phoenix.url + "/v1/traces", capture_content=True)
-    proc = scenario.dsh(tmp_path, "otel", "export", sid, DSH_LOAD_PLUGINS="otel")
+    _config(tmp_path, "content", "http://127.0.0.1:9/v1/traces", capture_content=True)
+    proc = scenario.dsh(tmp_path, "otel", "export", sid, "--endpoint",  # --endpoint wins
+                        phoenix.url + "/v1/traces", DSH_LOAD_PLUGINS="otel")
     assert proc.returncode == 0, proc.stderr
     spans = phoenix.spans("content", SPANS)
     text = json.dumps(spans)
@@ -216,6 +216,14 @@ def test_export_to_a_down_collector_is_an_error(tmp_path: Path) -> None:
     assert proc.returncode == 1 and proc.stdout == ""
     assert "dsh: error: otel:" in proc.stderr and "not accepted by http://127.0.0.1:9" in \
         proc.stderr
+
+
+def test_sessions_export_otlp_without_the_plugin_says_what_is_missing(tmp_path: Path) -> None:
+    scenario.make(tmp_path)  # autoload off: dsh-otel not loaded
+    sid = scenario.run(tmp_path)
+    proc = scenario.dsh(tmp_path, "sessions", "export", "--otlp", sid)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--otlp: no plugin provides `dsh otel export` (pip install dsh-otel)" in proc.stderr
 
 
 PROBE = """
