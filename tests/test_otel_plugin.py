@@ -1,6 +1,7 @@
 """dsh-otel (issue 28): OpenTelemetry GenAI traces into a real local backend.
 
-The backend is Arize Phoenix (``arize-phoenix`` from PyPI): ``phoenix serve`` is started on
+The backend is Arize Phoenix (``arize-phoenix`` from PyPI, in a venv of its own: see
+:func:`_phoenix`): ``phoenix serve`` is started on
 127.0.0.1 with its own store in a temporary folder, takes OTLP/HTTP at ``/v1/traces`` and
 answers ``GET /v1/projects/NAME/spans`` with every stored span, its parent and attributes.
 The scenario (tests/scenario.py: a tool loop, a sub-agent, a compaction) runs in the real
@@ -27,10 +28,27 @@ import pytest
 from tests import scenario
 
 pytest.importorskip("dsh_otel", reason="dsh-otel is not installed (pip install plugins/dsh-otel)")
-PHOENIX = shutil.which("phoenix", path=os.path.dirname(sys.executable)) or shutil.which("phoenix")
+
+
+def _phoenix() -> str | None:
+    """``phoenix``: ``$DSH_TEST_PHOENIX``, else the repository's own ``.venv-phoenix`` (where
+    the README's test command installs it, apart from the test venv: its dependencies and
+    its pytest plugin stay out of every pytest run), else beside this Python, else on PATH."""
+    given = os.environ.get("DSH_TEST_PHOENIX")
+    if given:
+        return given
+    own = Path(__file__).resolve().parent.parent / ".venv-phoenix" / "bin" / "phoenix"
+    if own.exists():
+        return str(own)
+    return shutil.which("phoenix", path=os.path.dirname(sys.executable)) or shutil.which(
+        "phoenix")
+
+
+PHOENIX = _phoenix()
 needs_phoenix = pytest.mark.skipif(
-    PHOENIX is None, reason="arize-phoenix is not installed (pip install arize-phoenix): no "
-                            "local OTLP backend to query")
+    PHOENIX is None, reason="arize-phoenix is not installed (python -m venv .venv-phoenix && "
+                            ".venv-phoenix/bin/pip install arize-phoenix): no local OTLP "
+                            "backend to query")
 
 
 def _free_port() -> int:
@@ -268,3 +286,86 @@ def test_bad_settings_are_named(tmp_path: Path, table: dict[str, Any], needle: s
     proc = scenario.dsh(tmp_path, "run", "hi", DSH_LOAD_PLUGINS="otel")
     assert proc.returncode != 0 and proc.stdout == ""
     assert needle in proc.stderr and "[plugins.otel]" in proc.stderr, proc.stderr
+
+
+# -- hostile ledgers: any order, any text, any timestamp ---------------------------------------
+
+def _in_memory() -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider.get_tracer("test"), exporter
+
+
+def _event_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    from dsh.core.messages import Usage
+    from dsh.ledger import events as ev
+
+    sid = st.sampled_from(["a", "b", "c"])
+    text = st.text(max_size=20)
+    ts = st.sampled_from(["", "2026-01-01T00:00:00Z", "garbage", "2026-01-01T00:00:01.5+02:00"])
+    call = st.sampled_from(["c1", "c2", ""])
+    return st.one_of(
+        st.builds(ev.TurnStarted, session=sid, ts=ts, turn=st.integers(0, 3), agent=text,
+                  model=st.none() | text, parent=st.none() | sid, parent_call=st.none() | call),
+        st.builds(ev.StepStarted, session=sid, ts=ts, turn=st.just(1), step=st.integers(0, 3)),
+        st.builds(ev.UserMessage, session=sid, ts=ts, text=text),
+        st.builds(ev.AssistantMessage, session=sid, ts=ts, text=text, model=st.none() | text,
+                  usage=st.builds(Usage, input_tokens=st.integers(0, 10**9),
+                                  output_tokens=st.integers(0, 10**9))),
+        st.builds(ev.ToolCalled, session=sid, ts=ts, call_id=call, name=text,
+                  child_session=st.none() | sid),
+        st.builds(ev.ToolReturned, session=sid, ts=ts, call_id=call, name=text, status=text,
+                  output=text),
+        st.builds(ev.ContextCompacted, session=sid, ts=ts, start=st.integers(0, 5),
+                  end=st.integers(0, 5), strategy=text),
+        st.builds(ev.TurnEnded, session=sid, ts=ts, turn=st.just(1), outcome=text, reason=text),
+    )
+
+
+def test_any_event_sequence_makes_spans_that_all_end() -> None:
+    from dsh_otel.trace import Spans
+    from hypothesis import given
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(_event_strategy(), max_size=30), st.booleans())
+    def check(events: list[Any], capture: bool) -> None:
+        tracer, exporter = _in_memory()
+        spans = Spans(tracer, price=lambda m: (1.0, 2.0), capture_content=capture)
+        for e in events:
+            spans.feed(e)
+        spans.close()
+        assert not spans.turns and not spans.tools
+        finished = exporter.get_finished_spans()
+        turns = sum(type(e).__name__ == "TurnStarted" for e in events)
+        assert sum(s.name.startswith("invoke_agent") for s in finished) == turns
+        ids = {s.context.span_id for s in finished}
+        for s in finished:  # a parent is a span of the same trace that was exported too
+            if s.parent is not None:
+                assert s.parent.span_id in ids and s.parent.trace_id == s.context.trace_id
+        assert all(s.end_time is not None for s in finished)
+
+    check()
+
+
+def test_rebuilding_a_ledger_that_names_itself_as_its_child_ends(tmp_path: Path) -> None:
+    from dsh_otel.trace import Spans
+    from dsh_otel.trace import feed_session
+
+    from dsh.ledger import events as ev
+
+    tracer, exporter = _in_memory()
+    loop = [ev.TurnStarted(session="s", turn=1, agent="a"),
+            ev.ToolCalled(session="s", call_id="c", name="ask_a", child_session="s"),
+            ev.ToolReturned(session="s", call_id="c", name="ask_a"),
+            ev.TurnEnded(session="s", turn=1, outcome="completed")]
+    assert feed_session(Spans(tracer), lambda sid: loop, "s") == len(loop)
+    assert len(exporter.get_finished_spans()) == 2

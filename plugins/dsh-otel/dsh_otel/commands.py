@@ -30,7 +30,7 @@ def otel_export(state: object, session_id: str, endpoint: str | None,
     from dsh.core.errors import DshError
     from dsh_otel import NAME
     from dsh_otel import price_of
-    from dsh_otel import settings_from
+    from dsh_otel.settings import settings_from
 
     app = state.app  # type: ignore[attr-defined]
     settings = settings_from(app.config.plugin_settings(NAME))

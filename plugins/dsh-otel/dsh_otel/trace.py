@@ -53,7 +53,7 @@ from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
-from dsh_otel import Settings
+from dsh_otel.settings import Settings
 
 #: Characters of one captured content attribute at most.
 CONTENT_CHARS = 8192
@@ -262,6 +262,9 @@ class Spans:
             attrs["dsh.child_session"] = e.child_session
         if self.capture:
             attrs["gen_ai.tool.call.arguments"] = _content(dict(e.arguments))
+        old = self.tools.pop((e.session, e.call_id), None)
+        if old is not None:  # the same call id again (a hostile ledger): the first one ends
+            old.end(end_time=_ns(e.ts))
         self.tools[(e.session, e.call_id)] = self.tracer.start_span(
             f"execute_tool {e.name}", context=self._parent(e.session), kind=SpanKind.INTERNAL,
             attributes=attrs, start_time=_ns(e.ts))
@@ -353,13 +356,17 @@ class Observer:
 
 
 def feed_session(spans: Spans, read: Callable[[str], Iterable[Event]], sid: str,
-                 depth: int = 0) -> int:
+                 depth: int = 0, seen: set[str] | None = None) -> int:
     """Feed session ``sid``'s events, each sub-agent session right after the tool call that
-    ran it (so it nests as it did live); return how many events were fed."""
+    ran it (so it nests as it did live); return how many events were fed. A session is fed
+    once (a ledger naming itself as its child is not a loop), 16 levels deep at most."""
+    seen = set() if seen is None else seen
+    seen.add(sid)
     n = 0
     for e in read(sid):
         spans.feed(e)
         n += 1
-        if isinstance(e, ToolCalled) and e.child_session and depth < 16:
-            n += feed_session(spans, read, e.child_session, depth + 1)
+        child = e.child_session if isinstance(e, ToolCalled) else None
+        if child and child not in seen and depth < 16:
+            n += feed_session(spans, read, child, depth + 1, seen)
     return n
