@@ -110,6 +110,9 @@ NOT_DOCUMENTED = {
     "Budget": "the run's counters (docs/execution.md, \"Budgets\")",
     "Limits": "budget limits (docs/config.md)",
     "CancelToken": "cancellation; its use in plugins is in docs/plugins.md",
+    "PluginManager": "pluggy's (pluggy's docs): `configure` may `register(obj, name=...)` a "
+                     "helper in it, once (`get_plugin(name)`)",
+    "pluggy": "the module of `PluginManager`",
 }
 
 OBJECTS_INTRO = """\

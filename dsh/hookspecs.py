@@ -39,7 +39,7 @@ hookimpl = pluggy.HookimplMarker("dsh")
 
 
 @hookspec(historic=True)
-def configure(app: App) -> None:
+def configure(app: App, pm: pluggy.PluginManager) -> None:
     """Called when a plugin manager is assembled, after every plugin is registered: once on
     the app-wide manager and once on each agent's own manager (an agent with an explicit
     ``plugins`` list; agents using every installed plugin share the app-wide manager), always
@@ -47,6 +47,10 @@ def configure(app: App) -> None:
 
     :param app: the assembled :class:`dsh.App`; ``app.config.plugin_settings(name)`` returns
         the ``[plugins.NAME]`` table of the config.
+    :param pm: the plugin manager being configured (take it only if you need it). A plugin
+        may register a helper object in it, e.g. an ``observe_event`` observer only when its
+        settings enable it, so that an installed but disabled plugin leaves runs unobserved
+        (D7; dsh-otel does this). Register it under a name of your own, once per manager.
 
     Historic: a plugin registered later still receives the call. Cannot be wrapped.
 
@@ -54,6 +58,7 @@ def configure(app: App) -> None:
     for bad settings. Do no I/O here (MISSION D1).
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.1 ``pm`` (issue 28).
     """
 
 

@@ -180,7 +180,7 @@ class Agent:
 def configure(pm: Any, app: App) -> None:
     """Call the historic ``configure`` hook; a plugin raising is named with the hook."""
     try:
-        pm.hook.configure.call_historic(kwargs={"app": app})
+        pm.hook.configure.call_historic(kwargs={"app": app, "pm": pm})
     except DshError:
         raise
     except Exception as exc:

@@ -155,16 +155,30 @@ def sessions_compact(state: State, session_id: str, strategy: str | None) -> Non
 
 @sessions.command("export")
 @click.argument("session_id", metavar="ID")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="markdown",
-              show_default=True, help="jsonl: the ledger's lines; markdown: a transcript.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown", "html"]),
+              default="markdown", show_default=True,
+              help="jsonl: the ledger's lines; markdown: a transcript; html: a one-file page.")
+@click.option("--html", "fmt", flag_value="html", help="Same as --format html.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write to this file instead of stdout.")
+@click.option("--otlp", is_flag=True,
+              help="Send the session's trace to an OpenTelemetry collector instead "
+                   "(`dsh otel export ID`: needs the dsh-otel plugin).")
 @pass_state
-def sessions_export(state: State, session_id: str, fmt: str, output: Path | None) -> None:
-    """Export a session as JSON Lines or Markdown."""
+def sessions_export(state: State, session_id: str, fmt: str, output: Path | None,
+                    otlp: bool) -> None:
+    """Export a session as JSON Lines, Markdown or one self-contained HTML page, or send its
+    trace over OTLP."""
+    if otlp:
+        _send_otlp(session_id, output)
+        return
     sid = resolve_session(state.app, session_id)
     events = state.app.store.read(sid)
-    if fmt == "jsonl":
+    if fmt == "html":
+        from dsh.cli.export_html import page_of
+
+        text = page_of(state.app, sid, events)
+    elif fmt == "jsonl":
         from dsh.ledger.serialize import dump_event
 
         text = "".join(dump_event(e) + "\n" for e in events)
@@ -185,6 +199,22 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
         except OSError as exc:
             raise errors.DshError(f"cannot write {output}: {os_reason(exc)}") from None
         warn(f"wrote {output}")
+
+
+def _send_otlp(session_id: str, output: Path | None) -> None:
+    """``--otlp``: the ``otel export`` command a plugin registered (dsh-otel), found by name
+    through the root group as ``dsh otel export`` is, never imported from here."""
+    if output is not None:
+        raise errors.UsageError("--otlp sends the trace to a collector: --output does not apply")
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    group = root.command.get_command(root, "otel") if isinstance(root.command,
+                                                                   click.Group) else None
+    command = group.get_command(ctx, "export") if isinstance(group, click.Group) else None
+    if command is None:
+        raise errors.UsageError("--otlp: no plugin provides `dsh otel export` "
+                                "(pip install dsh-otel)")
+    ctx.invoke(command, session_id=session_id, endpoint=None, content=None)
 
 
 @sessions.command("path")

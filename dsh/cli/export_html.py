@@ -1,0 +1,385 @@
+"""``dsh sessions export --html``: one self-contained HTML page of a session (issue 28, C5).
+
+The page is only a rendering of the ledger: turns and steps, user and assistant messages, tool
+calls with their arguments and results (long ones folded, huge ones cut), reasoning (folded;
+never signatures or encrypted data), compactions, sub-agent runs nested where their tool call
+is, attachments (images inline from the blob store, size-capped), plugin events, and an SVG
+chart of tokens and cost per model response.
+
+Every piece of text from the ledger is hostile (a model wrote it): it passes through
+:func:`html.escape` (and :func:`dsh.core.redact.redact`, which hides credential shapes) and
+lands only in text nodes or quoted attributes. Nothing from the ledger becomes a URL, a style
+or a script; images are ``data:`` URLs made here from verified blob bytes of a fixed list of
+raster types. As a second wall, the page's Content-Security-Policy allows no network fetch, no
+script but the page's own (by hash) and no image but ``data:``.
+
+The CSS and script are in :mod:`dsh.cli.html_assets`. Cost is linear in the session's size.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from collections.abc import Iterable
+from html import escape
+from typing import Any
+
+from dsh.core.redact import redact
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextCompacted
+from dsh.ledger.events import ContextInjected
+from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepRejected
+from dsh.ledger.events import StepStarted
+from dsh.ledger.events import ToolCalled
+from dsh.ledger.events import ToolReturned
+from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UnknownEvent
+from dsh.ledger.events import UserMessage
+
+#: Characters of one text block shown unfolded; longer ones are folded in a ``<details>``.
+FOLD_CHARS = 600
+#: Characters of one text block put in the page at all; the rest is cut with a note (a 10 MB
+#: tool output must not make a 10 MB page that a browser lays out).
+SHOW_CHARS = 64 * 1024
+#: Bytes of one image shown inline, and of all of a page's images together.
+IMAGE_BYTES = 2 * 1024 * 1024
+IMAGES_TOTAL = 16 * 1024 * 1024
+#: Raster types shown inline (never SVG: it is a document of its own).
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+#: Bars of the chart at most: a longer session is bucketed.
+CHART_BARS = 300
+#: Sub-agent sessions nested inside one another at most.
+MAX_NESTING = 8
+
+_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+Price = Callable[[str], "tuple[float | None, ...] | None"]
+
+
+def _anchor(session: str) -> str:
+    """An ``id`` attribute for a session: only ``[A-Za-z0-9_-]`` survive."""
+    return "s-" + _ID.sub("_", session)[:80]
+
+
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _t(text: Any) -> str:
+    """Text for a text node or a quoted attribute: redacted, control characters (invalid in
+    HTML, and live on a terminal) as U+FFFD, escaped."""
+    return escape(_CONTROLS.sub("\ufffd", redact(str(text))), quote=True)
+
+
+def _block(text: str, cls: str, label: str = "") -> str:
+    """A ``<pre>`` of ``text``: cut at :data:`SHOW_CHARS`, folded past :data:`FOLD_CHARS`."""
+    n = len(text)
+    cut = ""
+    if n > SHOW_CHARS:
+        cut = (f'<p class="cut">{n - SHOW_CHARS} more characters not shown '
+               "(the full text is in the session's ledger)</p>")
+        text = text[:SHOW_CHARS]
+    body = f'<pre class="{cls}">{_t(text)}</pre>{cut}'
+    if n <= FOLD_CHARS and text.count("\n") < 12:
+        return body
+    summary = _t(label or text[:80].replace("\n", " "))
+    return (f'<details class="fold"><summary>{summary} <span class="size">'
+            f"({n} chars)</span></summary>{body}</details>")
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, indent=1, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class Page:
+    """Builds the page: :meth:`session` for each session (recursively for sub-agents)."""
+
+    def __init__(self, children: Callable[[str], list[Event]] | None = None,
+                 blobs: Any = None, price: Price | None = None) -> None:
+        self.children = children
+        self.blobs = blobs
+        self.price = price
+        self.out: list[str] = []
+        self.counts = {"turns": 0, "steps": 0, "tool_calls": 0, "responses": 0,
+                       "compactions": 0, "subagents": 0, "input": 0, "output": 0}
+        self.cost = 0.0
+        self.priced = False
+        self.points: list[tuple[int, int, float]] = []  # per response: in, out, cost
+        self.image_bytes = 0
+        self.seen: set[str] = set()
+        self.prices: dict[str, tuple[float | None, ...] | None] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def session(self, sid: str, events: Iterable[Event], depth: int = 0) -> None:
+        self.seen.add(sid)
+        w = self.out.append
+        w(f'<section class="session" id="{_anchor(sid)}" data-session="{_t(sid)}">')
+        model = ""
+        results: dict[str, ToolReturned] = {}
+        events = list(events)
+        for e in events:
+            if isinstance(e, ToolReturned):
+                results.setdefault(e.call_id, e)
+        in_step = False
+        for e in events:
+            if isinstance(e, TurnStarted):
+                self.counts["turns"] += 1
+                model = e.model or model
+                parent = (f' · sub-agent of <a href="#{_anchor(e.parent)}">{_t(e.parent)}</a>'
+                          if e.parent else "")
+                w(f'<h2 class="turn" data-seq="{e.seq}">Turn {e.turn} · agent {_t(e.agent)}'
+                  f'{" · model " + _t(model) if model else ""}{parent}</h2>')
+                if e.system:
+                    w('<div class="ev system"><b>system</b>'
+                      f'{_block(e.system, "text", "system prompt")}</div>')
+            elif isinstance(e, StepStarted):
+                if in_step:
+                    w("</div>")
+                self.counts["steps"] += 1
+                in_step = True
+                w(f'<div class="step" data-seq="{e.seq}"><div class="step-h">step {e.step}</div>')
+            elif isinstance(e, StepEnded):
+                if in_step:
+                    w("</div>")
+                in_step = False
+            else:
+                self.event(e, results, model, depth)
+        if in_step:
+            w("</div>")
+        w("</section>")
+
+    def event(self, e: Event, results: dict[str, ToolReturned], model: str, depth: int) -> None:
+        w = self.out.append
+        if isinstance(e, UserMessage):
+            src = "" if e.source == "user" else f" ({_t(e.source)})"
+            w(f'<div class="ev user" data-seq="{e.seq}"><b>user{src}</b>'
+              f'{_block(e.text, "text")}')
+            for a in e.attachments:
+                w(self.attachment(a))
+            w("</div>")
+        elif isinstance(e, ContextInjected):
+            w(f'<div class="ev context" data-seq="{e.seq}"><b>context ({_t(e.source)})</b>'
+              f'{_block(e.text, "text")}</div>')
+        elif isinstance(e, AssistantMessage):
+            self.assistant(e, model)
+        elif isinstance(e, ToolCalled):
+            self.tool(e, results.get(e.call_id), depth)
+        elif isinstance(e, ToolReturned):
+            pass  # shown with its call
+        elif isinstance(e, StepRejected):
+            who = f" by {_t(e.plugin)}" if e.plugin else ""
+            w(f'<div class="ev rejected" data-seq="{e.seq}"><b>step rejected{who}</b>'
+              f'{_block(e.reason or e.text, "text")}</div>')
+        elif isinstance(e, TurnEnded):
+            w(f'<div class="ev end {_ID.sub("", e.outcome)[:20]}" data-seq="{e.seq}">'
+              f"<b>turn {e.turn} {_t(e.outcome)}</b> {_t(e.reason)}</div>")
+        elif isinstance(e, ContextCompacted):
+            self.compaction(e)
+        elif isinstance(e, PluginEvent):
+            w(f'<div class="ev plugin" data-seq="{e.seq}"><b>{_t(e.tag)}</b> v{e.version}'
+              f'{_block(_json(dict(e.data)), "json", "data")}</div>')
+        elif isinstance(e, UnknownEvent):
+            w(f'<div class="ev unknown" data-seq="{e.seq}"><b>{_t(e.tag)}</b> (unknown)'
+              f'{_block(_json(e.extra), "json", "data")}</div>')
+
+    def assistant(self, e: AssistantMessage, model: str) -> None:
+        w = self.out.append
+        u = e.usage
+        self.counts["responses"] += 1
+        self.counts["input"] += u.input_tokens
+        self.counts["output"] += u.output_tokens
+        cost = 0.0
+        price = self._price(model, e.model)
+        if price is not None:
+            from dsh.run.budget import request_cost
+
+            cost = request_cost(u, price)
+            self.cost += cost
+            self.priced = True
+        self.points.append((u.input_tokens, u.output_tokens, cost))
+        usage = (f'<span class="usage">{u.input_tokens} in / {u.output_tokens} out'
+                 f'{f" · ${cost:.6f}" if price is not None else ""}</span>')
+        w(f'<div class="ev assistant" data-seq="{e.seq}"><b>assistant</b> {usage}')
+        for part in e.reasoning:
+            if part.text:
+                w(f'<details class="reasoning"><summary>reasoning ({_t(part.kind)}, '
+                  f'{len(part.text)} chars)</summary><pre class="text">'
+                  f"{_t(part.text[:SHOW_CHARS])}</pre></details>")
+            else:  # opaque (redacted or encrypted): a marker, never the data
+                w(f'<div class="reasoning opaque">reasoning ({_t(part.kind)}, '
+                  f"{len(part.data or '')} bytes, not readable)</div>")
+        if e.text:
+            w(_block(e.text, "text"))
+        w("</div>")
+
+    def tool(self, e: ToolCalled, result: ToolReturned | None, depth: int) -> None:
+        w = self.out.append
+        self.counts["tool_calls"] += 1
+        status = result.status if result is not None else "no result"
+        took = (f" · {result.duration_ms:.0f} ms"
+                if result is not None and result.duration_ms is not None else "")
+        w(f'<div class="ev tool-call {_ID.sub("", status)[:20]}" data-seq="{e.seq}" '
+          f'data-call="{_t(e.call_id)}"><b>tool {_t(e.name)}</b> '
+          f'<span class="status">{_t(status)}{took}</span>'
+          f'{_block(_json(dict(e.arguments)), "json args", "arguments")}')
+        if result is not None:
+            w(f'<div class="result">{_block(result.output, "text out", "result")}</div>')
+        child = e.child_session
+        if child:
+            self.counts["subagents"] += 1
+            w(f'<details class="subagent" open><summary>sub-agent session '
+              f'<a href="#{_anchor(child)}">{_t(child)}</a></summary>')
+            if child in self.seen or depth >= MAX_NESTING or self.children is None:
+                w('<p class="cut">not nested here (already shown, or too deep)</p>')
+            else:
+                try:
+                    events = self.children(child)
+                except Exception as exc:  # noqa: BLE001 - a missing child: say so, go on
+                    w(f'<p class="cut">cannot read it: {_t(exc)}</p>')
+                else:
+                    self.session(child, events, depth + 1)
+            w("</details>")
+        w("</div>")
+
+    def compaction(self, e: ContextCompacted) -> None:
+        self.counts["compactions"] += 1
+        by = f" by {_t(e.plugin)}" if e.plugin else ""
+        w = self.out.append
+        w(f'<div class="ev compaction" data-seq="{e.seq}"><b>context compacted</b> '
+          f"messages {e.start}–{e.end} replaced by {len(e.messages)} "
+          f"({_t(e.strategy)}{by}, {_t(e.reason)}): ~{e.tokens_before} → ~{e.tokens_after} "
+          "tokens")
+        if e.summary_session:
+            w(f' · summary written in <a href="#{_anchor(e.summary_session)}">'
+              f"{_t(e.summary_session)}</a>")
+        if e.messages:
+            w('<details class="fold"><summary>replacement messages</summary>')
+            for m in e.messages:
+                w(f'<div class="msg"><b>{_t(m.role)}</b>{_block(m.content, "text")}</div>')
+            w("</details>")
+        w("</div>")
+
+    def attachment(self, a: Any) -> str:
+        label = f"{_t(a.name or a.sha256[:12])} ({_t(a.media_type)}, {int(a.size)} bytes)"
+        if a.media_type not in IMAGE_TYPES or self.blobs is None:
+            return f'<div class="attachment">attachment {label}</div>'
+        if a.size > IMAGE_BYTES or self.image_bytes + a.size > IMAGES_TOTAL:
+            return f'<div class="attachment">attachment {label}: too large to show inline</div>'
+        from dsh.ledger.blobs import AttachmentMissing
+        from dsh.llm.attachments import verified
+
+        try:
+            data = verified(self.blobs, a)
+        except AttachmentMissing as exc:
+            return f'<div class="attachment missing">attachment {label}: {_t(exc)}</div>'
+        self.image_bytes += len(data)
+        b64 = base64.b64encode(data).decode("ascii")
+        return (f'<div class="attachment">{label}<br><img alt="{_t(a.name or "")}" '
+                f'src="data:{a.media_type};base64,{b64}"></div>')
+
+    def _price(self, configured: str, reported: str | None) -> tuple[float | None, ...] | None:
+        """The price of the turn's configured model id, else of the id the provider reported
+        (once per id)."""
+        if self.price is None:
+            return None
+        for model in (configured, reported):
+            if model:
+                if model not in self.prices:
+                    self.prices[model] = self.price(model)
+                if self.prices[model] is not None:
+                    return self.prices[model]
+        return None
+
+    # -- the chart --------------------------------------------------------------------------
+
+    def chart(self) -> str:
+        """An SVG bar chart of input/output tokens per response (bucketed past
+        :data:`CHART_BARS`), with the cost when the model is priced."""
+        pts = self.points
+        if not pts:
+            return '<p class="chart-none">no model responses</p>'
+        size = -(-len(pts) // CHART_BARS)
+        bars = [(sum(p[0] for p in pts[i:i + size]), sum(p[1] for p in pts[i:i + size]),
+                 sum(p[2] for p in pts[i:i + size])) for i in range(0, len(pts), size)]
+        top = max(max(b[0] + b[1] for b in bars), 1)
+        width, height = 800, 160
+        bw = width / len(bars)
+        parts = [f'<svg class="chart" viewBox="0 0 {width} {height + 20}" role="img" '
+                 f'aria-label="tokens per response"><title>tokens per response'
+                 f'{f" (each bar: {size} responses)" if size > 1 else ""}</title>']
+        for i, (inp, out, cost) in enumerate(bars):
+            hi = height * inp / top
+            ho = height * out / top
+            x = i * bw
+            tip = f"{inp} in / {out} out" + (f" · ${cost:.6f}" if self.priced else "")
+            parts.append(f'<g class="bar"><title>{tip}</title>'
+                         f'<rect class="in" x="{x:.2f}" y="{height - hi:.2f}" '
+                         f'width="{max(bw - 1, 0.5):.2f}" height="{hi:.2f}"/>'
+                         f'<rect class="out" x="{x:.2f}" y="{height - hi - ho:.2f}" '
+                         f'width="{max(bw - 1, 0.5):.2f}" height="{ho:.2f}"/></g>')
+        if self.priced:
+            top_cost = max(max(b[2] for b in bars), 1e-12)
+            line = " ".join(f"{i * bw + bw / 2:.2f},{height - height * b[2] / top_cost:.2f}"
+                            for i, b in enumerate(bars))
+            parts.append(f'<polyline class="cost" points="{line}"/>')
+        parts.append(f'<text x="0" y="{height + 16}">max {top} tokens per bar; '
+                     f'blue: input, orange: output{"; line: cost" if self.priced else ""}'
+                     "</text></svg>")
+        return "".join(parts)
+
+
+def render(session_id: str, events: Iterable[Event], *,
+           children: Callable[[str], list[Event]] | None = None, blobs: Any = None,
+           price: Price | None = None) -> str:
+    """The page of session ``session_id`` from its ``events``; ``children(sid)`` reads a
+    sub-agent's session (None: not nested), ``blobs`` is the store attachments are read
+    from, ``price(model)`` the model's price (:func:`dsh.run.budget.model_price`) or None."""
+    from dsh.cli.html_assets import CSS
+    from dsh.cli.html_assets import SCRIPT
+
+    page = Page(children, blobs, price)
+    page.session(session_id, events)
+    c = page.counts
+    cost = f" · cost ${page.cost:.6f}" if page.priced else ""
+    script_hash = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
+    csp = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+           f"script-src 'sha256-{script_hash}'; form-action 'none'; base-uri 'none'")
+    head = (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '<meta name="referrer" content="no-referrer">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>dsh session {_t(session_id)}</title><style>{CSS}</style></head><body>"
+        f'<header><h1>dsh session <code>{_t(session_id)}</code></h1>'
+        f'<p class="summary">{c["turns"]} turns · {c["steps"]} steps · '
+        f'{c["tool_calls"]} tool calls · {c["responses"]} model responses · '
+        f'{c["input"]} in / {c["output"]} out tokens{cost} · {c["compactions"]} compactions · '
+        f'{c["subagents"]} sub-agent runs</p>'
+        '<p class="controls"><button type="button" id="open-all">expand all</button> '
+        '<button type="button" id="close-all">collapse all</button></p>'
+        f'<figure>{page.chart()}</figure></header><main>'
+    )
+    return head + "".join(page.out) + f"</main><script>{SCRIPT}</script></body></html>\n"
+
+
+def page_of(app: Any, session_id: str, events: list[Event]) -> str:
+    """:func:`render` with ``app``'s store (sub-agent sessions, attachments) and prices."""
+    from dsh.run.budget import model_price
+
+    store = app.store
+    models = app.config.models
+
+    def price(model: str) -> tuple[float | None, ...] | None:
+        return model_price(model, models.get(model)) if model else None
+
+    return render(session_id, events, children=store.read, blobs=store, price=price)
