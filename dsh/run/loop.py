@@ -233,25 +233,38 @@ def check_observers(ctx: RunContext, hook: Any) -> None:
 
 
 def _request_fitting(turn: Turn) -> Any:
-    """The step's request, kept within the model's context window (dsh.compaction, issue 10):
-    compacted first when the history nears the window; compacted and retried once when the
-    provider still answers that it is too long."""
+    """The step's request, kept within the model's context window (dsh.compaction, issues
+    10 and 26): compacted first when the history nears the window; after a provider's
+    context-length error, compacted (tighter each time, down to the last resort) and
+    retried, at most ``MAX_REFUSALS`` times. Where the provider reports the prompt's size,
+    the session's estimate is calibrated by it (recorded with the step)."""
     agent = turn.agent
     if agent.compaction == "off":
         return _request(turn)
     from dsh.core.errors import ProviderError
     from dsh.run import compaction
+    from dsh.run.compaction.trigger import MAX_REFUSALS
 
-    compaction.maybe_compact(agent, turn.ledger, turn.ctx)
-    try:
-        return _request(turn)
-    except ProviderError as exc:
-        if not compaction.is_context_error(exc):
-            raise
-        compaction.learn_window(agent, exc)
-        if compaction.compact_now(agent, turn.ledger, turn.ctx, reason="provider") is None:
-            raise
-    return _request(turn)
+    ledger = turn.ledger
+    compaction.maybe_compact(agent, ledger, turn.ctx)
+    refusals = 0
+    while True:
+        sent = compaction.meter_of(ledger).raw(ledger.projection)
+        try:
+            response = _request(turn)
+        except ProviderError as exc:
+            if not compaction.is_context_error(exc) or refusals >= MAX_REFUSALS:
+                raise
+            refusals += 1
+            compaction.learn_window(agent, exc)
+            if compaction.compact_now(agent, ledger, turn.ctx, reason="provider",
+                                      tighten=refusals) is None:
+                raise
+            continue
+        usage = getattr(response, "usage", None)
+        if usage is not None and usage.input_tokens > 0:
+            compaction.calibrate(ledger, usage.input_tokens, sent)
+        return response
 
 
 def _request(turn: Turn) -> Any:

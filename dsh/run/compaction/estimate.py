@@ -4,12 +4,15 @@
   adapter, a provider's error, or dsh's model data;
 * :func:`estimate_tokens` / :func:`message_tokens` / :class:`ContextMeter` — a conservative
   token count of the next request, O(1) per step (the provider's own ``usage`` where the
-  ledger has it, a documented over-estimate for what came after).
+  ledger has it, a documented over-estimate for what came after);
+* :func:`calibrate` — the estimate corrected per session by the provider's own count of the
+  prompts it was sent (``x/dsh.compaction/calibration``, so a resumed session counts alike).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -98,20 +101,42 @@ def message_tokens(m: Message) -> int:
     return n
 
 
+#: The calibration ratio (provider's prompt tokens / dsh's estimate) is kept within these.
+MIN_RATIO = 0.25
+MAX_RATIO = 4.0
+#: A calibration is recorded again only when the ratio moves by more than this fraction.
+RECALIBRATE = 0.05
+#: The plugin event a calibration is recorded as (``x/dsh.compaction/calibration``).
+PLUGIN = "dsh.compaction"
+CALIBRATION = "calibration"
+
+
+def ratio_of(reported: int, estimated: int) -> float:
+    """``reported / estimated``, within :data:`MIN_RATIO` and :data:`MAX_RATIO`."""
+    return min(MAX_RATIO, max(MIN_RATIO, reported / max(1, estimated)))
+
+
 class ContextMeter:
     """How many tokens the next request will carry, O(1) per step.
 
     Where the ledger has a provider's ``usage``, the prompt up to that answer is known
     exactly (``input + output`` tokens of the last answer); only what came after it is
     estimated. Prefix sums of the estimates are extended as messages are appended, and
-    rebuilt only when a compaction replaced the message list.
+    rebuilt only when a compaction replaced the message list. Every estimate is scaled by
+    ``ratio``, the session's calibration (1.0 until a provider reported a prompt's size).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ratio: float = 1.0) -> None:
         self._list: list[Message] | None = None
         self._prefix: list[int] = [0]
         self._fixed_key: tuple[int, int] = (0, 0)
         self._fixed = 0
+        #: The provider's count of a prompt over dsh's raw estimate of it (calibration).
+        self.ratio = ratio
+
+    def scale(self, raw: int) -> int:
+        """A raw estimate in the provider's tokens, rounded up (``ratio`` applied)."""
+        return math.ceil(raw * self.ratio)
 
     def _extend(self, proj: Projection) -> list[int]:
         items = proj._messages
@@ -125,7 +150,7 @@ class ContextMeter:
         return prefix
 
     def fixed(self, proj: Projection) -> int:
-        """System prompt and tool schemas: estimated again only when they change."""
+        """System prompt and tool schemas (raw): estimated again only when they change."""
         key = (id(proj.system), id(proj.tools))
         if key != self._fixed_key:
             tools = json.dumps([[t.name, t.description, dict(t.parameters)] for t in proj.tools],
@@ -134,11 +159,17 @@ class ContextMeter:
             self._fixed_key = key
         return self._fixed
 
-    def estimate(self, proj: Projection, messages: Sequence[Message] | None = None) -> int:
-        """Estimated tokens of the projection's next request, ignoring any usage figures."""
-        if messages is not None:
-            return self.fixed(proj) + sum(message_tokens(m) for m in messages)
+    def raw(self, proj: Projection) -> int:
+        """The uncalibrated estimate of the next request (what a calibration compares)."""
         return self.fixed(proj) + self._extend(proj)[-1]
+
+    def estimate(self, proj: Projection, messages: Sequence[Message] | None = None) -> int:
+        """Estimated tokens of the projection's next request (or of one holding
+        ``messages`` instead of its history), calibrated, ignoring any usage figures: the
+        one measure compactions are compared by."""
+        if messages is not None:
+            return self.scale(self.fixed(proj) + sum(message_tokens(m) for m in messages))
+        return self.scale(self.raw(proj))
 
     def used(self, proj: Projection) -> int:
         """Tokens of the next request: provider usage where known plus estimates after it."""
@@ -146,17 +177,42 @@ class ContextMeter:
         anchor = proj.last_usage
         if anchor is not None and anchor[0] <= len(prefix) - 1:
             at, tokens = anchor
-            return tokens + prefix[-1] - prefix[at]
-        return self.fixed(proj) + prefix[-1]
+            return tokens + self.scale(prefix[-1] - prefix[at])
+        return self.scale(self.fixed(proj) + prefix[-1])
 
 
 def meter_of(ledger: Ledger) -> ContextMeter:
     """The session's meter (kept on the ledger object, so it lives as long as the session)."""
     meter = getattr(ledger, "_context_meter", None)
     if meter is None:
+        from dsh.ledger import plugin_events
+
         meter = ContextMeter()
+        known = plugin_events.read(ledger, PLUGIN, CALIBRATION)
+        if len(known):  # a resumed session counts as it did (the latest calibration)
+            data = known[-1].data
+            meter.ratio = ratio_of(int(data["reported"]), int(data["estimated"]))
         ledger._context_meter = meter  # type: ignore[attr-defined]
     return meter
+
+
+def calibrate(ledger: Ledger, reported: int, estimated: int) -> bool:
+    """The provider counted ``reported`` prompt tokens where dsh estimated ``estimated``
+    (raw): correct the session's meter by their ratio, and record it (a plugin event of
+    ``dsh.compaction``) when it moved by more than :data:`RECALIBRATE`, so a resumed session
+    counts the same. True when recorded."""
+    if reported <= 0 or estimated <= 0:
+        return False
+    meter = meter_of(ledger)
+    ratio = ratio_of(reported, estimated)
+    if abs(ratio - meter.ratio) <= meter.ratio * RECALIBRATE:
+        return False
+    from dsh.ledger import plugin_events
+
+    plugin_events.record(ledger, PLUGIN, CALIBRATION,
+                         {"reported": reported, "estimated": estimated})
+    meter.ratio = ratio
+    return True
 
 
 def agent_window(agent: Agent) -> int | None:

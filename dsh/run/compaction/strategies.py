@@ -21,12 +21,15 @@ if TYPE_CHECKING:
 
 
 #: Strategies the built-in ``compact_context`` implementation knows.
-STRATEGIES = ("auto", "mask", "summarize", "off")
+STRATEGIES = ("auto", "mask", "summarize", "truncate", "off")
 DEFAULT_STRATEGY = "auto"
 #: Compact automatically before a request estimated above this fraction of the window.
 DEFAULT_THRESHOLD = 0.8
 #: After compacting, aim for at most this fraction of the window.
 TARGET_FRACTION = 0.5
+#: What stands for the exchanges the last resort (``truncate``) left out.
+TRUNCATED = ("[{n} earlier messages were left out to fit the model's context window; "
+             "ask the user to repeat what you need from them]")
 #: How a masked tool output reads to the model.
 MASK = "[output of {name} omitted to save context ({chars} characters); ask again if needed]"
 #: Marks the message a summary replaces an older part with.
@@ -89,6 +92,8 @@ class CompactionRequest:
     meter: ContextMeter | None = None
     #: The session's ledger (its id links a summary's sub-run back to it).
     ledger: Any = None
+    #: Tokens the request must leave free for the answer (its ``max_tokens`` option).
+    reserve: int = 0
 
     @property
     def handle(self) -> AgentHandle:
@@ -96,6 +101,15 @@ class CompactionRequest:
         (``session_stash`` only inside a run: not under ``dsh sessions compact``)."""
         handle: AgentHandle = self.agent.info
         return handle
+
+    @property
+    def ratio(self) -> float:
+        """The session's calibration (:class:`ContextMeter`'s ``ratio``; 1.0 without one)."""
+        return self.meter.ratio if self.meter else 1.0
+
+    def scale(self, raw: int) -> int:
+        """A raw estimate (:func:`message_tokens`) in the meter's calibrated tokens."""
+        return self.meter.scale(raw) if self.meter else raw
 
     def estimate(self, messages: Sequence[Message]) -> int:
         """A conservative token count of ``messages`` with the request's system prompt and
@@ -106,13 +120,19 @@ class CompactionRequest:
 
 @hookimpl(trylast=True)
 def compact_context(request: CompactionRequest) -> Compaction | None:
-    """The built-in strategies: ``mask``, ``summarize``, and ``auto`` (mask, then summarise
-    if masking alone does not reach the target)."""
+    """The built-in strategies: ``mask``, ``summarize``, ``truncate``, and ``auto`` (mask,
+    then summarise if masking alone does not reach the target). Whatever a strategy leaves
+    over the window, :func:`dsh.run.compaction.trigger.compact_now` truncates (the last
+    resort), so a strategy may come short of the target."""
+    from dsh.run.compaction.summary import summarize
+
     strategy = request.strategy
     if strategy == "mask":
         return mask_observations(request)
     if strategy == "summarize":
         return summarize(request)
+    if strategy == "truncate":
+        return truncate(request)
     if strategy == "auto":
         masked = mask_observations(request)
         if masked is not None:
@@ -149,7 +169,7 @@ def mask_observations(request: CompactionRequest, keep: int = 2) -> Compaction |
         chosen.append(i)
         m = msgs[i]
         masked = MASK.format(name=m.name or "tool", chars=len(m.content))
-        excess -= message_tokens(m) - message_tokens(attrs.evolve(m, content=masked))
+        excess -= request.scale(message_tokens(m) - message_tokens(attrs.evolve(m, content=masked)))
         if excess <= 0:
             break
     start, end = chosen[0], chosen[-1] + 1
@@ -182,52 +202,33 @@ def split_point(request: CompactionRequest) -> int:
     return best
 
 
-def summarize(request: CompactionRequest) -> Compaction | None:
-    """Summarisation: a model writes a summary of the older part of the history, in a
-    recorded sub-run of its own (its ledger is linked from the event), counted by the run's
-    budgets. The summary replaces the older part as one user-role message."""
-    end = split_point(request)
-    if end == 0:
+def truncate(request: CompactionRequest) -> Compaction | None:
+    """The last resort: leave out the oldest whole exchanges until the estimate is under the
+    target. An exchange unit is a message with the tool results that follow it, so a call is
+    never separated from its result; the newest user message and the latest unit are always
+    kept (the system prompt is not in the history). The units left out become one note
+    (:data:`TRUNCATED`), so the model knows something is missing; the recorded range says
+    what. ``None`` when nothing can be left out."""
+    msgs = list(request.messages)
+    starts = [i for i, m in enumerate(msgs) if i == 0 or m.role != "tool"]
+    if len(starts) < 2:
         return None
-    older = list(request.messages)[:end]
-    summary, session_id = write_summary(request, older)
-    text = f"{SUMMARY_OPEN}\n{summary.strip()}\n{SUMMARY_CLOSE}"
-    replacement = (Message(role="user", content=text),)
-    if request.estimate(replacement) >= request.estimate(older):
-        return None  # a summary no shorter than what it replaces is no compaction
-    return Compaction(start=0, end=end, replacement=replacement, strategy="summarize",
-                      summary_session=session_id)
-
-
-def write_summary(request: CompactionRequest, older: Sequence[Message]) -> tuple[str, str]:
-    """Ask the agent's summary model (``summary_model``, else its own model) for a summary
-    of ``older`` in a nested run with its own ledger; return ``(summary, session id)``."""
-    from dsh.core.errors import ProviderError
-    from dsh.ledger.history import render_history
-
-    agent = request.agent
-    app = agent.app
-    model = getattr(agent, "summary_model", None) or agent.model_id
-    sub = app.agent(agent.name, model=model, system=SUMMARY_SYSTEM, tools=[],
-                    compaction="off")
-    text = render_history(older)
-    window = request.window
-    if window:
-        # Leave room for the summary itself: the input may take about 60% of the window.
-        limit = int(window * 0.6) * 3
-        if len(text) > limit:
-            text = "[...]\n" + text[-limit:]
-    prompt = f"Summarise this conversation:\n\n{text}"
-    ctx = request.ctx
-    if ctx is None and request.ledger is not None:
-        # By hand (`dsh sessions compact`): no run, but the sub-run is still the session's
-        # child, linked to it (and so never taken for the agent's latest session).
-        from dsh.host.runcontext import RunContext
-
-        ctx = RunContext(run_id="compact", agent=agent.name, ledger=request.ledger)
-    with app.open_session(sub) as session:
-        result = session.send(prompt, parent=ctx, cancel=ctx.cancel if ctx else None)
-    if result.outcome != "completed" or not result.output.strip():
-        raise ProviderError(f"compaction: the summary run {result.session_id} ended with "
-                            f"{result.outcome}: {result.reason or 'no summary'}")
-    return result.output, result.session_id
+    bounds = [*starts, len(msgs)]
+    units = list(zip(bounds, bounds[1:], strict=False))
+    newest = max((i for i in starts if msgs[i].role == "user"), default=-1)
+    kept = {newest, starts[-1]}
+    droppable = [u for u in units if u[0] not in kept]
+    if not droppable:
+        return None
+    best: Compaction | None = None
+    dropped = 0
+    for k, (unit_start, unit_end) in enumerate(droppable, 1):
+        dropped += unit_end - unit_start
+        keep = [m for s, e in units[:units.index(droppable[k - 1]) + 1] if s in kept
+                for m in msgs[s:e]]
+        note = Message(role="user", content=TRUNCATED.format(n=dropped))
+        best = Compaction(start=0, end=unit_end, replacement=(note, *keep),
+                          strategy="truncate")
+        if request.estimate(apply(msgs, best)) <= request.target:
+            break
+    return best

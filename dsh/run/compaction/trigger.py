@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from dsh.core.messages import Message
+from dsh.run.compaction.estimate import PLUGIN
 from dsh.run.compaction.estimate import agent_window
 from dsh.run.compaction.estimate import message_tokens
 from dsh.run.compaction.estimate import meter_of
@@ -17,6 +18,7 @@ from dsh.run.compaction.strategies import TARGET_FRACTION
 from dsh.run.compaction.strategies import Compaction
 from dsh.run.compaction.strategies import CompactionRequest
 from dsh.run.compaction.strategies import apply
+from dsh.run.compaction.strategies import truncate
 
 if TYPE_CHECKING:
     from dsh.host.runcontext import RunContext
@@ -38,37 +40,63 @@ def is_context_error(exc: BaseException) -> bool:
     return "context too long" in text or "exceed context window" in text
 
 
+#: How many context-length refusals of one request are compacted and retried.
+MAX_REFUSALS = 4
+#: Each refusal tightens the limit by this factor: the provider counted more than dsh did.
+TIGHTEN = 0.7
+#: Options that cap the answer's length; the request leaves that much of the window free.
+OUTPUT_OPTIONS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict")
+
+
+def output_reserve(proj: Projection, window: int) -> int:
+    """The answer's room the next request must leave in ``window``: its ``max_tokens`` (or
+    a synonym) option, at most half the window; 0 without one."""
+    options = proj.options or {}
+    for key in OUTPUT_OPTIONS:
+        value = options.get(key)
+        if type(value) is int and value > 0:
+            return min(value, window // 2)
+    return 0
+
+
+def limit_of(window: int, reserve: int, tighten: int = 0) -> int:
+    """What the prompt may hold: the window less the answer's room, tightened by
+    :data:`TIGHTEN` per refusal the provider gave this request."""
+    return int((window - reserve) * TIGHTEN ** tighten)
+
+
 def maybe_compact(agent: Agent, ledger: Ledger, ctx: RunContext | None) -> None:
     """Before a request: compact when the next request would pass ``compact_at`` of the
-    window. One comparison per step when nothing is due."""
+    window, or not leave its answer's room. One comparison per step when nothing is due."""
     if agent.compaction == "off":
         return
     window = agent_window(agent)
     if not window:
         return
-    used = meter_of(ledger).used(ledger.projection)
-    if used <= window * agent.compact_at:
+    proj = ledger.projection
+    used = meter_of(ledger).used(proj)
+    if used <= window * agent.compact_at and used <= limit_of(window,
+                                                             output_reserve(proj, window)):
         return
     compact_now(agent, ledger, ctx, reason="threshold")
 
 
 def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason: str,
-                strategy: str | None = None) -> Any:
-    """Ask the ``compact_context`` hook for a compaction, record it, and return the event
-    (``None`` when no strategy proposed one). Then, if the history still does not fit the
-    window, leave the oversized message(s) out of the model's history (recorded too) and
-    raise a clear :class:`~dsh.core.errors.ProviderError`."""
+                strategy: str | None = None, tighten: int = 0) -> Any:
+    """Ask the ``compact_context`` hook for a compaction and record it if it shrinks the
+    next request (:func:`record`). If the history still exceeds the limit (the window less
+    the answer's room, tightened by ``tighten`` refusals), run the last resort, ``truncate``
+    (recorded too). If even that is not enough, some part is too large by itself:
+    :func:`too_large`. Returns the last event recorded, or ``None``."""
     from dsh.core.errors import PluginError
 
     proj = ledger.projection
     meter = meter_of(ledger)
     window = agent_window(agent)
-    used = meter.used(proj)
-    target = int(window * TARGET_FRACTION) if window else max(1, used // 2)
-    request = CompactionRequest(
-        agent=agent, messages=proj.view(), window=window, used=used, target=target,
-        reason=reason, strategy=strategy or agent.compaction, projection=proj, ctx=ctx,
-        meter=meter, ledger=ledger)
+    reserve = output_reserve(proj, window) if window else 0
+    limit = limit_of(window, reserve, tighten) if window else None
+    request = _request(agent, ledger, ctx, reason, strategy or agent.compaction, limit,
+                       reserve)
     result, plugin = call_compact_context(agent.pm, request)
     event = None
     if result is not None:
@@ -80,20 +108,35 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
                 f"plugin {plugin} returned an invalid compaction from compact_context "
                 f"(a Compaction with 0 <= start <= end <= {len(proj)} and Message items "
                 f"expected, got {result!r:.200})", plugin=plugin, hook="compact_context")
-        event = _record(ledger, result, plugin, reason, used)
-    if window:
+        event = record(ledger, result, plugin, reason)
+    if window and limit is not None and meter.used(proj) > limit:
+        last = truncate(_request(agent, ledger, ctx, reason, "truncate", limit, reserve))
+        if last is not None:
+            event = record(ledger, last, PLUGIN, reason) or event
         after = meter.used(proj)
-        if after > window and (reason != "threshold" or _hopeless(proj, window)):
-            _drop_oversized(agent, ledger, window, after)
+        if after > limit and (reason != "threshold" or _hopeless(proj, limit)):
+            event = too_large(agent, ledger, window, limit, after) or event
     return event
 
 
-def _hopeless(proj: Projection, window: int) -> bool:
+def _request(agent: Agent, ledger: Ledger, ctx: RunContext | None, reason: str,
+             strategy: str, limit: int | None, reserve: int) -> CompactionRequest:
+    proj = ledger.projection
+    meter = meter_of(ledger)
+    used = meter.used(proj)
+    target = int(limit * TARGET_FRACTION) if limit else max(1, used // 2)
+    return CompactionRequest(
+        agent=agent, messages=proj.view(), window=agent_window(agent), used=used,
+        target=target, reason=reason, strategy=strategy, projection=proj, ctx=ctx,
+        meter=meter, ledger=ledger, reserve=reserve)
+
+
+def _hopeless(proj: Projection, limit: int) -> bool:
     """Before a request, dsh's count is an over-estimate unless the provider's usage anchors
     it: the request is sent anyway (the provider has the last word, and its context-length
     error compacts and retries) unless some message alone cannot fit even at an optimistic
     4 characters per token."""
-    return any(message_tokens(m) * 3 // 4 > window for m in proj.view())
+    return any(message_tokens(m) * 3 // 4 > limit for m in proj.view())
 
 
 def call_compact_context(pm: Any, request: CompactionRequest) -> tuple[Any, str]:
@@ -151,54 +194,85 @@ def call_compact_context(pm: Any, request: CompactionRequest) -> tuple[Any, str]
     return result, who
 
 
-def _record(ledger: Ledger, c: Compaction, plugin: str, reason: str, before: int) -> Any:
+def record(ledger: Ledger, c: Compaction, plugin: str, reason: str) -> Any:
+    """Record ``c`` as ``context/compacted`` if it shrinks the next request, else nothing
+    (``None``). Before and after are measured alike: the meter's calibrated estimate of the
+    whole request (system prompt, tool schemas, messages), never the provider's count of an
+    earlier one; they are what ``tokens_before``/``tokens_after`` record."""
     from dsh.ledger.events import ContextCompacted
 
     proj = ledger.projection
     meter = meter_of(ledger)
+    before = meter.estimate(proj)
     after = meter.estimate(proj, apply(proj.view(), c))
+    if after >= before:
+        return None  # no shorter: not a compaction (a summary longer than its input…)
     return ledger.append(
         ContextCompacted, start=c.start, end=c.end, messages=c.replacement,
         strategy=c.strategy, plugin=plugin, reason=reason, tokens_before=before,
         tokens_after=after, summary_session=c.summary_session)
 
 
-def _drop_oversized(agent: Agent, ledger: Ledger, window: int, used: int) -> None:
-    """Nothing brought the history under the window: some message alone is too large. Leave
-    the largest messages out of the model's history (a recorded compaction, so the session
-    stays usable for the next, smaller message) and fail the turn with a clear error."""
+def _part(msgs: list[Message], i: int) -> str:
+    m = msgs[i]
+    if m.role == "tool":
+        return f"the result of tool {m.name or '?'}"
+    if m.role == "user":
+        newest = max(j for j, x in enumerate(msgs) if x.role == "user")
+        return "the newest user message" if i == newest else "an earlier user message"
+    return "an assistant message"
+
+
+def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) -> Any:
+    """Nothing brought the history under ``limit``: some part is too large by itself. The
+    system prompt and tool schemas: a clear error. Some message: the largest are left out
+    of the model's history (a recorded compaction, ``drop-oversized``), so the session stays
+    usable; the turn fails only when the newest user message was one of them, with an error
+    saying which part is too large and how big it is. Returns the event, if any."""
     from dsh.core.errors import ProviderError
 
     proj = ledger.projection
+    meter = meter_of(ledger)
+    fixed = meter.scale(meter.fixed(proj))
+    room = f"{window} tokens" + (f", {limit} of them for the prompt" if limit < window else "")
+    if fixed >= limit:
+        raise ProviderError(
+            f"context too long: the system prompt and the {len(proj.tools)} tool schemas "
+            f"alone are about {fixed} tokens, more than the model's context window "
+            f"({room}) holds; shorten the system prompt or turn tools off")
     msgs = list(proj.view())
-    sizes = sorted(((message_tokens(m), i) for i, m in enumerate(msgs)), reverse=True)
+    sizes = sorted(((meter.scale(message_tokens(m)), i) for i, m in enumerate(msgs)),
+                   reverse=True)
     dropped: list[int] = []
-    excess = used - int(window * TARGET_FRACTION)
+    excess = used - int(limit * TARGET_FRACTION)
     for size, i in sizes:
-        if excess <= 0 or size <= window * TARGET_FRACTION:
+        if excess <= 0 or size <= limit * TARGET_FRACTION:
             break
         dropped.append(i)
         excess -= size
     if not dropped:
         raise ProviderError(
             f"context too long: the session's history (about {used} tokens) could not be "
-            f"brought under the model's context window ({window} tokens) by compaction "
-            f"{agent.compaction!r}; try `dsh sessions compact ID --strategy summarize`")
-    largest = sizes[0][0]
+            f"brought under the model's context window ({room}) by compaction "
+            f"{agent.compaction!r}; try `dsh sessions compact ID --strategy truncate`")
+    largest, first = sizes[0]
+    what = _part(msgs, first)
     start, end = min(dropped), max(dropped) + 1
     picked = set(dropped)
     replacement = tuple(
-        attrs.evolve(m, content=f"[message left out: about {message_tokens(m)} tokens, larger "
-                                f"than the model's context window of {window}]")
+        attrs.evolve(m, content=f"[message left out: about {meter.scale(message_tokens(m))} "
+                                f"tokens, larger than the model's context window of {window}]")
         if i in picked else m
         for i, m in enumerate(msgs[start:end], start))
-    _record(ledger, Compaction(start=start, end=end, replacement=replacement,
-                               strategy="drop-oversized"), "dsh.compaction", "oversized", used)
-    raise ProviderError(
-        f"context too long: a message of about {largest} tokens is too large for the model's "
-        f"context window ({window} tokens) with the rest of the conversation, even after "
-        "compaction; it was left out of the model's history, so the session can go on with "
-        "a smaller message")
+    event = record(ledger, Compaction(start=start, end=end, replacement=replacement,
+                                      strategy="drop-oversized"), PLUGIN, "oversized")
+    if any(msgs[i].role == "user" and _part(msgs, i).startswith("the newest") for i in picked):
+        raise ProviderError(
+            f"context too long: {what} is about {largest} tokens, too large for the model's "
+            f"context window ({room}) with the system prompt and tool schemas (about {fixed} "
+            "tokens), even after compaction; it was left out of the model's history, so the "
+            "session can go on with a smaller message")
+    return event
 
 
 def compact_session(app: Any, session_id: str, *, strategy: str | None = None,
