@@ -262,7 +262,9 @@ def _request_fitting(turn: Turn) -> Any:
                 raise
             continue
         usage = getattr(response, "usage", None)
-        if usage is not None and usage.input_tokens > 0:
+        window = compaction.agent_window(agent)
+        if usage is not None and window and usage.input_tokens * 4 >= window:
+            # Near enough to the window for the count to matter: calibrate (and record).
             compaction.calibrate(ledger, usage.input_tokens, sent)
         return response
 

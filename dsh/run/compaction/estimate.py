@@ -133,6 +133,8 @@ class ContextMeter:
         self._fixed = 0
         #: The provider's count of a prompt over dsh's raw estimate of it (calibration).
         self.ratio = ratio
+        #: True once ``ratio`` came from a provider's count (not the default guess).
+        self.calibrated = False
 
     def scale(self, raw: int) -> int:
         """A raw estimate in the provider's tokens, rounded up (``ratio`` applied)."""
@@ -192,6 +194,7 @@ def meter_of(ledger: Ledger) -> ContextMeter:
         if len(known):  # a resumed session counts as it did (the latest calibration)
             data = known[-1].data
             meter.ratio = ratio_of(int(data["reported"]), int(data["estimated"]))
+            meter.calibrated = True
         ledger._context_meter = meter  # type: ignore[attr-defined]
     return meter
 
@@ -205,13 +208,14 @@ def calibrate(ledger: Ledger, reported: int, estimated: int) -> bool:
         return False
     meter = meter_of(ledger)
     ratio = ratio_of(reported, estimated)
-    if abs(ratio - meter.ratio) <= meter.ratio * RECALIBRATE:
+    if meter.calibrated and abs(ratio - meter.ratio) <= meter.ratio * RECALIBRATE:
         return False
     from dsh.ledger import plugin_events
 
     plugin_events.record(ledger, PLUGIN, CALIBRATION,
                          {"reported": reported, "estimated": estimated})
     meter.ratio = ratio
+    meter.calibrated = True
     return True
 
 

@@ -28,8 +28,7 @@ DEFAULT_THRESHOLD = 0.8
 #: After compacting, aim for at most this fraction of the window.
 TARGET_FRACTION = 0.5
 #: What stands for the exchanges the last resort (``truncate``) left out.
-TRUNCATED = ("[{n} earlier messages were left out to fit the model's context window; "
-             "ask the user to repeat what you need from them]")
+TRUNCATED = "[{n} earlier messages left out to fit the context window]"
 #: How a masked tool output reads to the model.
 MASK = "[output of {name} omitted to save context ({chars} characters); ask again if needed]"
 #: Marks the message a summary replaces an older part with.
@@ -231,4 +230,11 @@ def truncate(request: CompactionRequest) -> Compaction | None:
                           strategy="truncate")
         if request.estimate(apply(msgs, best)) <= request.target:
             break
+    whole = request.estimate(msgs)
+    if best is not None and request.estimate(apply(msgs, best)) >= whole \
+            and [*best.replacement[1:], *msgs[best.end:]][0].role == "user":
+        # The note would outweigh what it stands for (an earlier note, say): without it.
+        best = attrs.evolve(best, replacement=best.replacement[1:])
+    if best is None or request.estimate(apply(msgs, best)) >= whole:
+        return None
     return best

@@ -86,8 +86,9 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
     """Ask the ``compact_context`` hook for a compaction and record it if it shrinks the
     next request (:func:`record`). If the history still exceeds the limit (the window less
     the answer's room, tightened by ``tighten`` refusals), run the last resort, ``truncate``
-    (recorded too). If even that is not enough, some part is too large by itself:
-    :func:`too_large`. Returns the last event recorded, or ``None``."""
+    (recorded too). If even that is not enough and nothing could be compacted, or a message
+    alone cannot fit, some part is too large by itself: :func:`too_large`. Returns the last
+    event recorded, or ``None``."""
     from dsh.core.errors import PluginError
 
     proj = ledger.projection
@@ -114,7 +115,11 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
         if last is not None:
             event = record(ledger, last, PLUGIN, reason) or event
         after = meter.used(proj)
-        if after > limit and (reason != "threshold" or _hopeless(proj, limit)):
+        # Some part is too large by itself when a message alone cannot fit, or when nothing
+        # more could be compacted (the provider's last word, or by hand). Otherwise the
+        # request goes out: the provider has the last word, and a refusal comes back here.
+        if after > limit and (_hopeless(proj, limit) or (
+                event is None and reason != "threshold")):
             event = too_large(agent, ledger, window, limit, after) or event
     return event
 
@@ -235,7 +240,7 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
     meter = meter_of(ledger)
     fixed = meter.scale(meter.fixed(proj))
     room = f"{window} tokens" + (f", {limit} of them for the prompt" if limit < window else "")
-    if fixed >= limit:
+    if meter.calibrated and fixed >= window:  # only the provider's count can blame them
         raise ProviderError(
             f"context too long: the system prompt and the {len(proj.tools)} tool schemas "
             f"alone are about {fixed} tokens, more than the model's context window "
@@ -251,10 +256,15 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
         dropped.append(i)
         excess -= size
     if not dropped:
+        newest = max((i for i, m in enumerate(msgs) if m.role == "user"), default=None)
+        size = meter.scale(message_tokens(msgs[newest])) if newest is not None else 0
         raise ProviderError(
-            f"context too long: the session's history (about {used} tokens) could not be "
-            f"brought under the model's context window ({room}) by compaction "
-            f"{agent.compaction!r}; try `dsh sessions compact ID --strategy truncate`")
+            f"context too long: the model's context window ({room}) cannot hold the system "
+            f"prompt and the {len(proj.tools)} tool schemas (about {fixed} tokens) with the "
+            f"newest user message (about {size} tokens) and the {len(msgs) - 1} other "
+            f"messages left after compaction {agent.compaction!r} (about {used} tokens in "
+            "all, by dsh's estimate); shorten the message or the system prompt, or turn "
+            "tools off")
     largest, first = sizes[0]
     what = _part(msgs, first)
     start, end = min(dropped), max(dropped) + 1
