@@ -35,6 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutate"
 
+#: The tests of dsh/run/compaction/: scripted models, and a llama.cpp-like loopback server.
+#: (test_compaction_fit.py's 30-turn sessions are left out: minutes per mutant.)
+_COMPACTION_TESTS = (
+    "tests/test_compaction.py",
+    "tests/test_compaction_pins.py",
+)
+
 #: module name -> (source file, test files). Test files that do not exist are left out.
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ledger": ("dsh/ledger/store.py", (
@@ -62,6 +69,18 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/test_openai.py",
         "tests/test_anthropic.py",
     )),
+    # dsh/run/compaction/ (issue 26): one entry per module of the package; `compaction`
+    # runs them all (GROUPS).
+    "compaction-estimate": ("dsh/run/compaction/estimate.py", _COMPACTION_TESTS),
+    "compaction-strategies": ("dsh/run/compaction/strategies.py", _COMPACTION_TESTS),
+    "compaction-summary": ("dsh/run/compaction/summary.py", _COMPACTION_TESTS),
+    "compaction-trigger": ("dsh/run/compaction/trigger.py", _COMPACTION_TESTS),
+}
+
+#: Names that stand for several modules.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "compaction": ("compaction-estimate", "compaction-strategies", "compaction-summary",
+                   "compaction-trigger"),
 }
 
 #: Equivalent mutants: (function, original fragment, mutated fragment, why it cannot change
@@ -352,13 +371,15 @@ def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", help=f"any of: {', '.join(MODULES)}")
+    parser.add_argument("modules", nargs="*",
+                        help=f"any of: {', '.join([*MODULES, *GROUPS])}")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests")
     parser.add_argument("--fresh", action="store_true", help="forget cached results")
     parser.add_argument("--show", action="store_true", help="print surviving mutants' diffs")
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--fail-under", type=float, default=0.0, metavar="PERCENT")
     args = parser.parse_args(argv)
+    args.modules = [m for name in args.modules for m in GROUPS.get(name, (name,))]
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
@@ -384,6 +405,15 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"   ({other})" if other else ""
         print(f"{r['module']:<11} {r['total']:>5} {cells}   {r['score']:.1f}%{extra}")
         failed = failed or float(r["score"]) < args.fail_under  # type: ignore[arg-type]
+    for group, members in GROUPS.items():  # a group's row: its modules' mutants together
+        part = [r for r in rows if r["module"] in members]
+        if len(part) > 1:
+            sums = {c: sum(int(str(r.get(c, 0))) for r in part) for c in (*cols, "total")}
+            scored = sums["total"] - sums["equivalent"]
+            got = sums["killed"] + sums["timeout"]
+            cells = " ".join(f"{sums[c]:>10}" for c in cols)
+            print(f"{group:<11} {sums['total']:>5} {cells}   "
+                  f"{100.0 * got / scored if scored else 100.0:.1f}%")
     if failed:
         print(f"a module scored below {args.fail_under:g}%", file=sys.stderr)
     return 1 if failed else 0
