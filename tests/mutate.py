@@ -192,6 +192,29 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for before, after in (('getattr(impl.function, "__code__", None)',
                              'getattr(impl.function, "__code__", )'),
                             ("continue", "break"))],
+    # dsh/run/compaction/estimate.py
+    ("dsh.run.compaction.estimate.x_message_tokens", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    ("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "ensure_ascii=False, default=str",
+     "ensure_ascii=None", "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    *[("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "ensure_ascii=False, default=str",
+       after, "a tool's parameters are frozen JSON values (FrozenDict is a dict, tuples dump "
+       "as lists): json.dumps never calls default")
+      for after in ("default=None)", "ensure_ascii=False, )")],
+    ("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "self._fixed_key = key",
+     "self._fixed_key = None", "the cache key only: the same value is recomputed each time"),
+    *[("dsh.run.compaction.estimate.xǁContextMeterǁ__init__", before, after,
+       "never read before it is set: the first _extend finds the projection's list is not "
+       "_list (None) and starts the sums at [0]; id() is never 0 or 1, so the first fixed() "
+       "recomputes the key and the value")
+      for before, after in (("self._list: list[Message] | None = None", '= ""'),
+                            ("self._prefix: list[int] = [0]", "= None"),
+                            ("self._prefix: list[int] = [0]", "= [1]"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= None"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= (1, 0)"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= (0, 1)"),
+                            ("self._fixed = 0", "self._fixed = None"),
+                            ("self._fixed = 0", "self._fixed = 1"))],
     # dsh/host/runcontext.py
     ("dsh.host.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "

@@ -656,3 +656,77 @@ def test_compact_now_on_a_refusal_tightens(make_app: Any, script: Any) -> None:
         assert after0 <= (used + 1) // 2
         compaction.compact_now(agent, ledger, None, reason="provider", tighten=3)
         assert compaction.meter_of(ledger).used(ledger.projection) < after0
+
+
+# -- estimate: the edges mutation testing found --------------------------------------------
+
+
+def test_calibrate_edges() -> None:
+    ledger = Ledger("s3")
+    assert compaction.calibrate(ledger, 1, 100)  # the smallest counts still calibrate
+    assert compaction.meter_of(ledger).ratio == estimate.MIN_RATIO
+    other = Ledger("s4")
+    assert compaction.calibrate(other, 100, 1)
+    assert compaction.meter_of(other).ratio == estimate.MAX_RATIO
+    exact = Ledger("s5")
+    assert compaction.calibrate(exact, 4, 13)
+    assert not compaction.calibrate(exact, 84, 260)  # moved by exactly 5%: not recorded
+    assert estimate.ratio_of(1, 1) == 1.0 and estimate.ratio_of(3, 2) == 1.5
+
+
+def test_meter_of_reads_the_calibration_not_another_event_of_the_plugin() -> None:
+    from dsh.ledger import plugin_events
+
+    ledger = Ledger("s6")
+    compaction.calibrate(ledger, 50, 100)
+    plugin_events.record(ledger, "dsh.compaction", "other", {"x": 1})
+    del ledger._context_meter  # type: ignore[attr-defined]
+    assert compaction.meter_of(ledger).ratio == 0.5
+    assert ContextMeter().calibrated is False
+
+
+def test_context_status_when_the_window_cannot_be_known(
+        make_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app(model="echo")
+    with app.session() as s:
+        s.send("abc")
+
+        def broken(agent: Any) -> int:
+            raise RuntimeError("adapter")
+
+        monkeypatch.setattr(estimate, "agent_window", broken)
+        assert compaction.context_status(app.agent(), s.ledger)["window"] is None
+
+
+def test_window_for_asks_in_order() -> None:
+    """The order of window_for, on stand-ins holding only what it reads."""
+    from types import SimpleNamespace
+
+    class Model:
+        def __init__(self, size: Any) -> None:
+            self.context_window = size
+
+    def agent(models: dict[str, Any], model_id: str, model: Any, **kw: Any) -> Any:
+        app = SimpleNamespace(config=SimpleNamespace(models=models))
+        return SimpleNamespace(app=app, model_id=model_id, model=model, **kw)
+
+    assert compaction.window_for(agent({}, "x", Model(None))) is None
+    assert compaction.window_for(agent({}, "x", Model(900))) == 900
+    assert compaction.window_for(agent({}, "x", Model(lambda: 700))) == 700
+    assert compaction.window_for(agent({}, "x", object())) is None
+    assert compaction.window_for(agent({"x": {"model": "gpt-4o-mini"}}, "x",
+                                       Model(None))) == 128_000
+    assert compaction.window_for(agent({"x": {"context_window": 300}}, "x", Model(900))) == 300
+    assert compaction.window_for(agent({}, "x", Model(900), context_window=50)) == 50
+    assert compaction.window_for(agent({}, "gpt-4o-mini", Model(None))) == 128_000
+
+
+def test_fixed_follows_the_tools_and_counts_their_text_unescaped() -> None:
+    proj = Projection()
+    meter = ContextMeter()
+    empty = meter.fixed(proj)
+    proj.tools = (ToolSpec(name="t", description="é" * 30),)
+    wide = meter.fixed(proj)
+    assert wide > empty
+    text = json.dumps([["t", "é" * 30, {}]], ensure_ascii=False)
+    assert wide == compaction.estimate_tokens(text)
