@@ -215,6 +215,23 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
                             ("self._fixed_key: tuple[int, int] = (0, 0)", "= (0, 1)"),
                             ("self._fixed = 0", "self._fixed = None"),
                             ("self._fixed = 0", "self._fixed = 1"))],
+    # dsh/run/compaction/strategies.py
+    ("dsh.run.compaction.strategies.x_split_point", "budget = max(0, request.target // 2)",
+     "budget = max(1,", "the kept part always holds two messages or more (the latest start "
+     "is not compared), at least 8 raw tokens, so it is never under a budget of 1 either"),
+    ("dsh.run.compaction.strategies.x_split_point", "budget = max(0, request.target // 2)",
+     "request.target / 2)", "compared with integer token counts: x > n // 2 exactly when "
+     "x > n / 2"),
+    *[("dsh.run.compaction.strategies.x_truncate", "strict=False", after,
+       "bounds[1:] is one shorter than bounds by construction: strict=False is zip's default")
+      for after in ("strict=None", "bounds[1:], )")],
+    *[("dsh.run.compaction.strategies.x_truncate", 'role == "user"), default=-1)', after,
+       "newest is only compared with unit starts (indices from 0): -2 and None match none "
+       "of them, as -1 does")
+      for after in ("default=None)", "default=-2)")],
+    ("dsh.run.compaction.strategies.x_truncate", "best: Compaction | None = None",
+     'best: Compaction | None = ""', "droppable is not empty here, so the loop sets best "
+     "before it is read"),
     # dsh/host/runcontext.py
     ("dsh.host.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "

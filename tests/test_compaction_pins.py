@@ -730,3 +730,84 @@ def test_fixed_follows_the_tools_and_counts_their_text_unescaped() -> None:
     assert wide > empty
     text = json.dumps([["t", "é" * 30, {}]], ensure_ascii=False)
     assert wide == compaction.estimate_tokens(text)
+
+
+# -- strategies: the edges mutation testing found ------------------------------------------
+
+
+def test_a_tool_result_that_mentions_omitted_is_still_maskable() -> None:
+    msgs = [_user("go"), *_call("1"), *_call("2"), *_call("3")]
+    msgs[2] = Message(role="tool", content="nothing omitted here", tool_call_id="1", name="t")
+    c = compaction.mask_observations(_request(msgs, target=0))
+    assert c is not None and c.start == 2
+
+
+def test_mask_stops_when_the_excess_is_exactly_zero() -> None:
+    msgs = [_user("go"), *_call("1", 300), *_call("2", 300), *_call("3", 300),
+            *_call("4", 300)]
+    r = _request(msgs, target=0)
+    saved = compaction.message_tokens(msgs[2]) - compaction.message_tokens(
+        Message(role="tool", content=compaction.MASK.format(name="t", chars=300)))
+    r.target = r.used - saved
+    c = compaction.mask_observations(r)
+    assert c is not None and (c.start, c.end) == (2, 3)
+    r.target = r.used - saved - 1
+    c = compaction.mask_observations(r)
+    assert c is not None and (c.start, c.end) == (2, 5)
+
+
+def test_auto_takes_the_mask_that_reaches_the_target_exactly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(summary, "summarize", lambda request: None)
+    msgs = [_user("go"), *_call("1", 600), *_call("2", 600), *_call("3", 600), _user("x")]
+    r = _request(msgs, target=0, strategy="mask")
+    masked = compaction.mask_observations(r)
+    assert masked is not None
+    r.target = r.estimate(compaction.apply(msgs, masked))
+    r.strategy = "auto"
+    assert compaction.compact_context(r) == compaction.mask_observations(r)
+    assert compaction.compact_context(r).end == 3  # type: ignore[union-attr]
+
+
+def test_truncate_edges() -> None:
+    # Two units are enough to drop one.
+    two = [_answer("a" * 300), *_call("1")]
+    c = compaction.truncate(_request(two, target=0))
+    assert c is not None and (c.start, c.end) == (0, 1)
+    # No user message at all: every unit but the latest may go.
+    none = [_answer("a" * 300), _answer("b" * 300), *_call("1")]
+    c = compaction.truncate(_request(none, target=0))
+    assert c is not None and c.end == 2
+    assert c.replacement == (_user(compaction.TRUNCATED.format(n=2)),)
+    # An orphan tool result first is a unit of its own.
+    orphan = [Message(role="tool", content="r" * 300, tool_call_id="0", name="t"),
+              _answer("x" * 300), *_call("1")]
+    c = compaction.truncate(_request(orphan, target=0))
+    assert c is not None and c.replacement[0].content.startswith("[2 earlier")
+    # The target is what the whole next request comes to, not the projection's.
+    msgs = [_user("a" * 90), _answer("b" * 90), *_call("1", 90), _user("c" * 90),
+            *_call("2", 90)]
+    c = compaction.truncate(_request(msgs, target=1))
+    assert c is not None and c.end == 4
+    # A target reached exactly stops there.
+    r = _request(msgs, target=0)
+    first = Compaction(start=0, end=1, replacement=(
+        _user(compaction.TRUNCATED.format(n=1)),), strategy="truncate")
+    r.target = r.estimate(compaction.apply(msgs, first))
+    assert compaction.truncate(r) == first
+
+
+def test_truncate_without_the_note_keeps_the_newest_user_message() -> None:
+    msgs = [_answer(""), _user("now"), _answer(""), *_call("1")]
+    c = compaction.truncate(_request(msgs, target=0))
+    assert c is not None and (c.start, c.end) == (0, 3) and c.replacement == (msgs[1],)
+
+
+def test_truncate_proposes_nothing_that_does_not_shrink() -> None:
+    note = compaction.TRUNCATED.format(n=1)
+    msgs = [_answer("f" * len(note)), _answer("q"), *_call("1")]
+    r = _request(msgs, target=0)
+    r.target = r.estimate(msgs)  # one unit out would reach it, but only by a note as big
+    assert compaction.truncate(r) is None
+    grows = [_answer(""), _answer(""), *_call("1")]
+    assert compaction.truncate(_request(grows, target=0)) is None

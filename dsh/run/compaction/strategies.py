@@ -168,21 +168,16 @@ def mask_observations(request: CompactionRequest, keep: int = 2) -> Compaction |
     if not candidates:
         return None
     excess = request.used - request.target
-    chosen: list[int] = []
+    chosen: dict[int, Message] = {}
     for i in candidates:
-        chosen.append(i)
         m = msgs[i]
-        masked = MASK.format(name=m.name or "tool", chars=len(m.content))
-        excess -= request.scale(message_tokens(m) - message_tokens(attrs.evolve(m, content=masked)))
+        chosen[i] = masked = attrs.evolve(m, content=MASK.format(name=m.name or "tool",
+                                                                  chars=len(m.content)))
+        excess -= request.scale(message_tokens(m) - message_tokens(masked))
         if excess <= 0:
             break
-    start, end = chosen[0], chosen[-1] + 1
-    picked = set(chosen)
-    replacement = tuple(
-        attrs.evolve(m, content=MASK.format(name=m.name or "tool", chars=len(m.content)))
-        if i in picked else m
-        for i, m in enumerate(msgs[start:end], start)
-    )
+    start, end = candidates[0], max(chosen) + 1
+    replacement = tuple(chosen.get(i, m) for i, m in enumerate(msgs[start:end], start))
     return Compaction(start=start, end=end, replacement=replacement, strategy="mask")
 
 
