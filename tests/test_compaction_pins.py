@@ -619,12 +619,12 @@ def test_too_large_leaves_out_a_big_tool_result_and_lets_the_turn_go_on(
     with s:
         ledger, agent = s.ledger, app.agent()
         proj = ledger.projection
-        proj._messages[:] = [_user("hi"), *_call("1", 3000)]
+        proj._messages = [_user("hi"), *_call("1", 3000)]
         event = compaction.too_large(agent, ledger, 400, 400, 1100)
         assert event.strategy == "drop-oversized" and event.reason == "oversized"
         assert (event.start, event.end) == (2, 3)
         assert "[message left out: about 1005 tokens" in proj.view()[2].content
-        proj._messages[:] = [_user("x" * 3000), _answer("b" * 600)]
+        proj._messages = [_user("x" * 3000), _answer("b" * 600)]
         with pytest.raises(ProviderError, match="the newest user message is about 1005 tokens"):
             compaction.too_large(agent, ledger, 400, 400, 1300)
 
@@ -811,3 +811,158 @@ def test_truncate_proposes_nothing_that_does_not_shrink() -> None:
     assert compaction.truncate(r) is None
     grows = [_answer(""), _answer(""), *_call("1")]
     assert compaction.truncate(_request(grows, target=0)) is None
+
+
+# -- trigger: the exact boundaries ----------------------------------------------------------
+
+
+def test_the_threshold_and_the_answers_room_are_inclusive(make_app: Any, script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, compaction="truncate",
+                               compact_at=0.5)
+    with s:
+        agent, ledger = app.agent(), s.ledger
+        used = compaction.meter_of(ledger).used(ledger.projection)
+        agent._window = 2 * used  # used is exactly compact_at of the window
+        compaction.maybe_compact(agent, ledger, None)
+        assert ledger.projection.compactions == 0
+        agent._window = 2 * used - 1
+        compaction.maybe_compact(agent, ledger, None)
+        assert ledger.projection.compactions == 1
+    app, s = _scripted_session(make_app, script, window=10 ** 6, compaction="truncate",
+                               compact_at=1.0)
+    with s:
+        agent, ledger = app.agent(), s.ledger
+        used = compaction.meter_of(ledger).used(ledger.projection)
+        agent._window = used + 10
+        ledger.projection.options = {"max_tokens": 10}  # leaves exactly the prompt's room
+        compaction.maybe_compact(agent, ledger, None)
+        assert ledger.projection.compactions == 0
+
+
+def test_the_hook_is_asked_with_the_limit_the_reserve_and_the_reason(
+        make_app: Any, script: Any, plugin_module: Any) -> None:
+    seen: list[CompactionRequest] = []
+
+    @hookimpl(tryfirst=True)
+    def compact_context(request: CompactionRequest) -> Any:
+        seen.append(request)
+        return None
+
+    name = plugin_module(compact_context=compact_context)
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[name], n=2,
+                               compaction="mask")
+    with s:
+        agent, ledger = app.agent(), s.ledger
+        used = compaction.meter_of(ledger).used(ledger.projection)
+        agent._window = None
+        assert compaction.compact_now(agent, ledger, None, reason="manual") is None
+        r = seen[-1]
+        assert (r.window, r.target, r.reserve, r.used) == (None, used // 2, 0, used)
+        assert (r.reason, r.strategy, r.ledger, r.ctx) == ("manual", "mask", ledger, None)
+        assert r.meter is compaction.meter_of(ledger) and r.projection is ledger.projection
+        agent._window = 10 ** 5
+        ledger.projection.options = {"max_tokens": 1000}
+        compaction.compact_now(agent, ledger, None, reason="provider", strategy="x",
+                               tighten=1)
+        r = seen[-1]
+        assert (r.window, r.reserve, r.strategy) == (10 ** 5, 1000, "x")
+        assert r.target == int(int((10 ** 5 - 1000) * 0.7) * compaction.TARGET_FRACTION)
+
+
+def test_at_the_limit_exactly_nothing_is_truncated(make_app: Any, script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, compaction="off", n=3)
+    with s:
+        agent, ledger = app.agent(), s.ledger
+        agent._window = compaction.meter_of(ledger).used(ledger.projection)
+        assert compaction.compact_now(agent, ledger, None, reason="manual") is None
+        agent._window -= 1
+        event = compaction.compact_now(agent, ledger, None, reason="manual")
+        assert event is not None and event.strategy == "truncate"
+
+
+def test_hopeless_is_a_message_over_the_limit_at_four_characters_a_token() -> None:
+    proj = Projection()
+    proj._messages.append(_user("a" * 297))  # 4 + 100 tokens: 78 at the optimistic rate
+    assert trigger._hopeless(proj, 77) and not trigger._hopeless(proj, 78)
+
+
+def test_too_large_leaves_out_only_what_is_over_half_the_limit(
+        make_app: Any, script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, n=1)
+    with s:
+        ledger, agent = s.ledger, app.agent()
+        proj = ledger.projection
+        # 205 and 105 tokens; half the limit of 210 is 105: only the first goes.
+        proj._messages = [_user("a" * 600), _answer("b" * 300), _user("now")]
+        event = compaction.too_large(agent, ledger, 210, 210, 600)
+        assert (event.start, event.end) == (0, 1)
+        assert proj.view()[1].content == "b" * 300
+        # Enough left out once the excess is gone: 305 - 100 = 205, the first message.
+        proj._messages = [_user("a" * 600), _answer("b" * 300), _user("now")]
+        event = compaction.too_large(agent, ledger, 200, 200, 305)
+        assert (event.start, event.end) == (0, 1)
+        proj._messages = [_user("a" * 600), _answer("b" * 300), _user("now")]
+        event = compaction.too_large(agent, ledger, 200, 200, 400)
+        assert (event.start, event.end) == (0, 2)
+        assert event.tokens_after < event.tokens_before
+        assert event.messages[1].content == (
+            "[message left out: about 105 tokens, larger than the model's context window "
+            "of 200]")
+
+
+def test_too_large_says_which_part_when_nothing_can_go(make_app: Any, script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, n=1)
+    with s:
+        ledger, agent = s.ledger, app.agent()
+        ledger.projection._messages = [_answer("b" * 3), _user("now")]
+        with pytest.raises(ProviderError) as info:
+            compaction.too_large(agent, ledger, 20, 20, 50)
+        assert str(info.value) == (
+            "context too long: the model's context window (20 tokens) cannot hold the system "
+            "prompt and the 0 tool schemas (about 1 tokens) with the newest user message "
+            "(about 6 tokens) and the 1 other messages left after compaction 'auto' (about 50 "
+            "tokens in all, by dsh's estimate); shorten the message or the system prompt, or "
+            "turn tools off")
+        ledger.projection._messages = [_answer("b" * 3)]
+        with pytest.raises(ProviderError, match=r"newest user message \(about 0 tokens\)"):
+            compaction.too_large(agent, ledger, 20, 20, 50)
+
+
+# -- summary: the prompt and the pieces -----------------------------------------------------
+
+
+def test_a_long_text_loses_its_middle_and_each_piece_fits(make_app: Any, script: Any) -> None:
+    app = _summarising_app(make_app, script, *["S"] * 20, window=600)
+    agent = app.agent()
+    older = [_user(f"HEAD {'w' * 3000}"), _answer(f"{'m' * 6000} TAIL")]
+    r = CompactionRequest(agent=agent, messages=older, window=600, used=0, target=0,
+                          reason="manual", strategy="summarize", projection=Projection())
+    before = set(app.store.path("x").parent.glob("*.jsonl"))
+    text, sid = summary.write_summary(r, older)
+    assert text == "S"
+    runs = sorted(set(app.store.path("x").parent.glob("*.jsonl")) - before)
+    prompts = [next(json.loads(x)["text"] for x in p.read_text().splitlines()
+                    if json.loads(x)["type"] == "user/message") for p in runs]
+    assert 2 <= len(prompts) <= summary.MAX_CHUNKS
+    joined = "".join(prompts)
+    assert "HEAD" in joined and "TAIL" in joined and "[...]" in joined
+    limit = 150  # a quarter of the window
+    assert all(f"at most {limit * 3 // 5} words" in p for p in prompts)
+    assert all(compaction.estimate_tokens(summary.SUMMARY_SYSTEM + p) + limit
+               + summary.REQUEST_OVERHEAD <= 600 for p in prompts)
+
+
+def test_summarize_proposes_nothing_for_an_empty_summary_or_no_older_part(
+        make_app: Any, script: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    msgs = [_user("a" * 300), _answer("b" * 300), _user("c")]
+    r = _request(msgs, target=0)
+    assert summary.summarize(_request([_user("a")], target=0)) is None
+    monkeypatch.setattr(summary, "write_summary", lambda request, older: ("  ", "sid"))
+    assert summary.summarize(r) is None
+    monkeypatch.setattr(summary, "write_summary", lambda request, older: (" S ", "sid"))
+    c = summary.summarize(r)
+    assert c is not None and (c.start, c.end, c.summary_session) == (0, 2, "sid")
+    assert c.replacement == (_user(f"{compaction.SUMMARY_OPEN}\nS\n{compaction.SUMMARY_CLOSE}"),)
+    same = "x" * 600
+    monkeypatch.setattr(summary, "write_summary", lambda request, older: (same, "sid"))
+    assert summary.summarize(r) is None

@@ -218,16 +218,6 @@ def record(ledger: Ledger, c: Compaction, plugin: str, reason: str) -> Any:
         tokens_after=after, summary_session=c.summary_session)
 
 
-def _part(msgs: list[Message], i: int) -> str:
-    m = msgs[i]
-    if m.role == "tool":
-        return f"the result of tool {m.name or '?'}"
-    if m.role == "user":
-        newest = max(j for j, x in enumerate(msgs) if x.role == "user")
-        return "the newest user message" if i == newest else "an earlier user message"
-    return "an assistant message"
-
-
 def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) -> Any:
     """Nothing brought the history under ``limit``: some part is too large by itself. The
     system prompt and tool schemas: a clear error. Some message: the largest are left out
@@ -265,8 +255,6 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
             f"messages left after compaction {agent.compaction!r} (about {used} tokens in "
             "all, by dsh's estimate); shorten the message or the system prompt, or turn "
             "tools off")
-    largest, first = sizes[0]
-    what = _part(msgs, first)
     start, end = min(dropped), max(dropped) + 1
     picked = set(dropped)
     replacement = tuple(
@@ -276,9 +264,12 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
         for i, m in enumerate(msgs[start:end], start))
     event = record(ledger, Compaction(start=start, end=end, replacement=replacement,
                                       strategy="drop-oversized"), PLUGIN, "oversized")
-    if any(msgs[i].role == "user" and _part(msgs, i).startswith("the newest") for i in picked):
+    newest = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
+    if newest in picked:
+        size = meter.scale(message_tokens(msgs[newest]))
         raise ProviderError(
-            f"context too long: {what} is about {largest} tokens, too large for the model's "
+            f"context too long: the newest user message is about {size} tokens, too large "
+            "for the model's "
             f"context window ({room}) with the system prompt and tool schemas (about {fixed} "
             "tokens), even after compaction; it was left out of the model's history, so the "
             "session can go on with a smaller message")
