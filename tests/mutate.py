@@ -241,11 +241,6 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for fn, after in (("exceeded", "depth = 1"), ("exceeded", "depth -= 1"),
                         ("exceeded", "depth += 2"), ("reserve", "depth -= 1"),
                         ("reserve", "depth += 2"))],
-    *[(f"dsh.host.runcontext.xǁRunContextǁ{fn}", f"stacklevel={n}", after,
-       "not measurable here: under mutmut every mutated function gains a trampoline frame, "
-       "so which frame a warning names differs anyway (checked in the normal test run)")
-      for fn, n in (("observe", 2), ("observer_plugins_changed", 3))
-      for after in (f"stacklevel={n + 1})", ")")],  # one more frame; the default (1)
 ]
 
 #: pytest settings inside the scratch tree (mirrors tox.ini's [pytest]).
