@@ -43,6 +43,13 @@ _LEDGER_TESTS = (
     "tests/test_attachments.py",  # the session's blob store (put/get_attachment)
 )
 
+#: The tests of dsh/run/compaction/: scripted models, and a llama.cpp-like loopback server.
+#: (test_compaction_fit.py's 30-turn sessions are left out: minutes per mutant.)
+_COMPACTION_TESTS = (
+    "tests/test_compaction.py",
+    "tests/test_compaction_pins.py",
+)
+
 #: module name -> (source file, test files). Test files that do not exist are left out.
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "ledger": ("dsh/ledger/store.py", _LEDGER_TESTS),
@@ -76,6 +83,18 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/test_c3_transport.py",
         "tests/test_transport_pins.py",
     )),
+    # dsh/run/compaction/ (issue 26): one entry per module of the package; `compaction`
+    # runs them all (GROUPS).
+    "compaction-estimate": ("dsh/run/compaction/estimate.py", _COMPACTION_TESTS),
+    "compaction-strategies": ("dsh/run/compaction/strategies.py", _COMPACTION_TESTS),
+    "compaction-summary": ("dsh/run/compaction/summary.py", _COMPACTION_TESTS),
+    "compaction-trigger": ("dsh/run/compaction/trigger.py", _COMPACTION_TESTS),
+}
+
+#: Names that stand for several modules.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "compaction": ("compaction-estimate", "compaction-strategies", "compaction-summary",
+                   "compaction-trigger"),
 }
 
 #: Equivalent mutants: (function, original fragment, mutated fragment, why it cannot change
@@ -187,6 +206,46 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for before, after in (('getattr(impl.function, "__code__", None)',
                              'getattr(impl.function, "__code__", )'),
                             ("continue", "break"))],
+    # dsh/run/compaction/estimate.py
+    ("dsh.run.compaction.estimate.x_message_tokens", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    ("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "ensure_ascii=False, default=str",
+     "ensure_ascii=None", "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    *[("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "ensure_ascii=False, default=str",
+       after, "a tool's parameters are frozen JSON values (FrozenDict is a dict, tuples dump "
+       "as lists): json.dumps never calls default")
+      for after in ("default=None)", "ensure_ascii=False, )")],
+    ("dsh.run.compaction.estimate.xǁContextMeterǁfixed", "self._fixed_key = key",
+     "self._fixed_key = None", "the cache key only: the same value is recomputed each time"),
+    *[("dsh.run.compaction.estimate.xǁContextMeterǁ__init__", before, after,
+       "never read before it is set: the first _extend finds the projection's list is not "
+       "_list (None) and starts the sums at [0]; id() is never 0 or 1, so the first fixed() "
+       "recomputes the key and the value")
+      for before, after in (("self._list: list[Message] | None = None", '= ""'),
+                            ("self._prefix: list[int] = [0]", "= None"),
+                            ("self._prefix: list[int] = [0]", "= [1]"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= None"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= (1, 0)"),
+                            ("self._fixed_key: tuple[int, int] = (0, 0)", "= (0, 1)"),
+                            ("self._fixed = 0", "self._fixed = None"),
+                            ("self._fixed = 0", "self._fixed = 1"))],
+    # dsh/run/compaction/strategies.py
+    ("dsh.run.compaction.strategies.x_split_point", "budget = max(0, request.target // 2)",
+     "budget = max(1,", "the kept part always holds two messages or more (the latest start "
+     "is not compared), at least 8 raw tokens, so it is never under a budget of 1 either"),
+    ("dsh.run.compaction.strategies.x_split_point", "budget = max(0, request.target // 2)",
+     "request.target / 2)", "compared with integer token counts: x > n // 2 exactly when "
+     "x > n / 2"),
+    *[("dsh.run.compaction.strategies.x_truncate", "strict=False", after,
+       "bounds[1:] is one shorter than bounds by construction: strict=False is zip's default")
+      for after in ("strict=None", "bounds[1:], )")],
+    *[("dsh.run.compaction.strategies.x_truncate", 'role == "user"), default=-1)', after,
+       "newest is only compared with unit starts (indices from 0): -2 and None match none "
+       "of them, as -1 does")
+      for after in ("default=None)", "default=-2)")],
+    ("dsh.run.compaction.strategies.x_truncate", "best: Compaction | None = None",
+     'best: Compaction | None = ""', "droppable is not empty here, so the loop sets best "
+     "before it is read"),
     # dsh/host/runcontext.py
     ("dsh.host.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "
@@ -196,11 +255,6 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for fn, after in (("exceeded", "depth = 1"), ("exceeded", "depth -= 1"),
                         ("exceeded", "depth += 2"), ("reserve", "depth -= 1"),
                         ("reserve", "depth += 2"))],
-    *[(f"dsh.host.runcontext.xǁRunContextǁ{fn}", f"stacklevel={n}", after,
-       "not measurable here: under mutmut every mutated function gains a trampoline frame, "
-       "so which frame a warning names differs anyway (checked in the normal test run)")
-      for fn, n in (("observe", 2), ("observer_plugins_changed", 3))
-      for after in (f"stacklevel={n + 1})", ")")],  # one more frame; the default (1)
 ]
 
 #: pytest settings inside the scratch tree (mirrors tox.ini's [pytest]).
@@ -366,13 +420,15 @@ def run_module(name: str, *, fresh: bool, max_children: int, show: bool) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modules", nargs="*", help=f"any of: {', '.join(MODULES)}")
+    parser.add_argument("modules", nargs="*",
+                        help=f"any of: {', '.join([*MODULES, *GROUPS])}")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests")
     parser.add_argument("--fresh", action="store_true", help="forget cached results")
     parser.add_argument("--show", action="store_true", help="print surviving mutants' diffs")
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--fail-under", type=float, default=0.0, metavar="PERCENT")
     args = parser.parse_args(argv)
+    args.modules = [m for name in args.modules for m in GROUPS.get(name, (name,))]
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
@@ -398,6 +454,15 @@ def main(argv: list[str] | None = None) -> int:
         extra = f"   ({other})" if other else ""
         print(f"{r['module']:<11} {r['total']:>5} {cells}   {r['score']:.1f}%{extra}")
         failed = failed or float(r["score"]) < args.fail_under  # type: ignore[arg-type]
+    for group, members in GROUPS.items():  # a group's row: its modules' mutants together
+        part = [r for r in rows if r["module"] in members]
+        if len(part) > 1:
+            sums = {c: sum(int(str(r.get(c, 0))) for r in part) for c in (*cols, "total")}
+            scored = sums["total"] - sums["equivalent"]
+            got = sums["killed"] + sums["timeout"]
+            cells = " ".join(f"{sums[c]:>10}" for c in cols)
+            print(f"{group:<11} {sums['total']:>5} {cells}   "
+                  f"{100.0 * got / scored if scored else 100.0:.1f}%")
     if failed:
         print(f"a module scored below {args.fail_under:g}%", file=sys.stderr)
     return 1 if failed else 0

@@ -519,7 +519,7 @@ def test_sub_agents_compact_their_own_sessions_independently(make_app: Any, scri
 def test_a_local_server_that_reports_its_window_is_asked_after_an_overflow(
         make_app: Any, server: ScriptedServer) -> None:
     server.script(
-        Reply(200, openai_completion("first " + "a" * 600, usage=(10, 300))),
+        Reply(200, openai_completion("first " + "a" * 150, usage=(10, 300))),
         Reply(400, {"error": {"message": "the prompt is too long", "code":
                               "context_length_exceeded"}}),
         Reply(200, {"default_generation_settings": {"n_ctx": 384}, "total_slots": 1}),
@@ -529,7 +529,7 @@ def test_a_local_server_that_reports_its_window_is_asked_after_an_overflow(
     app = make_app(model="openai:whatever-local", compaction="summarize", models={
         "openai:whatever-local": {"base_url": server.url + "/v1", "retries": 0}})
     with app.session() as s:
-        assert s.send("one " + "b" * 600).outcome == "completed"
+        assert s.send("one " + "b" * 150).outcome == "completed"  # one summary request
         r = s.send("two")
     assert r.outcome == "completed", r.reason
     assert [(x.method, x.path) for x in server.received] == [

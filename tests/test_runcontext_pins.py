@@ -376,10 +376,24 @@ def test_no_warning_for_an_observed_run():
         _ctx(emit=lambda e: None).observe(lambda e: None)
 
 
-def _attributed_here(w: warnings.WarningMessage) -> bool:
-    """The warning names this file (the caller), not dsh. Under mutation testing every
-    mutated function gains a trampoline frame, so the attribution cannot be checked there."""
-    return "MUTANT_UNDER_TEST" in os.environ or w.filename == __file__
+def _attributed_here(w: warnings.WarningMessage, through: str = "func(") -> bool:
+    """The warning names this file (the caller), not dsh.
+
+    Under mutation testing (``MUTANT_UNDER_TEST`` set) two frames of mutmut's trampoline
+    stand between a caller and the mutated function: ``_trampoline_wrapper`` calls
+    ``trampoline``, which calls the original (``orig_func(``) or the mutant
+    (``mutated_func(``). The right stacklevel then names that call in the trampoline; one
+    frame more names the wrapper's call (``trampoline(*args``), which is where a warning
+    meant for the caller's caller (``through="trampoline(*args"``) lands. Any other frame —
+    dsh itself, the test, the wrapper where the trampoline was meant — is a wrong attribution,
+    so the mutants of ``stacklevel`` are measured there too."""
+    if "MUTANT_UNDER_TEST" not in os.environ:
+        return w.filename == __file__
+    import linecache
+
+    trampoline = os.path.join("mutmut", "mutation", "trampoline.py")
+    line = linecache.getline(w.filename, w.lineno)
+    return w.filename.endswith(trampoline) and through in line
 
 
 def _notice(ctx: RunContext, plugins: tuple[str, ...]) -> None:
@@ -395,7 +409,7 @@ def test_an_observer_plugin_added_to_an_unobserved_run_warns_once_per_plugin():
     assert [str(w.message) for w in caught] == [
         "observer plugin p1, p2 was registered during run r1, which was started unobserved "
         "and builds no events: it receives nothing from this run, only from the next ones"]
-    assert _attributed_here(caught[0])
+    assert _attributed_here(caught[0], through="trampoline(*args")
     assert ctx.observer_plugins == ("p1", "p2")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -138,7 +138,8 @@ def _context_line(app: App, events: list[Any]) -> str:
 
 @sessions.command("compact")
 @click.argument("session_id", metavar="ID")
-@click.option("--strategy", help="auto, mask, summarize, or a plugin's (default: the agent's).")
+@click.option("--strategy",
+              help="auto, mask, summarize, truncate, or a plugin's (default: the agent's).")
 @pass_state
 def sessions_compact(state: State, session_id: str, strategy: str | None) -> None:
     """Compact a session's context now (recorded as a context/compacted event)."""
