@@ -128,6 +128,31 @@ def register_prompt(register: Callable[..., None], agent: AgentHandle) -> None:
 
 
 @hookspec
+def turn_prompt(register: Callable[..., None], agent: AgentHandle, session: Any) -> None:
+    """Add fragments to the system prompt of the turn about to start, from recorded state.
+
+    :param register: ``register(text, *, order=100, name=None)``, as in
+        :func:`register_prompt`; these fragments come after the agent's whole assembled
+        system prompt, by ascending ``order`` then registration order.
+    :param agent: the :class:`dsh.AgentHandle` of the agent running the turn.
+    :param session: the :class:`dsh.run.session.Session` (``session.state(KEY)`` reads
+        recorded state, ``session.update_state(KEY, data)`` records an update, such as the
+        content of a file read now, before the turn starts).
+
+    Called once at the start of every turn, before ``turn/start`` is written: the system prompt
+    the turn records (when it changed) is the agent's plus these fragments, so what they add
+    reaches the model only through the ledger (C3), and a resumed session in a new process
+    builds the same text from the same events. It must depend only on recorded state (and
+    what it records now): the built-in ``dsh.memory`` and ``dsh.tasks`` show the session's
+    memory, then its task list, this way (MISSION D4: system, memory, tasks, history).
+    Within a turn the text does not change; the tool that changes the state answers with the
+    new value.
+
+    .. versionadded:: 0.5
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add commands to the ``dsh`` command line.
 
