@@ -92,13 +92,16 @@ class StateKey(Generic[T]):
         read — never again for the same event.
     :param max_bytes: the largest value, as JSON, an update may produce.
     :param version: the ``version`` recorded with each update (your schema of ``data``).
+    :param show: ``show(value) -> str``, how ``dsh sessions show`` prints the value (default:
+        its JSON).
     """
 
-    __slots__ = ("plugin", "name", "initial", "reduce", "max_bytes", "version")
+    __slots__ = ("plugin", "name", "initial", "reduce", "max_bytes", "version", "show")
 
     def __init__(self, plugin: str, name: str, initial: T,
                  reduce: Callable[[T, Mapping[str, Any]], T], *,
-                 max_bytes: int = MAX_STATE_BYTES, version: int = 1) -> None:
+                 max_bytes: int = MAX_STATE_BYTES, version: int = 1,
+                 show: Callable[[T], str] | None = None) -> None:
         self.plugin = check_name(plugin, "plugin name")
         self.name = check_name(name, "name")
         self.version = check_version(plugin, name, version)
@@ -107,6 +110,7 @@ class StateKey(Generic[T]):
                              f"{type(reduce).__name__}", plugin=plugin)
         self.reduce = reduce
         self.max_bytes = max_bytes
+        self.show = show
         self.initial: T = frozen_json(initial, f"state {plugin}/{name}: the initial value",
                                       plugin)
         KEYS[(self.plugin, self.name)] = self

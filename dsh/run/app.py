@@ -223,6 +223,15 @@ class App:
             return Session(agent, self.store.create(session_id))
         return Session(agent, self.store.open(session_id))
 
+    def reader(self, session: str = "latest") -> Any:
+        """Open a stored session read-only (issue 25): ``session`` is an id, a unique prefix of
+        one, or ``latest``. No model, no key and no lock are needed: it reads while a run
+        holds the session. Returns a :class:`dsh.ledger.reader.SessionReader` (events, plugin
+        events, history, recorded state)."""
+        from dsh.ledger.reader import open_session
+
+        return open_session(self.store, session)
+
     def session(self, agent: str | None = None, session_id: str | None = None, *,
                 save: bool = True, **overrides: Any) -> Session:
         return self.open_session(self.agent(agent, **overrides), session_id, save=save)

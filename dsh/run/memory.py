@@ -69,7 +69,8 @@ def reduce(state: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
     return {"facts": facts, "next": nxt, "file": file}
 
 
-MEMORY: StateKey[dict[str, Any]] = StateKey(PLUGIN, "memory", INITIAL, reduce)
+MEMORY: StateKey[dict[str, Any]] = StateKey(PLUGIN, "memory", INITIAL, reduce,
+                                               show=lambda v: render(v) or "(empty)")
 
 
 def settings(agent: Any) -> Mapping[str, Any]:

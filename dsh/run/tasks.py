@@ -80,15 +80,15 @@ def reduce(state: Any, data: Mapping[str, Any]) -> list[dict[str, str]]:
     return [{"content": t["content"], "status": t["status"]} for t in tasks]
 
 
-TASKS: StateKey[list[dict[str, str]]] = StateKey(PLUGIN, "tasks", [], reduce)
-
-
 def render(tasks: Sequence[Mapping[str, Any]]) -> str:
     """The list as the model and ``dsh sessions show`` see it."""
     if not tasks:
         return "(no tasks)"
     return "\n".join(f"{_MARK.get(t['status'], '[?]')} {i}. {t['content']}"
                      for i, t in enumerate(tasks, 1))
+
+
+TASKS: StateKey[list[dict[str, str]]] = StateKey(PLUGIN, "tasks", [], reduce, show=render)
 
 
 def summary(tasks: Sequence[Mapping[str, Any]]) -> str:

@@ -83,7 +83,8 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     app = state.app
     store = app.store
     color = use_color(sys.stdout)
-    events = store.read(resolve_session(app, session_id))
+    reader = app.reader(session_id)  # read-only: no model, no key, no lock (issue 25)
+    events = list(reader)
     if click.get_current_context().meta.get("dsh.show_json"):
         _show_json(store, events)
         return
@@ -100,6 +101,13 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     if totals is not None:
         click.echo(totals)
     click.echo(_context_line(state.app, events))
+    from dsh.ledger.reader import describe_states
+
+    recorded = describe_states(reader)
+    if recorded:
+        from dsh.cli.render import escape_controls
+
+        click.echo(escape_controls(recorded))
 
 
 def _show_json(store: Any, events: list[Any]) -> None:
@@ -162,8 +170,8 @@ def sessions_compact(state: State, session_id: str, strategy: str | None) -> Non
 @pass_state
 def sessions_export(state: State, session_id: str, fmt: str, output: Path | None) -> None:
     """Export a session as JSON Lines or Markdown."""
-    sid = resolve_session(state.app, session_id)
-    events = state.app.store.read(sid)
+    reader = state.app.reader(session_id)
+    sid, events = reader.id, list(reader)
     if fmt == "jsonl":
         from dsh.ledger.serialize import dump_event
 
