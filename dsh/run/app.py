@@ -70,6 +70,16 @@ class DefaultModel:
     fallback: bool = False
 
 
+def is_toml_text(source: str) -> bool:
+    """Whether ``source`` (given where a config file's path or text may be) is TOML text."""
+    if "\n" not in source and "=" not in source:
+        return False
+    try:
+        return not os.path.exists(source)
+    except (OSError, ValueError):  # a NUL byte, a name too long: not a path
+        return True
+
+
 def choose_default_model(app: App) -> DefaultModel:
     cfg = app.config
     if cfg.model:
@@ -77,6 +87,12 @@ def choose_default_model(app: App) -> DefaultModel:
     for env, model in PROVIDER_DEFAULTS:
         if os.environ.get(env, "").strip():
             return DefaultModel(model, f"no model configured and {env} is set")
+    stored = _stored_key_names()
+    for env, model in PROVIDER_DEFAULTS:
+        name = model.partition(":")[0]  # the provider's name is its stored key's default name
+        if name in stored:
+            return DefaultModel(model, f"no model configured and a key {name!r} is stored "
+                                       "(dsh keys)")
     offered = app.pm.hook.default_model()
     if offered:
         model, why = offered
@@ -84,6 +100,19 @@ def choose_default_model(app: App) -> DefaultModel:
     return DefaultModel("echo", "no model configured, no provider key in the environment "
                                 "(OPENAI_API_KEY, ANTHROPIC_API_KEY) and no local model",
                         fallback=True)
+
+
+def _stored_key_names() -> frozenset[str]:
+    """The names of the stored keys (dsh keys), or none when the key store cannot be read:
+    choosing a default model is no reason to fail (``dsh keys list`` reports the problem)."""
+    from dsh.core.errors import ConfigError
+
+    try:
+        from dsh.config.keys import store
+
+        return frozenset(store().names())
+    except (ConfigError, OSError):
+        return frozenset()
 
 
 class App:
@@ -108,9 +137,22 @@ class App:
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping[str, Any] | None = None) -> App:
-        """Assemble from a TOML file path, a mapping, or (``None``) the default config file."""
+        """Assemble from a TOML file path, TOML text, a mapping, or (``None``) the default
+        config file. A string is TOML text when it has a line break or an ``=`` and names no
+        existing file; invalid TOML text is a :class:`~dsh.core.errors.ConfigError` with the
+        line (``<config text>`` stands for the file name)."""
         if isinstance(source, Mapping):
             return cls(config_from_dict(source))
+        if isinstance(source, str) and is_toml_text(source):
+            import tomllib
+
+            from dsh.core.errors import ConfigError
+
+            try:
+                data = tomllib.loads(source)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"<config text>: invalid TOML: {exc}") from None
+            return cls(config_from_dict(data, source="<config text>", text=source))
         return cls(load_config(source))
 
     @property

@@ -196,7 +196,8 @@ def _model_class() -> type[Model]:
                 text = reply.get("text", "")
                 if request.stream:
                     _stream_words(text, on_text)
-                calls = tuple(ToolCall(id=c.get("id") or f"call_{n}_{i}", name=c["name"],
+                # call_REPLY_CALL, both from 0: the ids `dsh run -m scripted:FILE` gives
+                calls = tuple(ToolCall(id=c.get("id") or f"call_{n - 1}_{i}", name=c["name"],
                                        arguments=c.get("arguments") or {})
                               for i, c in enumerate(reply.get("tool_calls", ())))
                 usage = reply.get("usage") or {}
@@ -362,6 +363,12 @@ class ScriptedApp:
     def events(self, session_id: str) -> list[Event]:
         """The ledger of a session, typed."""
         return list(self.app.store.read(session_id))
+
+    def state(self, key: Any, session: Any = "latest") -> Any:
+        """The recorded state ``key`` (a :class:`dsh.StateKey`) of ``session`` — a session id,
+        a unique prefix, ``latest``, or a run's result — folded afresh from the ledger file
+        by the read-only reader (what a new process would see)."""
+        return self.app.reader(str(getattr(session, "session_id", None) or session)).state(key)
 
     def reopen(self) -> ScriptedApp:
         """A new app from the same config, sessions and script, as a new process would
@@ -546,10 +553,10 @@ def dsh_make_app(dsh_env: IsolatedEnv,
     ``script`` is the :class:`Script` (or a list of reply dicts) to start from.
     """
 
-    def make(config: Mapping[str, Any] | None = None, *,
+    def make(config: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
              plugins: Mapping[str, Any] | Iterable[Any] = (),
              script: Script | Iterable[Mapping[str, Any]] | None = None) -> ScriptedApp:
-        cfg = copy.deepcopy(dict(config or {}))
+        cfg = copy.deepcopy(dict(_config_mapping(config)))
         if not isinstance(script, Script):
             script = Script(script or ())
         key = f"script-{next(_SCRIPT_IDS)}"
@@ -569,6 +576,33 @@ def dsh_make_app(dsh_env: IsolatedEnv,
         return ScriptedApp(cfg, script, sessions)
 
     return make
+
+
+def _config_mapping(config: Mapping[str, Any] | str | os.PathLike[str] | None
+                    ) -> Mapping[str, Any]:
+    """``dsh_make_app``'s config as a mapping: a mapping, TOML text, or a TOML file's path
+    (errors name the file and line, as ``dsh --config`` does)."""
+    if config is None or isinstance(config, Mapping):
+        return config or {}
+    import tomllib
+
+    from dsh.config.loader import read_config_text
+    from dsh.core.errors import ConfigError
+    from dsh.run.app import is_toml_text
+
+    where = "<config text>"
+    if isinstance(config, str) and is_toml_text(config):
+        text = config
+    else:
+        where = os.fspath(config)
+        try:
+            text = read_config_text(Path(where))
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: config file not found") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
 
 
 def _plugin_names(plugins: Mapping[str, Any] | Iterable[Any],
