@@ -335,3 +335,32 @@ def test_warden_report_of_an_unknown_session_is_a_clear_error(tmp_path: Path) ->
     r = dsh(env, "warden", "report", "nosuch")
     assert r.returncode != 0 and r.stdout == ""
     assert "no session 'nosuch'" in r.stderr
+
+
+def test_remember_in_the_project_file_reaches_the_next_turn_with_its_digest(
+        dsh_make_app: Any, tmp_path: Path) -> None:
+    import hashlib
+
+    from dsh.run.memory import MEMORY
+
+    memfile = tmp_path / "MEMORY.md"
+    app = dsh_make_app({"autoload": False, "plugins": {
+        "dsh.memory": {"enabled": True, "file": str(memfile)}}}, script=[
+        {"tool_calls": [{"name": "remember",
+                         "arguments": {"fact": "tests run with  tox", "project": True}}]},
+        {"text": "noted"}, {"text": "second"}])
+    first = app.run("remember it")
+    assert first.outcome == "completed", (first.reason, [e.type for e in first.events])
+    outputs = [e.output for e in first.events if e.type == "tool/result"]
+    assert outputs == [f"Remembered as [1] and in {memfile} (from the next turn)."]
+    assert memfile.read_text() == "- tests run with tox\n"
+    second = app.run("go on", session=first.session_id)
+    system = app.requests[-1].system
+    assert "From the project memory file" in system and "- tests run with tox" in system
+    assert "- [1] tests run with  tox" in system
+    recorded = app.state(MEMORY, second)["file"]
+    assert recorded["sha256"] == hashlib.sha256(memfile.read_bytes()).hexdigest()
+    # the file changes afterwards: the session's record, not the file, is what was sent
+    memfile.write_text("- something else\n")
+    reader = app.app.reader(second.session_id)
+    assert "- tests run with tox" in reader.system

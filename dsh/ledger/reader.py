@@ -101,7 +101,8 @@ class SessionReader:
 
     def plugin_events(self, plugin: str, name: str | None = None) -> EventsView:
         """The events ``x/PLUGIN/…`` (``x/PLUGIN/NAME``), oldest first: an O(1) view."""
-        return _read_plugin_events(self, plugin, name)
+        holder: Any = self  # anything with a .projection, as a Ledger has
+        return _read_plugin_events(holder, plugin, name)
 
     def state(self, key: Any, at: int | None = None) -> Any:
         """The value of ``key`` (a :class:`dsh.ledger.state.StateKey`) at the end of the

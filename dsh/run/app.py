@@ -88,7 +88,7 @@ def choose_default_model(app: App) -> DefaultModel:
         if os.environ.get(env, "").strip():
             return DefaultModel(model, f"no model configured and {env} is set")
     stored = _stored_key_names()
-    for env, model in PROVIDER_DEFAULTS:
+    for _env, model in PROVIDER_DEFAULTS:
         name = model.partition(":")[0]  # the provider's name is its stored key's default name
         if name in stored:
             return DefaultModel(model, f"no model configured and a key {name!r} is stored "

@@ -40,6 +40,8 @@ MAX_FACT = 2000
 MAX_FILE = 32 * 1024
 #: Where the memory goes in the turn's system prompt (before dsh.tasks' 300).
 ORDER = 200
+#: The problem recorded for a project memory file that does not exist (yet): not warned.
+MISSING = "does not exist (yet)"
 INITIAL: dict[str, Any] = {"facts": [], "next": 1, "file": None}
 
 
@@ -103,7 +105,7 @@ def read_file(path: Path) -> dict[str, Any]:
     try:
         data = read_regular(path, MAX_FILE)
     except FileNotFoundError:
-        return {"op": "file", "path": shown, "problem": "does not exist (yet)"}
+        return {"op": "file", "path": shown, "problem": MISSING}
     except TooLarge as exc:
         return {"op": "file", "path": shown, "size": exc.size,
                 "problem": f"is {exc.size} bytes; the limit is {MAX_FILE}: not used"}
@@ -136,9 +138,9 @@ def remember(fact: str, project: bool = False) -> str:
     ident = state["facts"][-1]["id"]
     if not project:
         return f"Remembered as [{ident}]."
-    from dsh.host.runcontext import current
+    from dsh.host.runcontext import context
 
-    path = _file_setting(current().handle)
+    path = _file_setting(context().handle)
     if path is None:
         return f"Remembered as [{ident}] (no project memory file is configured)."
     line = "- " + " ".join(fact.split()) + "\n"
@@ -193,7 +195,7 @@ def turn_prompt(register: Any, agent: Any, session: Any) -> None:
         recorded = session.state(MEMORY)["file"] or {}
         if any(now.get(k) != recorded.get(k) for k in ("path", "sha256", "problem")):
             session.update_state(MEMORY, now)
-            if now.get("problem"):
+            if now.get("problem") not in (None, MISSING):
                 warnings.warn(f"dsh.memory: {now['path']} {now['problem']}",
                               DshWarning, stacklevel=2)
     text = render(session.state(MEMORY))
