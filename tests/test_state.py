@@ -364,3 +364,23 @@ def test_remember_in_the_project_file_reaches_the_next_turn_with_its_digest(
     memfile.write_text("- something else\n")
     reader = app.app.reader(second.session_id)
     assert "- tests run with tox" in reader.system
+
+
+def test_a_parallel_child_starts_from_a_frozen_copy_of_the_parent_state(tmp_path: Path) -> None:
+    from dsh.run.tasks import TASKS
+
+    app = app_for(tmp_path, plugins={"dsh.tasks": {"enabled": True}})
+    with app.session() as parent:
+        parent.update_state(TASKS, {"tasks": [{"content": "shared", "status": "pending"}]})
+        parent.update_state(COUNT, {"by": 3})
+        [child] = app.parallel([("default", "go")], parent=parent)
+        assert child.outcome == "completed", child.reason
+        parent.update_state(COUNT, {"by": 1})  # after the fork: not in the child
+        reader = app.reader(child.session_id)
+        assert reader.state(COUNT) == 3
+        assert reader.state(TASKS) == [{"content": "shared", "status": "pending"}]
+        # recorded in the child's own ledger before its first turn (C3), as "$state"
+        first = next(iter(reader.events("x/app/count")))
+        assert first.data == {"$state": 3} and first.seq < 2
+        assert "[ ] 1. shared" in reader.system
+        assert parent.state(COUNT) == 4

@@ -80,6 +80,18 @@ def is_toml_text(source: str) -> bool:
         return True
 
 
+def frozen_states(projection: Any) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of every recorded state (dsh.ledger.state) the session has updated,
+    for the keys this process knows: what a ``parallel`` child starts from."""
+    index = projection.plugin_index
+    if not index:
+        return []
+    from dsh.ledger.state import KEYS
+
+    return [(KEYS[k], KEYS[k].read(projection)) for k in index
+            if isinstance(k, tuple) and k in KEYS]
+
+
 def choose_default_model(app: App) -> DefaultModel:
     cfg = app.config
     if cfg.model:
@@ -317,11 +329,16 @@ class App:
         from dsh.ledger.history import render_history
 
         frozen = render_history(parent.ledger.projection.view()) if parent else ""
+        states = frozen_states(parent.ledger.projection) if parent else []
         run = current_or_none()
 
         def one(agent: str, prompt: str) -> RunResult:
             try:
                 with self.session(agent) as session:
+                    for key, value in states:  # a frozen copy of the parent's state (D6)
+                        from dsh.ledger.state import SET
+
+                        key.apply(session.ledger, {SET: value})
                     if frozen:
                         session.inject(frozen, source=f"fork:{parent.id}")  # type: ignore[union-attr]
                     if run is None:
