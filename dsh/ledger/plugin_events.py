@@ -427,11 +427,17 @@ def _frozen_json(value: Any, depth: int) -> Any:
     events (recorded state) spent most of its time here."""
     if depth >= MAX_READ_DEPTH:
         raise _TooDeep
+    # ``value`` is a fresh object of the decoder's, nobody else's: nested containers are
+    # replaced in place, then it is copied once into its frozen type (a C-level copy).
     if type(value) is dict:
-        return FrozenDict({k: v if type(v) not in _NESTED else _frozen_json(v, depth + 1)
-                           for k, v in value.items()})
-    return FrozenList([v if type(v) not in _NESTED else _frozen_json(v, depth + 1)
-                       for v in value])
+        for k, v in value.items():
+            if type(v) in _NESTED:
+                value[k] = _frozen_json(v, depth + 1)
+        return FrozenDict(value)
+    for i, v in enumerate(value):
+        if type(v) in _NESTED:
+            value[i] = _frozen_json(v, depth + 1)
+    return FrozenList(value)
 
 
 _NESTED = (dict, list)
