@@ -384,3 +384,22 @@ def test_a_parallel_child_starts_from_a_frozen_copy_of_the_parent_state(tmp_path
         assert first.data == {"$state": 3} and first.seq < 2
         assert "[ ] 1. shared" in reader.system
         assert parent.state(COUNT) == 4
+
+
+def test_the_status_line_shows_task_progress() -> None:
+    import io
+
+    from dsh.cli.terminal import StatusLine
+    from dsh.ledger.events import PluginEvent
+
+    line = StatusLine(io.StringIO())
+    assert "tasks" not in line.line()
+    line.on_event(PluginEvent(seq=1, ts="", session="s", plugin="dsh.tasks", name="tasks",
+                              data={"tasks": [{"content": "a", "status": "completed"},
+                                              {"content": "b\x1b[2J", "status": "in_progress"},
+                                              {"content": "c", "status": "pending"}]}))
+    shown = line.line()
+    assert "tasks 1/3 done, now: b\\x1b[2J" in shown and "\x1b[2J" not in shown
+    line.on_event(PluginEvent(seq=2, ts="", session="s", plugin="dsh.tasks", name="tasks",
+                              data={"odd": 1}))
+    assert "tasks 1/3 done" in line.line()  # a line without a list changes nothing
