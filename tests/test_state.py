@@ -403,3 +403,23 @@ def test_the_status_line_shows_task_progress() -> None:
     line.on_event(PluginEvent(seq=2, ts="", session="s", plugin="dsh.tasks", name="tasks",
                               data={"odd": 1}))
     assert "tasks 1/3 done" in line.line()  # a line without a list changes nothing
+
+
+def test_memory_is_bounded_and_says_so(tmp_path: Path) -> None:
+    from dsh.run.memory import MAX_FACT
+    from dsh.run.memory import MAX_FACTS
+    from dsh.run.memory import MEMORY
+
+    app = app_for(tmp_path, plugins={"dsh.memory": {"enabled": True}})
+    with app.session() as s:
+        for i in range(MAX_FACTS):
+            s.update_state(MEMORY, {"op": "remember", "text": f"fact {i}"})
+        with pytest.raises(StateError, match=f"memory is full .{MAX_FACTS} facts.: forget"):
+            s.update_state(MEMORY, {"op": "remember", "text": "one too many"})
+        with pytest.raises(StateError, match=f"at most {MAX_FACT} characters"):
+            s.update_state(MEMORY, {"op": "forget", "id": 1}) and None  # frees one
+            s.update_state(MEMORY, {"op": "remember", "text": "x" * (MAX_FACT + 1)})
+        with pytest.raises(StateError, match="unknown memory operation 'wipe'"):
+            s.update_state(MEMORY, {"op": "wipe"})
+        facts = s.state(MEMORY)["facts"]
+        assert len(facts) == MAX_FACTS - 1 and facts[0]["id"] == 2
