@@ -350,9 +350,18 @@ def pre_execute(call: ToolInvocation) -> None:
     """Inspect, rewrite or block a tool call before it runs (``tools/pre-execute``).
 
     :param call: change ``call.arguments`` to rewrite; ``call.block(reason)`` to refuse: the
-        model then receives an error result naming the plugin's reason.
+        model then receives the error result ``tool call blocked by PLUGIN: reason``.
+
+    The rules (docs/plugins.md, "pre_execute: the rules"): **every implementation runs**,
+    also after one has blocked the call, one at a time in pluggy's order (``tryfirst`` ones,
+    then the last registered first, then ``trylast`` ones). ``call.blocked`` and
+    ``call.blocked_by`` show the first block to the implementations after it; the blocking
+    plugin is named from its registration, as ``step.reject`` is (the ``plugin`` argument of
+    ``block`` is ignored here). A second ``block`` is added to ``call.blocks`` and changes
+    nothing else: the first decides. A wrapper implementation is refused (wrap ``execute``).
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.5 every implementation runs; the blocking plugin is the registered one.
     """
 
 
