@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -423,3 +424,31 @@ def test_memory_is_bounded_and_says_so(tmp_path: Path) -> None:
             s.update_state(MEMORY, {"op": "wipe"})
         facts = s.state(MEMORY)["facts"]
         assert len(facts) == MAX_FACTS - 1 and facts[0]["id"] == 2
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_task = st.fixed_dictionaries({"content": st.text(max_size=600),
+                               "status": st.sampled_from(["pending", "in_progress",
+                                                          "completed", "done", ""])})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_json, st.lists(st.one_of(_task, _json), max_size=6),
+                 st.lists(_task, min_size=99, max_size=102)))
+def test_any_task_list_is_either_refused_with_a_reason_or_kept_exactly(tasks: Any) -> None:
+    from dsh.core.messages import freeze
+    from dsh.run.tasks import problems
+    from dsh.run.tasks import reduce
+
+    problem = problems(tasks)
+    if problem is not None:
+        assert isinstance(problem, str) and problem
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            reduce([], freeze({"tasks": tasks}))
+        return
+    kept = reduce([], freeze({"tasks": tasks}))
+    assert [dict(t) for t in kept] == [{"content": t["content"], "status": t["status"]}
+                                       for t in tasks]
+    assert len(kept) <= 100
