@@ -17,7 +17,8 @@ def noop(x: int) -> int:
     return x
 
 
-def bench_app(tmp: str, *, extra: Any = None, fsync: str = "step") -> App:
+def bench_app(tmp: str, *, extra: Any = None, fsync: str = "step",
+              plugins: Any = None) -> App:
     """An app with one trivial tool, sessions on disk under ``tmp``."""
     mod = types.ModuleType("dsh_bench_plugin")
 
@@ -32,7 +33,7 @@ def bench_app(tmp: str, *, extra: Any = None, fsync: str = "step") -> App:
     sys.modules["dsh_bench_plugin"] = mod
     return App(config_from_dict({
         "autoload": False, "load": ["dsh_bench_plugin"], "sessions_dir": tmp,
-        "max_steps": 1_000_000, "fsync": fsync,
+        "max_steps": 1_000_000, "fsync": fsync, "plugins": plugins or {},
     }))
 
 

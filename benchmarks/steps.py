@@ -8,7 +8,9 @@ from the kernel's price of durability. Prints:
 
 * CPU µs per step over a 200-step turn, both ways (target ≤ 150 µs);
 * CPU µs per step around step k=10 and around step k=10,000 of one long turn, measured in
-  the same process, and their ratio (target ≤ 1.2: the per-step cost must not grow).
+  the same process, and their ratio (target ≤ 1.2: the per-step cost must not grow);
+* CPU µs per step with the built-in ``dsh.tasks`` and ``dsh.memory`` enabled and their state
+  empty, against without (issue 25; target ≤ 1.10).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from benchmarks._common import tool_loop_script  # noqa: E402
 from dsh.llm.builtin import ScriptedModel  # noqa: E402
 
 
-def per_step_cpu(steps: int, fsync: str = "step") -> float:
-    app = bench_app(tmpdir(), fsync=fsync)
+def per_step_cpu(steps: int, fsync: str = "step", state: bool = False) -> float:
+    plugins = {"dsh.tasks": {"enabled": True}, "dsh.memory": {"enabled": True}} if state else None
+    app = bench_app(tmpdir(), fsync=fsync, plugins=plugins)
     agent = app.agent(model="echo")
     agent._model = ScriptedModel("", {"responses": tool_loop_script(steps)})
     gc.collect()
@@ -66,6 +69,10 @@ def main() -> None:
     ratio = late / early
     print(f"cpu per step at k=10: {early:.1f} us; at k={args.k}: {late:.1f} us")
     print(f"growth ratio step(k={args.k}) / step(k=10): {ratio:.2f}  (target <= 1.2)")
+    off = min(per_step_cpu(args.n, "never") for _ in range(args.repeat))
+    on = min(per_step_cpu(args.n, "never", state=True) for _ in range(args.repeat))
+    print(f"cpu per step with dsh.tasks + dsh.memory enabled, empty state: {on:.1f} us; "
+          f"without: {off:.1f} us; ratio {on / off:.2f}  (target <= 1.10)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 The public API is small and imported lazily, so that ``import dsh`` (and ``dsh --help``) stays
 cheap: ``hookimpl``, ``tool``, ``context``, ``App``, ``Agent``, the event base ``Event``, the
-agent handle ``AgentHandle`` and plugin stashes ``Stash`` / ``StashKey``.
+agent handle ``AgentHandle``, plugin stashes ``Stash`` / ``StashKey`` and recorded state
+``StateKey`` (issue 25).
 
 PYTEST_DONT_REWRITE: dsh ships a pytest plugin (``dsh.testing``, entry point ``pytest11``), so
 pytest marks this package for assertion rewriting at start-up; this marker keeps pytest from
@@ -27,10 +28,12 @@ if TYPE_CHECKING:
     from dsh.host.stash import Stash
     from dsh.host.stash import StashKey
     from dsh.ledger.events import Event
+    from dsh.ledger.state import StateKey
     from dsh.run.app import App
     from dsh.tools.registry import tool
 
-__all__ = ["AgentHandle", "App", "Event", "RunContext", "Stash", "StashKey", "__version__",
+__all__ = ["AgentHandle", "App", "Event", "RunContext", "Stash", "StashKey", "StateKey",
+           "__version__",
            "context", "hookimpl", "tool"]
 
 _LAZY = {
@@ -44,6 +47,7 @@ _LAZY = {
     "AgentHandle": "dsh.host.scope",
     "Stash": "dsh.host.stash",
     "StashKey": "dsh.host.stash",
+    "StateKey": "dsh.ledger.state",
 }
 
 

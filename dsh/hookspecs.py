@@ -133,6 +133,31 @@ def register_prompt(register: Callable[..., None], agent: AgentHandle) -> None:
 
 
 @hookspec
+def turn_prompt(register: Callable[..., None], agent: AgentHandle, session: Any) -> None:
+    """Add fragments to the system prompt of the turn about to start, from recorded state.
+
+    :param register: ``register(text, *, order=100, name=None)``, as in
+        :func:`register_prompt`; these fragments come after the agent's whole assembled
+        system prompt, by ascending ``order`` then registration order.
+    :param agent: the :class:`dsh.AgentHandle` of the agent running the turn.
+    :param session: the :class:`dsh.run.session.Session` (``session.state(KEY)`` reads
+        recorded state, ``session.update_state(KEY, data)`` records an update, such as the
+        content of a file read now, before the turn starts).
+
+    Called once at the start of every turn, before ``turn/start`` is written: the system prompt
+    the turn records (when it changed) is the agent's plus these fragments, so what they add
+    reaches the model only through the ledger (C3), and a resumed session in a new process
+    builds the same text from the same events. It must depend only on recorded state (and
+    what it records now): the built-in ``dsh.memory`` and ``dsh.tasks`` show the session's
+    memory, then its task list, this way (MISSION D4: system, memory, tasks, history).
+    Within a turn the text does not change; the tool that changes the state answers with the
+    new value.
+
+    .. versionadded:: 0.5
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add commands to the ``dsh`` command line.
 
@@ -331,9 +356,18 @@ def pre_execute(call: ToolInvocation) -> None:
     """Inspect, rewrite or block a tool call before it runs (``tools/pre-execute``).
 
     :param call: change ``call.arguments`` to rewrite; ``call.block(reason)`` to refuse: the
-        model then receives an error result naming the plugin's reason.
+        model then receives the error result ``tool call blocked by PLUGIN: reason``.
+
+    The rules (docs/plugins.md, "pre_execute: the rules"): **every implementation runs**,
+    also after one has blocked the call, one at a time in pluggy's order (``tryfirst`` ones,
+    then the last registered first, then ``trylast`` ones). ``call.blocked`` and
+    ``call.blocked_by`` show the first block to the implementations after it; the blocking
+    plugin is named from its registration, as ``step.reject`` is (the ``plugin`` argument of
+    ``block`` is ignored here). A second ``block`` is added to ``call.blocks`` and changes
+    nothing else: the first decides. A wrapper implementation is refused (wrap ``execute``).
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.5 every implementation runs; the blocking plugin is the registered one.
     """
 
 

@@ -61,6 +61,18 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "tests/test_budget_exact.py",
         "tests/test_execution.py",
     )),
+    "plugin-events": ("dsh/ledger/plugin_events.py", (
+        "tests/test_plugin_events.py",
+        "tests/test_plugin_events_pins.py",
+        "tests/test_state.py",
+    )),
+    "state": ("dsh/ledger/state.py", (
+        "tests/test_state.py",
+        "tests/test_issue25_api.py",
+    )),
+    "reader": ("dsh/ledger/reader.py", (
+        "tests/test_state.py",
+    )),
     "history": ("dsh/ledger/history.py", (
         "tests/test_history.py",
         "tests/test_history_pins.py",

@@ -776,3 +776,32 @@ def test_subagent_stop_fires_for_a_child_run(tmp_path: Path, proj: Path) -> None
     rows = [line.split() for line in (proj / "stop.log").read_text().splitlines()]
     assert [e for e, _ in rows] == ["SubagentStop", "Stop"]
     assert rows[0][1] != rows[1][1]  # the child's own session, then the lead's
+
+
+def test_pre_execute_hook_decision_is_recorded_when_another_plugin_blocked_first(
+        tmp_path: Path, proj: Path) -> None:
+    """Every pre_execute implementation runs (docs/plugins.md): the warden example, loaded
+    after dsh-hooks and so called first, blocks; the hook script still runs and its deny is
+    recorded with who blocked first; the result names the warden, not the hook."""
+    import tomli_w
+
+    cfg = write_config(tmp_path, proj, hook("PreToolUse", script(proj, "rm_blocker.py"),
+                                            "Bash"))
+    data = __import__("tomllib").loads(cfg.read_text())
+    data["load"] = ["dsh_warden"]
+    data["plugins"]["dsh_warden"] = {"deny": ["run_command"]}
+    cfg.write_text(tomli_w.dumps(data))
+    m = model(tmp_path, bash_call("rm -rf victim"), {"text": "done"})
+    r = dsh(tmp_path, proj, cfg, "run", "--yes", "-m", m, "go",
+            env={"PYTHONPATH": os.pathsep.join([str(REPO / "docs" / "examples"), str(REPO)])})
+    assert r.returncode == 0, r.stderr
+    events = ledger(tmp_path)
+    [res] = of(events, "tool/result")
+    assert res["output"] == ("tool call blocked by dsh_warden: the warden denies run_command")
+    [decision] = of(events, "x/dsh-hooks/decision")
+    assert decision["data"]["decision"] == "deny"
+    assert decision["data"]["already_blocked_by"] == "dsh_warden"
+    assert "rm -rf is not allowed" in decision["data"]["reason"]
+    assert len(of(events, "x/dsh_warden/refused")) == 1
+    assert (proj / "victim" / "keep.txt").exists()
+    consistent(events)

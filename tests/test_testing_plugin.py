@@ -233,7 +233,7 @@ def test_the_requests_are_those_the_model_received(dsh_make_app: MakeApp) -> Non
     assert second.messages[2].content == "5"
     assert result.request_dicts == [request_to_dict(r) for r in spy.seen]
     assert result.request_dicts[1]["messages"][1]["tool_calls"] == [
-        {"id": "call_1_0", "name": "add", "arguments": {"a": 2, "b": 3}}]
+        {"id": "call_0_0", "name": "add", "arguments": {"a": 2, "b": 3}}]
     json.dumps(result.request_dicts)  # plain data
     assert app.requests == spy.seen  # the app's, over every run
 
@@ -257,7 +257,7 @@ def test_scripted_arguments_and_text_arrive_unchanged(dsh_make_app: MakeApp,
     [called] = result.events_of(ToolCalled)
     assert called.arguments == arguments
     calls = result.request_dicts[1]["messages"][1]["tool_calls"]
-    assert calls == [{"id": "call_1_0", "name": "anything", "arguments": arguments}]
+    assert calls == [{"id": "call_0_0", "name": "anything", "arguments": arguments}]
     assert json.loads(json.dumps(result.request_dicts)) == result.request_dicts
     assert result.output == answer
 

@@ -216,8 +216,9 @@ def test_pre_execute_blocks_and_rewrites_post_execute_rewrites(make_app, plugin_
     def post_execute(call, outcome):  # type: ignore[no-untyped-def]
         outcome.output += "!"
 
-    app = make_app(load=[plugin_module(register_tools=_plugin(echo=echo),
-                                       pre_execute=pre_execute, post_execute=post_execute)])
+    name = plugin_module(register_tools=_plugin(echo=echo), pre_execute=pre_execute,
+                         post_execute=post_execute)
+    app = make_app(load=[name])
     result = app.run("go", model=script(
         {"tool_calls": [{"name": "echo", "arguments": {"text": "hi"}},
                         {"name": "echo", "arguments": {"text": "forbidden"}}]},
@@ -225,7 +226,8 @@ def test_pre_execute_blocks_and_rewrites_post_execute_rewrites(make_app, plugin_
     results = [e for e in app.store.read(result.session_id) if e.type == "tool/result"]
     assert results[0].output == "HI!" and results[0].status == "ok"  # type: ignore[attr-defined]
     assert results[1].status == "error"  # type: ignore[attr-defined]
-    assert results[1].output == "tool call blocked by policy: not allowed here!"  # type: ignore[attr-defined]
+    # the plugin is named from its registration, as step/rejected does (plugin= is ignored)
+    assert results[1].output == f"tool call blocked by {name}: not allowed here!"  # type: ignore[attr-defined]
 
 
 def test_execute_wrapper_onion_order(make_app, plugin_module, script):

@@ -143,21 +143,8 @@ def latest_session(app: App, agent: str | None = None) -> str | None:
 
 
 def resolve_session(app: App, text: str) -> str:
-    """A session id from ``text``: an id, a unique prefix of one, or ``latest``."""
-    from dsh.core.errors import UsageError
+    """A session id from ``text``: an id, a unique prefix of one, or ``latest``
+    (:func:`dsh.ledger.reader.resolve`)."""
+    from dsh.ledger.reader import resolve
 
-    store = app.store
-    if text == "latest":
-        latest = latest_session(app)
-        if latest is None:
-            raise UsageError("no sessions yet")
-        return latest
-    ids = store.ids()
-    if text in ids:
-        return text
-    matches = [i for i in ids if i.startswith(text)]
-    if len(matches) == 1:
-        return str(matches[0])
-    if matches:
-        raise UsageError(f"session id {text!r} is ambiguous: {', '.join(matches[:5])}")
-    raise UsageError(f"no session {text!r} (see dsh sessions list)")
+    return resolve(app.store, text)

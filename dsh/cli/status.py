@@ -66,6 +66,8 @@ class StatusLine:
         self.interval = interval
         self.step = 0
         self.activity = "starting"
+        #: ``dsh.tasks``' progress once the run updates the task list (issue 25).
+        self.tasks = ""
         self.started = time.monotonic()
         self.visible = True
         self._shown = False
@@ -113,7 +115,8 @@ class StatusLine:
         step = f"step {self.step} · " if self.step else ""
         # The activity names a tool the model asked for: its controls are made visible.
         activity = escape_controls(self.activity, newlines=False)
-        text = f"{frame} {step}{activity} · {elapsed:.1f}s"
+        tasks = f" · {escape_controls(self.tasks, newlines=False)}" if self.tasks else ""
+        text = f"{frame} {step}{activity}{tasks} · {elapsed:.1f}s"
         import shutil
 
         width = shutil.get_terminal_size((80, 24)).columns - 1
@@ -158,3 +161,10 @@ class StatusLine:
                 self.activity = "thinking"
             elif kind == "llm/stream":
                 self.activity = "receiving"
+            elif kind == "x" and getattr(event, "plugin", "") == "dsh.tasks":
+                from dsh.run.tasks import summary
+
+                try:
+                    self.tasks = summary(event.data["tasks"])
+                except (KeyError, TypeError):  # a hand-made line: no progress to show
+                    pass

@@ -42,6 +42,8 @@ BUILTIN_MODULES: dict[str, str] = {
     "dsh.scope": "dsh.host.scope",
     "dsh.compaction": "dsh.run.compaction",
     "dsh.schema": "dsh.llm.schema",
+    "dsh.memory": "dsh.run.memory",
+    "dsh.tasks": "dsh.run.tasks",
     "dsh.budget": "dsh.run.budget",
     "dsh.tools:HookDispatch": "dsh.tools.registry:HookDispatch",
     "dsh.recorder": "dsh.run.recorder",

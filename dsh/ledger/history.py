@@ -67,6 +67,7 @@ class Projection:
         "compactions",
         "answers",
         "plugin_index",
+        "states",
     )
 
     def __init__(self) -> None:
@@ -91,6 +92,9 @@ class Projection:
         #: Plugin events (``x/PLUGIN/NAME``), never projected into messages: by plugin and by
         #: ``(plugin, name)``, oldest first (dsh.plugin_events). None until the first one.
         self.plugin_index: dict[Any, list[PluginEvent]] | None = None
+        #: Recorded state (dsh.ledger.state): ``{StateKey: (events folded, value)}``, filled
+        #: as keys are read; None until the first read.
+        self.states: dict[Any, tuple[int, Any]] | None = None
 
     def view(self) -> MessageView:
         return MessageView(self._messages)

@@ -45,7 +45,8 @@ from typing import overload
 from dsh.core.errors import LedgerError
 from dsh.core.errors import NoRunContext
 from dsh.core.errors import UsageError
-from dsh.core.sanitize import nesting_depth
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import FrozenList
 from dsh.ledger.events import SCHEMA_VERSION
 from dsh.ledger.events import PluginEvent
 from dsh.ledger.serialize import InvalidLine
@@ -398,8 +399,6 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     data = d.get("data", {})
     if type(data) is not dict:
         raise InvalidLine(f"'data' of {tag!r} is a {type(data).__name__}, not an object")
-    if nesting_depth(data, MAX_READ_DEPTH) > MAX_READ_DEPTH:  # freezing it would recurse
-        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep")
     version = d.get("version", 1)
     if type(version) is not int:
         raise InvalidLine(f"'version' of {tag!r} is a {type(version).__name__}, not an int")
@@ -409,8 +408,39 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     extra = {k: v for k, v in d.items() if k not in _FIELDS}
     if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
         extra["v"] = d["v"]
-    return PluginEvent(seq=seq, ts=ts, session=session, plugin=plugin, name=name, data=data,
-                       version=version, extra=extra)
+    try:
+        frozen = _frozen_json(data, 0)
+    except _TooDeep:  # freezing it would recurse without end
+        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels "
+                          "deep") from None
+    return PluginEvent(seq=seq, ts=ts, session=session, plugin=plugin, name=name,
+                       data=frozen, version=version, extra=extra)
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _frozen_json(value: Any, depth: int) -> Any:
+    """``freeze`` for what ``json.loads`` made (exact dicts, lists and scalars only), checking
+    the depth on the way: one pass, no ABC checks. Resuming a session with many plugin
+    events (recorded state) spent most of its time here."""
+    if depth >= MAX_READ_DEPTH:
+        raise _TooDeep
+    # ``value`` is a fresh object of the decoder's, nobody else's: nested containers are
+    # replaced in place, then it is copied once into its frozen type (a C-level copy).
+    if type(value) is dict:
+        for k, v in value.items():
+            if type(v) in _NESTED:
+                value[k] = _frozen_json(v, depth + 1)
+        return FrozenDict(value)
+    for i, v in enumerate(value):
+        if type(v) in _NESTED:
+            value[i] = _frozen_json(v, depth + 1)
+    return FrozenList(value)
+
+
+_NESTED = (dict, list)
 
 
 def load(d: dict[str, Any], where: str) -> PluginEvent:

@@ -70,6 +70,28 @@ class DefaultModel:
     fallback: bool = False
 
 
+def is_toml_text(source: str) -> bool:
+    """Whether ``source`` (given where a config file's path or text may be) is TOML text."""
+    if "\n" not in source and "=" not in source:
+        return False
+    try:
+        return not os.path.exists(source)
+    except (OSError, ValueError):  # a NUL byte, a name too long: not a path
+        return True
+
+
+def frozen_states(projection: Any) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of every recorded state (dsh.ledger.state) the session has updated,
+    for the keys this process knows: what a ``parallel`` child starts from."""
+    index = projection.plugin_index
+    if not index:
+        return []
+    from dsh.ledger.state import KEYS
+
+    return [(KEYS[k], KEYS[k].read(projection)) for k in index
+            if isinstance(k, tuple) and k in KEYS]
+
+
 def choose_default_model(app: App) -> DefaultModel:
     cfg = app.config
     if cfg.model:
@@ -77,6 +99,12 @@ def choose_default_model(app: App) -> DefaultModel:
     for env, model in PROVIDER_DEFAULTS:
         if os.environ.get(env, "").strip():
             return DefaultModel(model, f"no model configured and {env} is set")
+    stored = _stored_key_names()
+    for _env, model in PROVIDER_DEFAULTS:
+        name = model.partition(":")[0]  # the provider's name is its stored key's default name
+        if name in stored:
+            return DefaultModel(model, f"no model configured and a key {name!r} is stored "
+                                       "(dsh keys)")
     offered = app.pm.hook.default_model()
     if offered:
         model, why = offered
@@ -84,6 +112,19 @@ def choose_default_model(app: App) -> DefaultModel:
     return DefaultModel("echo", "no model configured, no provider key in the environment "
                                 "(OPENAI_API_KEY, ANTHROPIC_API_KEY) and no local model",
                         fallback=True)
+
+
+def _stored_key_names() -> frozenset[str]:
+    """The names of the stored keys (dsh keys), or none when the key store cannot be read:
+    choosing a default model is no reason to fail (``dsh keys list`` reports the problem)."""
+    from dsh.core.errors import ConfigError
+
+    try:
+        from dsh.config.keys import store
+
+        return frozenset(store().names())
+    except (ConfigError, OSError):
+        return frozenset()
 
 
 class App:
@@ -108,9 +149,22 @@ class App:
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping[str, Any] | None = None) -> App:
-        """Assemble from a TOML file path, a mapping, or (``None``) the default config file."""
+        """Assemble from a TOML file path, TOML text, a mapping, or (``None``) the default
+        config file. A string is TOML text when it has a line break or an ``=`` and names no
+        existing file; invalid TOML text is a :class:`~dsh.core.errors.ConfigError` with the
+        line (``<config text>`` stands for the file name)."""
         if isinstance(source, Mapping):
             return cls(config_from_dict(source))
+        if isinstance(source, str) and is_toml_text(source):
+            import tomllib
+
+            from dsh.core.errors import ConfigError
+
+            try:
+                data = tomllib.loads(source)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"<config text>: invalid TOML: {exc}") from None
+            return cls(config_from_dict(data, source="<config text>", text=source))
         return cls(load_config(source))
 
     @property
@@ -223,6 +277,15 @@ class App:
             return Session(agent, self.store.create(session_id))
         return Session(agent, self.store.open(session_id))
 
+    def reader(self, session: str = "latest") -> Any:
+        """Open a stored session read-only (issue 25): ``session`` is an id, a unique prefix of
+        one, or ``latest``. No model, no key and no lock are needed: it reads while a run
+        holds the session. Returns a :class:`dsh.ledger.reader.SessionReader` (events, plugin
+        events, history, recorded state)."""
+        from dsh.ledger.reader import open_session
+
+        return open_session(self.store, session)
+
     def session(self, agent: str | None = None, session_id: str | None = None, *,
                 save: bool = True, **overrides: Any) -> Session:
         return self.open_session(self.agent(agent, **overrides), session_id, save=save)
@@ -266,11 +329,16 @@ class App:
         from dsh.ledger.history import render_history
 
         frozen = render_history(parent.ledger.projection.view()) if parent else ""
+        states = frozen_states(parent.ledger.projection) if parent else []
         run = current_or_none()
 
         def one(agent: str, prompt: str) -> RunResult:
             try:
                 with self.session(agent) as session:
+                    for key, value in states:  # a frozen copy of the parent's state (D6)
+                        from dsh.ledger.state import SET
+
+                        key.apply(session.ledger, {SET: value})
                     if frozen:
                         session.inject(frozen, source=f"fork:{parent.id}")  # type: ignore[union-attr]
                     if run is None:

@@ -48,3 +48,29 @@ def collect_prompt(pm: Any, agent: Any, system: str | None) -> tuple[str, tuple[
     ordered = tuple(sorted(parts, key=lambda p: p.order))
     text = "\n\n".join(p.text.strip() for p in ordered if p.text.strip())
     return text, ordered
+
+
+def turn_system(agent: Any, session: Any) -> str:
+    """The system prompt of the turn about to start: the agent's, then the ``turn_prompt``
+    fragments (recorded state shown to the model, issue 25) by ascending ``order``. O(1)
+    when no plugin of the agent implements ``turn_prompt``."""
+    impls = agent.pm.hook.turn_prompt.get_hookimpls()
+    if not impls:
+        return str(agent.system)
+    parts: list[PromptPart] = []
+    for impl in impls:  # the order register_prompt asks in
+        plugin = impl.plugin_name
+
+        def register(text: str, *, order: int = 100, name: str | None = None,
+                     _plugin: str = plugin) -> None:
+            if not isinstance(text, str):
+                raise PluginError(
+                    f"plugin {_plugin} registered a turn prompt fragment that is not text "
+                    f"({type(text).__name__})", plugin=_plugin, hook="turn_prompt")
+            parts.append(PromptPart(text, _plugin, name, order))
+
+        call_impl(impl, "turn_prompt", register=register, agent=agent.handle, session=session)
+    extra = [p.text.strip() for p in sorted(parts, key=lambda p: p.order) if p.text.strip()]
+    if not extra:
+        return str(agent.system)
+    return "\n\n".join([agent.system, *extra] if agent.system else extra)

@@ -48,6 +48,7 @@ from dsh.llm import record
 from dsh.llm import schema as output_schemas
 from dsh.run.loop import Inbox
 from dsh.run.loop import Turn
+from dsh.run.prompt import turn_system
 from dsh.run.recorder import emit as emit_live
 from dsh.run.result import RunResult
 from dsh.run.subagent import MAX_DEPTH
@@ -142,6 +143,27 @@ class Session:
         from dsh.ledger import plugin_events
 
         return plugin_events.read(self.ledger, plugin, name)
+
+    def state(self, key: Any) -> Any:
+        """The value of the recorded state ``key`` (a :class:`dsh.ledger.state.StateKey`) in
+        this session, updates written before a restart included: folded from the ledger's
+        plugin events, the new ones only (no file read)."""
+        return key.read(self.ledger.projection)
+
+    def update_state(self, key: Any, data: Mapping[str, Any] | None = None) -> Any:
+        """Record an update of ``key`` (the event ``x/PLUGIN/NAME``) and return the new value;
+        the reducer runs first, and nothing is recorded if it fails. Safe from any thread;
+        outside a turn it is made durable at once (docs/plugins.md, "Recorded state").
+
+        :raises dsh.ledger.state.StateError: the reducer raised or returned what cannot be
+            kept, or the key's plugin is not one of this app's."""
+        from dsh.host.runcontext import current_or_none
+
+        value = key.apply(self.ledger, data, app=self.agent.app, pm=self.agent.pm)
+        ctx = current_or_none()
+        if ctx is None or ctx.ledger is not self.ledger:
+            self.ledger.step_boundary()
+        return value
 
     def steer(self, text: str, source: str = "user") -> bool:
         """Add a user message to the turn running in another thread (B3, E5). Safe to call
@@ -317,7 +339,7 @@ class Session:
                 if output_schema is not None:
                     options = {**options, output_schemas.OPTION: output_schema}
                 changed = record.record_turn(
-                    ledger, model=agent.effective_model, system=agent.system,
+                    ledger, model=agent.effective_model, system=turn_system(agent, self),
                     tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)

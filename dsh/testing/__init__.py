@@ -164,10 +164,10 @@ def dsh_make_app(dsh_env: IsolatedEnv,
     ``script`` is the :class:`Script` (or a list of reply dicts) to start from.
     """
 
-    def make(config: Mapping[str, Any] | None = None, *,
+    def make(config: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
              plugins: Mapping[str, Any] | Iterable[Any] = (),
              script: Script | Iterable[Mapping[str, Any]] | None = None) -> ScriptedApp:
-        cfg = copy.deepcopy(dict(config or {}))
+        cfg = copy.deepcopy(dict(_config_mapping(config)))
         if not isinstance(script, Script):
             script = Script(script or ())
         key = f"script-{next(_SCRIPT_IDS)}"
@@ -187,6 +187,33 @@ def dsh_make_app(dsh_env: IsolatedEnv,
         return ScriptedApp(cfg, script, sessions)
 
     return make
+
+
+def _config_mapping(config: Mapping[str, Any] | str | os.PathLike[str] | None
+                    ) -> Mapping[str, Any]:
+    """``dsh_make_app``'s config as a mapping: a mapping, TOML text, or a TOML file's path
+    (errors name the file and line, as ``dsh --config`` does)."""
+    if config is None or isinstance(config, Mapping):
+        return config or {}
+    import tomllib
+
+    from dsh.config.loader import read_config_text
+    from dsh.core.errors import ConfigError
+    from dsh.run.app import is_toml_text
+
+    where = "<config text>"
+    if isinstance(config, str) and is_toml_text(config):
+        text = config
+    else:
+        where = os.fspath(config)
+        try:
+            text = read_config_text(Path(where))
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: config file not found") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
 
 
 def _plugin_names(plugins: Mapping[str, Any] | Iterable[Any],

@@ -139,6 +139,12 @@ class ScriptedApp:
     Made by the ``dsh_make_app`` fixture (``dsh_app`` is one made from ``dsh_config``).
     """
 
+    def state(self, key: Any, session: Any = "latest") -> Any:
+        """The recorded state ``key`` (a :class:`dsh.StateKey`) of ``session`` — a session id,
+        a unique prefix, ``latest``, or a run's result — folded afresh from the ledger file
+        by the read-only reader (what a new process would see)."""
+        return self.app.reader(str(getattr(session, "session_id", None) or session)).state(key)
+
     def __init__(self, config: Mapping[str, Any], script: Script, sessions_dir: Path) -> None:
         #: The config the app was built from (after the fixture's additions).
         self.config = config

@@ -148,7 +148,8 @@ def _model_class() -> type[Model]:
                 text = reply.get("text", "")
                 if request.stream:
                     _stream_words(text, on_text)
-                calls = tuple(ToolCall(id=c.get("id") or f"call_{n}_{i}", name=c["name"],
+                # call_REPLY_CALL, both from 0: the ids `dsh run -m scripted:FILE` gives
+                calls = tuple(ToolCall(id=c.get("id") or f"call_{n - 1}_{i}", name=c["name"],
                                        arguments=c.get("arguments") or {})
                               for i, c in enumerate(reply.get("tool_calls", ())))
                 usage = reply.get("usage") or {}

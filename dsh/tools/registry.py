@@ -31,6 +31,8 @@ from dsh.core.messages import freeze
 from dsh.core.messages import thaw
 from dsh.hookspecs import hookimpl
 from dsh.host.manager import call_impl
+from dsh.tools.dispatch import HookDispatch as HookDispatch  # registered as dsh.tools:HookDispatch
+from dsh.tools.dispatch import call_pre_execute as call_pre_execute
 
 if TYPE_CHECKING:
     from dsh.host.scope import AgentHandle
@@ -339,14 +341,21 @@ class ToolInvocation:
     arguments: dict[str, Any]
     #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
     agent: str = ""
-    #: The reason given to :meth:`block`, when the call was refused.
+    #: The reason given to the first :meth:`block`, when the call was refused.
     blocked: str | None = None
-    #: The plugin that blocked the call (as passed to :meth:`block`).
+    #: The plugin that blocked the call first: in ``pre_execute``, the registered name of
+    #: the implementation that called :meth:`block` (as ``step/rejected`` names the plugin);
+    #: elsewhere (an ``execute`` wrapper such as ``dsh.budget``) the ``plugin`` it passed.
     blocked_by: str | None = None
     #: For a sub-agent tool: the child session id, chosen before ``tool/call`` is written.
     child_session: str | None = None
+    #: Every :meth:`block` in order, as ``(plugin, reason)``: the first decides, later ones
+    #: are kept so that each plugin's decision is seen (``blocked`` does not change).
+    blocks: list[tuple[str, str]] = attrs.field(factory=list)
     # The agent's handle (passed as ``handle=``), read through the ``handle`` property.
     _handle: AgentHandle | None = attrs.field(default=None, repr=False)
+    # The pre_execute implementation being called (dsh.tools.dispatch): who blocks.
+    _caller: str | None = attrs.field(default=None, init=False, repr=False)
 
     @property
     def handle(self) -> AgentHandle:
@@ -356,9 +365,17 @@ class ToolInvocation:
         return self._handle
 
     def block(self, reason: str, plugin: str | None = None) -> None:
-        """Refuse the call: the model receives an error result with ``reason``."""
-        self.blocked = reason
-        self.blocked_by = plugin
+        """Refuse the call: the model receives an error result ``tool call blocked by
+        PLUGIN: reason``. The first block wins; a second one (by the same or another plugin)
+        is added to :attr:`blocks` and changes nothing else. In ``pre_execute`` the plugin is
+        the implementation's registered name and ``plugin`` is ignored."""
+        reason = str(reason) if reason else "blocked"
+        if self._caller is not None:
+            plugin = self._caller
+        self.blocks.append((plugin or "", reason))
+        if self.blocked is None:
+            self.blocked = reason
+            self.blocked_by = plugin
 
 
 def _to_text(value: Any) -> str:
@@ -422,22 +439,6 @@ def execute(call: ToolInvocation) -> ToolOutcome:
         _current_call.reset(token)
     outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
     return outcome
-
-
-class HookDispatch:
-    """The ``pre_execute`` / ``post_execute`` layer of the tool chain, as a wrapper (D3)."""
-
-    def __init__(self, pm: Any) -> None:
-        self.pm = pm
-
-    @hookimpl(wrapper=True, trylast=True)  # between dsh.budget and dsh.recorder (dsh.host.manager)
-    def execute(self, call: ToolInvocation) -> Any:
-        # A blocked call still travels inward (a pluggy wrapper must yield exactly once);
-        # the core implementation turns it into an error outcome without running the tool.
-        self.pm.hook.pre_execute(call=call)
-        outcome = yield
-        self.pm.hook.post_execute(call=call, outcome=outcome)
-        return outcome
 
 
 # --------------------------------------------------------------------------------------------

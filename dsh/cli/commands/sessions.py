@@ -83,7 +83,8 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     app = state.app
     store = app.store
     color = use_color(sys.stdout)
-    events = store.read(resolve_session(app, session_id))
+    reader = app.reader(session_id)  # read-only: no model, no key, no lock (issue 25)
+    events = list(reader)
     if click.get_current_context().meta.get("dsh.show_json"):
         _show_json(store, events)
         return
@@ -100,6 +101,13 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     if totals is not None:
         click.echo(totals)
     click.echo(_context_line(state.app, events))
+    from dsh.ledger.reader import describe_states
+
+    recorded = describe_states(reader)
+    if recorded:
+        from dsh.cli.render import escape_controls
+
+        click.echo(escape_controls(recorded))
 
 
 def _show_json(store: Any, events: list[Any]) -> None:
@@ -173,8 +181,8 @@ def sessions_export(state: State, session_id: str, fmt: str, output: Path | None
     if otlp:
         _send_otlp(session_id, output)
         return
-    sid = resolve_session(state.app, session_id)
-    events = state.app.store.read(sid)
+    reader = state.app.reader(session_id)  # read-only: no lock, no model, no key
+    sid, events = reader.id, list(reader)
     if fmt == "html":
         from dsh.cli.export_html import page_of
 

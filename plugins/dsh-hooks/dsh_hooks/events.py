@@ -127,8 +127,11 @@ def _source(ans: Answer) -> str:
 
 
 def pre_execute(eng: Engine, call: Any) -> None:
-    if not eng.settings.active("PreToolUse") or call.blocked is not None:
-        return  # no hook, or another plugin blocked the call already
+    if not eng.settings.active("PreToolUse"):
+        return
+    # Blocked by another plugin already: the hooks still run and their decision is recorded
+    # (every pre_execute runs, docs/plugins.md), but nothing is asked or approved.
+    already = call.blocked_by if call.blocked is not None else None
     dsh_name = call.call.name
     name, tool_input = eng.present(dsh_name, call.arguments)
     fields = {"tool_name": name, "tool_input": tool_input, "tool_use_id": call.call.id}
@@ -155,6 +158,10 @@ def pre_execute(eng: Engine, call: Any) -> None:
             eng.decided("PreToolUse", "rewrite", ans, arguments=_jsonable(new), **about)
             notes.append(f"{ans.name} rewrote the arguments: "
                          f"{json.dumps(new, ensure_ascii=False, default=str)}")
+    if already is not None and by is not None:
+        eng.decided("PreToolUse", decision or "none", by, why, already_blocked_by=already,
+                    **about)
+        return
     if decision == "deny" and by is not None:
         call.block(f"{by.name}: {why or '(no reason given)'}", plugin="hooks")
         eng.decided("PreToolUse", "deny", by, why, **about)

@@ -1,0 +1,203 @@
+"""``dsh.memory``: facts the model remembers, and an opt-in project memory file (issue 25).
+
+Opt-in per agent (``[plugins."dsh.memory"] enabled = true``, or the agent's own
+``[agents.NAME.plugin_settings."dsh.memory"]``). The agent gets ``remember(fact)`` and
+``forget(id)``; each is an ``x/dsh.memory/memory`` event folded into :data:`MEMORY` (a
+:class:`dsh.ledger.state.StateKey`), so the facts survive resume, a crash and a compaction.
+
+``file = "PATH"`` (relative to the working directory) adds a project memory file shared
+across sessions: at the start of each turn its content is read (at most :data:`MAX_FILE`
+bytes, UTF-8) and, when its SHA-256 differs from the one recorded last, recorded with the
+digest (``{"op": "file", "path", "sha256", "text"}``). The prompt is built from that record,
+never from the file, so a resumed session sends exactly what it recorded even if the file
+has changed since — and a change is recorded at the next turn. ``remember(fact,
+project=true)`` appends the fact to that file as a ``- fact`` line.
+
+At the start of each turn the memory is part of the system prompt (``order`` :data:`ORDER`,
+before dsh.tasks' list), recorded on ``turn/start``. Bounds: :data:`MAX_FACTS` facts of at
+most :data:`MAX_FACT` characters; a file over :data:`MAX_FILE` bytes is not used (recorded
+with the problem, said in the prompt and on stderr) and is never sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dsh.core.errors import DshWarning
+from dsh.core.errors import ToolError
+from dsh.hookspecs import hookimpl
+from dsh.ledger.state import StateKey
+
+PLUGIN = "dsh.memory"
+MAX_FACTS = 200
+MAX_FACT = 2000
+#: The largest project memory file used, in bytes (its text must fit one plugin event).
+MAX_FILE = 32 * 1024
+#: Where the memory goes in the turn's system prompt (before dsh.tasks' 300).
+ORDER = 200
+#: The problem recorded for a project memory file that does not exist (yet): not warned.
+MISSING = "does not exist (yet)"
+INITIAL: dict[str, Any] = {"facts": [], "next": 1, "file": None}
+
+
+def reduce(state: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    op = data.get("op")
+    facts = list(state["facts"])
+    nxt = state["next"]
+    file = state["file"]
+    if op == "remember":
+        text = data.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_FACT:
+            raise ValueError(f"a fact is non-empty text of at most {MAX_FACT} characters")
+        if len(facts) >= MAX_FACTS:
+            raise ValueError(f"memory is full ({MAX_FACTS} facts): forget some first")
+        facts.append({"id": nxt, "text": text})
+        nxt += 1
+    elif op == "forget":
+        ident = data.get("id")
+        kept = [f for f in facts if f["id"] != ident]
+        if len(kept) == len(facts):
+            raise ValueError(f"no remembered fact has id {ident!r}")
+        facts = kept
+    elif op == "file":
+        file = {k: data.get(k) for k in ("path", "sha256", "text", "size", "problem")}
+    else:
+        raise ValueError(f"unknown memory operation {op!r} (remember, forget, file)")
+    return {"facts": facts, "next": nxt, "file": file}
+
+
+MEMORY: StateKey[dict[str, Any]] = StateKey(PLUGIN, "memory", INITIAL, reduce,
+                                               show=lambda v: render(v) or "(empty)")
+
+
+def settings(agent: Any) -> Mapping[str, Any]:
+    return agent.plugin_settings(PLUGIN)
+
+
+def render(state: Mapping[str, Any]) -> str:
+    """The memory as the model and ``dsh sessions show`` see it ('' when empty)."""
+    parts = []
+    file = state["file"]
+    if file:
+        if file.get("problem"):
+            parts.append(f"(project memory file {file['path']}: {file['problem']})")
+        elif file.get("text", "").strip():
+            parts.append(f"From the project memory file {file['path']}:\n{file['text'].strip()}")
+    if state["facts"]:
+        parts.append("Remembered in this session (forget with forget(id)):\n"
+                     + "\n".join(f"- [{f['id']}] {f['text']}" for f in state["facts"]))
+    return "\n\n".join(parts)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The ``file`` update for the project memory file now: its text and digest, or the
+    problem (missing, too large, not UTF-8, not a regular file)."""
+    from dsh.core.files import TooLarge
+    from dsh.core.files import read_regular
+    from dsh.core.files import reason
+
+    shown = str(path)
+    try:
+        data = read_regular(path, MAX_FILE)
+    except FileNotFoundError:
+        return {"op": "file", "path": shown, "problem": MISSING}
+    except TooLarge as exc:
+        return {"op": "file", "path": shown, "size": exc.size,
+                "problem": f"is {exc.size} bytes; the limit is {MAX_FILE}: not used"}
+    except OSError as exc:
+        kind = getattr(exc, "kind", None)
+        return {"op": "file", "path": shown,
+                "problem": f"is {kind}, not a file" if kind else f"cannot be read: {reason(exc)}"}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return {"op": "file", "path": shown, "problem": f"is not UTF-8 (byte {exc.start})"}
+    return {"op": "file", "path": shown, "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(), "text": text}
+
+
+def remember(fact: str, project: bool = False) -> str:
+    """Remember a fact for the rest of this session (it is shown to you at each turn).
+
+    :param fact: the fact, in one or a few sentences.
+    :param project: also append it to the project memory file, shared with later sessions.
+    """
+    from dsh.ledger.state import StateError
+
+    if not fact.strip() or len(fact) > MAX_FACT:
+        raise ToolError(f"remember: a fact is non-empty text of at most {MAX_FACT} characters")
+    try:
+        state = MEMORY.update({"op": "remember", "text": fact})
+    except StateError as exc:
+        raise ToolError(f"remember: {str(exc).rpartition(': ')[2]}") from None
+    ident = state["facts"][-1]["id"]
+    if not project:
+        return f"Remembered as [{ident}]."
+    from dsh.host.runcontext import context
+
+    path = _file_setting(context().handle)
+    if path is None:
+        return f"Remembered as [{ident}] (no project memory file is configured)."
+    line = "- " + " ".join(fact.split()) + "\n"
+    try:
+        size = path.stat().st_size if path.exists() else 0
+        if size + len(line.encode()) > MAX_FILE:
+            raise ToolError(f"remember: {path} would exceed {MAX_FILE} bytes; remembered as "
+                            f"[{ident}] for this session only")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+    except OSError as exc:
+        raise ToolError(f"remember: cannot write {path}: {exc.strerror}; remembered as "
+                        f"[{ident}] for this session only") from None
+    return f"Remembered as [{ident}] and in {path} (from the next turn)."
+
+
+def forget(id: int) -> str:  # noqa: A002 - the model's word for it
+    """Forget a fact remembered in this session.
+
+    :param id: the fact's number, as shown in brackets.
+    """
+    from dsh.ledger.state import StateError
+
+    try:
+        MEMORY.update({"op": "forget", "id": id})
+    except StateError as exc:
+        raise ToolError(f"forget: {str(exc).rpartition(': ')[2]}") from None
+    return f"Forgot [{id}]."
+
+
+def _file_setting(agent: Any) -> Path | None:
+    value = settings(agent).get("file")
+    if not value:
+        return None
+    return Path(os.path.expanduser(str(value)))
+
+
+@hookimpl
+def register_tools(register: Any, agent: Any) -> None:
+    if settings(agent).get("enabled", False):
+        register(remember, name="remember")
+        register(forget, name="forget")
+
+
+@hookimpl
+def turn_prompt(register: Any, agent: Any, session: Any) -> None:
+    if not settings(agent).get("enabled", False):
+        return
+    path = _file_setting(agent)
+    if path is not None:
+        now = read_file(path)
+        recorded = session.state(MEMORY)["file"] or {}
+        if any(now.get(k) != recorded.get(k) for k in ("path", "sha256", "problem")):
+            session.update_state(MEMORY, now)
+            if now.get("problem") not in (None, MISSING):
+                warnings.warn(f"dsh.memory: {now['path']} {now['problem']}",
+                              DshWarning, stacklevel=2)
+    text = render(session.state(MEMORY))
+    if text:
+        register("## Memory\n\n" + text, order=ORDER, name="memory")
