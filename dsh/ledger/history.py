@@ -37,6 +37,19 @@ from dsh.ledger.serialize import raw_reasoning
 from dsh.ledger.serialize import raw_tool_calls
 from dsh.ledger.serialize import raw_tools
 
+#: What only the ledger passes to a sealed projection's :meth:`Projection.apply` and
+#: :meth:`Projection.apply_raw` (issue 23: the projection is read-only to everyone else).
+_LEDGER = object()
+
+
+def _read_only(what: str) -> Exception:
+    from dsh.core.errors import LedgerError
+
+    return LedgerError(
+        f"Projection.{what}: the projection of an open session ledger is read-only (MISSION "
+        "C3): what reaches the model is what the ledger file records; write an event with "
+        "ledger.append (or dsh.plugin_events) instead")
+
 
 def context_message(text: str, source: str) -> str:
     """How injected context is shown to the model (a user-role message of its own)."""
@@ -67,6 +80,7 @@ class Projection:
         "compactions",
         "answers",
         "plugin_index",
+        "_sealed",
     )
 
     def __init__(self) -> None:
@@ -91,6 +105,13 @@ class Projection:
         #: Plugin events (``x/PLUGIN/NAME``), never projected into messages: by plugin and by
         #: ``(plugin, name)``, oldest first (dsh.plugin_events). None until the first one.
         self.plugin_index: dict[Any, list[PluginEvent]] | None = None
+        #: Set by the ledger that owns this projection: then only it can fold events in.
+        self._sealed = False
+
+    def seal(self) -> None:
+        """Make :meth:`apply`, :meth:`apply_raw` and :meth:`compact` refuse every caller but
+        the ledger (which feeds it the events decoded from the bytes it wrote)."""
+        self._sealed = True
 
     def view(self) -> MessageView:
         return MessageView(self._messages)
@@ -98,7 +119,9 @@ class Projection:
     def __len__(self) -> int:
         return len(self._messages)
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, _key: object = None) -> None:
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("apply")
         self.seq = event.seq
         t = type(event)
         if t is UserMessage:
@@ -155,7 +178,7 @@ class Projection:
             self.step_open = False
         elif t is ContextCompacted:
             c2: Any = event
-            self.compact(c2.start, c2.end, c2.messages)
+            self.compact(c2.start, c2.end, c2.messages, _LEDGER)
         elif t is PluginEvent:
             self.index_plugin_event(event)  # type: ignore[arg-type]
 
@@ -167,12 +190,15 @@ class Projection:
         index.setdefault(event.plugin, []).append(event)
         index.setdefault((event.plugin, event.name), []).append(event)
 
-    def compact(self, start: int, end: int, replacement: tuple[Message, ...]) -> None:
+    def compact(self, start: int, end: int, replacement: tuple[Message, ...],
+                _key: object = None) -> None:
         """Apply a ``context/compacted`` event: ``[start, end)`` becomes ``replacement``.
 
         A new list, so views taken before (a request in flight, a frozen read) keep the
         history they were taken from; O(n) once per compaction, the steps stay O(1).
         """
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("compact")
         items = self._messages
         if not 0 <= start <= end <= len(items):
             from dsh.core.errors import LedgerError
@@ -183,7 +209,7 @@ class Projection:
         self.last_usage = None
         self.compactions += 1
 
-    def apply_raw(self, d: dict[str, Any]) -> None:
+    def apply_raw(self, d: dict[str, Any], _key: object = None) -> None:
         """:meth:`apply` for a decoded ledger line, without building the event.
 
         Resuming a 100,000-event session spends most of its time building event objects
@@ -193,6 +219,8 @@ class Projection:
         which explains exactly what is wrong. tests/test_history.py checks, over generated
         sessions, that both paths project the same thing.
         """
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("apply_raw")
         tag = d["type"]
         seq = d["seq"]
         if type(seq) is not int:
@@ -252,7 +280,7 @@ class Projection:
             self.step_open = False
         elif tag == "context/compacted":
             self.compact(checked(d["start"], int), checked(d["end"], int),
-                         raw_messages(d.get("messages", [])))
+                         raw_messages(d.get("messages", [])), _LEDGER)
         elif tag[:2] == "x/":
             from dsh.ledger.plugin_events import from_raw
 

@@ -12,6 +12,7 @@ line says how many). Opening, locking and finding files is :mod:`dsh.ledger.stor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from dsh.ledger.events import Event
 from dsh.ledger.events import StepEnded
 from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
+from dsh.ledger.history import _LEDGER
 from dsh.ledger.history import Projection
 from dsh.ledger.serialize import dump_event
 
@@ -105,6 +107,7 @@ class Ledger:
         self._fd = fd
         self.fsync = fsync
         self.projection = projection or Projection()
+        self._projection.seal()
         self.observer: Callable[[Event], None] | None = None
         #: What loading had to repair (torn tail, dangling calls), for the caller to report.
         self.notes: list[str] = []
@@ -143,12 +146,26 @@ class Ledger:
                         **fields)
             return self._write(event)
 
+    @property
+    def projection(self) -> Projection:
+        """What the next request contains: read-only to everyone but this ledger, which feeds
+        it the event decoded from the bytes it just wrote (issue 23, the byte rule)."""
+        return self._projection
+
+    @projection.setter
+    def projection(self, value: Projection) -> None:
+        # sealed from the first event written on: loading (dsh.ledger.store) folds the file's
+        # lines in first, through the projection's own apply/apply_raw
+        self._projection = value
+
     def _write(self, event: E) -> E:
         try:
-            data = (dump_event(event) + "\n").encode()
+            line = dump_event(event)
+            data = (line + "\n").encode()
         except UnicodeEncodeError:
             event = sanitized(event)
-            data = (dump_event(event) + "\n").encode()
+            line = dump_event(event)
+            data = (line + "\n").encode()
         if self._fd is not None:
             try:
                 n = os.write(self._fd, data)
@@ -161,7 +178,11 @@ class Ledger:
                                   f"{_reason(exc)}") from exc
         elif self.path is not None:
             raise LedgerError(f"session {self.session_id} is closed")
-        self.projection.apply(event)
+        # The byte rule (issue 23, MISSION C3): the projection — everything a request is made
+        # of — is fed the plain values decoded from the line just written, never the objects
+        # a plugin or strategy handed over (a str subclass, a property, a lying __format__ or
+        # __eq__ does not survive the trip through JSON).
+        self._projection.apply_raw(json.loads(line), _LEDGER)
         if self.observer is not None:
             self.observer(event)
         return event
