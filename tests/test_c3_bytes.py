@@ -15,6 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from dsh.config.loader import config_from_dict
 from dsh.core.messages import Message
@@ -291,3 +295,240 @@ def test_a_plugin_registered_in_one_agents_manager_does_not_reach_another(
     assert second.outcome == "completed", second.reason
     assert EVIL.encode() not in server.received[1].raw
     assert server.bodies[1:] == reconstruct(second.path)
+
+
+# -- nothing injected is lost (B3, B4) ---------------------------------------------------------
+
+
+def test_context_injected_before_a_rejected_step_reaches_the_next_request(
+        tmp_path, server, plugin_module):
+    @hookimpl
+    def pre_step(step: Any) -> None:
+        if step.text == "bad":
+            step.reject("not this one")
+
+    server.script(Reply(body=openai_completion("ok")))
+    app = http_app(tmp_path, server, plugin_module(pre_step=pre_step))
+    with app.session() as s:
+        s.inject("the kept context", source="api")
+        first = s.send("bad")
+        assert first.outcome == "rejected"
+        assert len(s.inbox) == 1  # the context waits for the next step
+        second = s.send("good")
+    assert second.outcome == "completed", second.reason
+    assert b"the kept context" in server.received[0].raw
+    assert server.bodies == reconstruct(second.path)
+
+
+def test_input_pending_when_a_session_closes_is_reported_not_silently_lost(tmp_path, server):
+    from dsh.core.errors import InputDroppedWarning
+
+    app = http_app(tmp_path, server)
+    s = app.session()
+    s.inject("never sent", source="api")
+    s.steer("a late message")
+    with pytest.warns(InputDroppedWarning, match="2 input"):
+        s.close()
+    assert [i.text for i in s.dropped] == ["never sent", "a late message"]
+    assert server.received == []
+
+
+def test_a_rejected_turn_runs_turn_stopping_and_may_follow_up(tmp_path, server, plugin_module):
+    calls: list[str] = []
+
+    @hookimpl
+    def pre_step(step: Any) -> None:
+        if step.text == "bad":
+            step.reject("not this one")
+
+    @hookimpl
+    def turn_stopping(turn: Any) -> str | None:
+        calls.append("stopping")
+        return "a better message" if len(calls) == 1 else None
+
+    server.script(Reply(body=openai_completion("ok")))
+    app = http_app(tmp_path, server, plugin_module(pre_step=pre_step,
+                                                   turn_stopping=turn_stopping))
+    result = app.run("bad")
+    assert result.outcome == "completed", result.reason
+    assert calls == ["stopping", "stopping"]
+    assert b"a better message" in server.received[0].raw
+    assert server.bodies == reconstruct(result.path)
+    types = [json.loads(x)["type"] for x in result.path.read_text().splitlines()]
+    assert "step/rejected" in types
+
+
+# -- the system prompt subsystem is a plugin like the others (A4) ------------------------------
+
+
+def _fragment_plugin(plugin_module: Any) -> str:
+    @hookimpl
+    def register_prompt(register: Any) -> None:
+        register("second fragment", order=200)
+        register("first fragment", order=10)
+
+    return plugin_module(register_prompt=register_prompt)
+
+
+def test_disabling_dsh_prompt_with_an_own_implementation_replaces_the_stitching(
+        tmp_path, server, plugin_module):
+    @hookimpl
+    def system_prompt(system: str, parts: Any) -> str:
+        return " | ".join(p.text for p in reversed(parts))
+
+    server.script(Reply(body=openai_completion("ok")))
+    mine = plugin_module(system_prompt=system_prompt)
+    app = http_app(tmp_path, server, _fragment_plugin(plugin_module), mine,
+                   disable=["dsh.prompt"], agents={"default": {"system": "own"}})
+    assert app.agent().system == "first fragment | second fragment | own"
+    result = app.run("hi")
+    assert result.outcome == "completed", result.reason
+    assert server.bodies[0]["messages"][0] == {
+        "role": "system", "content": "first fragment | second fragment | own"}
+    assert server.bodies == reconstruct(result.path)
+
+
+def test_the_built_in_stitching_is_dsh_prompt_and_disabling_it_alone_is_an_error(
+        tmp_path, server, plugin_module):
+    from dsh.core.errors import ConfigError
+
+    frag = _fragment_plugin(plugin_module)
+    app = http_app(tmp_path, server, frag, agents={"default": {"system": "own"}})
+    assert app.agent().system == "own\n\nfirst fragment\n\nsecond fragment"
+    bare = http_app(tmp_path, server, frag, disable=["dsh.prompt"])
+    with pytest.raises(ConfigError, match="system_prompt.*dsh.prompt"):
+        bare.agent()
+
+
+@pytest.mark.parametrize("bad", [42, b"bytes", Lying("x")])
+def test_a_system_prompt_that_is_not_text_is_refused_naming_the_plugin(
+        tmp_path, server, plugin_module, bad):
+    from dsh.core.errors import PluginError
+
+    @hookimpl
+    def system_prompt() -> Any:
+        return bad
+
+    mine = plugin_module(system_prompt=system_prompt)
+    app = http_app(tmp_path, server, mine, disable=["dsh.prompt"])
+    with pytest.raises(PluginError, match=f"plugin {mine}: system_prompt returned"):
+        app.agent()
+
+
+# -- the property: hostile objects from every surface never change what leaves -----------------
+
+_DUNDERS = ("__format__", "__str__", "__eq__", "__iter__", "__getitem__", "strip", "__len__",
+            "encode", "__repr__")
+
+
+def _lying_str(overrides: list[str]) -> type:
+    """A str subclass overriding ``overrides`` to tell another story than its characters."""
+    def lie(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return EVIL
+
+    body: dict[str, Any] = {}
+    for name in overrides:
+        if name == "__eq__":
+            body[name] = lambda self, other: True
+            body["__hash__"] = lambda self: 0
+        elif name == "__iter__":
+            body[name] = lambda self: iter(EVIL)
+        elif name == "__len__":
+            body[name] = lambda self: len(EVIL)
+        elif name == "encode":
+            body[name] = lambda self, *a, **k: EVIL.encode()
+        else:
+            body[name] = lie
+    return type("Lying", (str,), body)
+
+
+class _Reads:
+    """How often a hostile property was read (it lies from the ``after``-th read on)."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.n = 0
+
+    def value(self, honest: str) -> str:
+        self.n += 1
+        return EVIL if self.n > self.after else honest
+
+
+def _shifty_message(reads: _Reads, honest: str) -> Message:
+    class ShiftyMessage(Message):
+        @property  # type: ignore[override]
+        def content(self) -> str:
+            return reads.value(honest)
+
+        @content.setter
+        def content(self, value: str) -> None:
+            pass
+
+    return ShiftyMessage(role="user", content="x")
+
+
+hostile_str = st.builds(lambda o, text: _lying_str(o)(text),
+                        st.lists(st.sampled_from(_DUNDERS), unique=True, max_size=4),
+                        st.sampled_from(["benign", "benign context", "line\nbreak"]))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(surface=st.sampled_from(["text", "context", "prompt", "compaction", "wrapper"]),
+       value=hostile_str, after=st.integers(0, 3), as_message=st.booleans())
+def test_hostile_objects_from_any_surface_never_change_the_bytes_sent(
+        tmp_path_factory, plugin_module, surface, value, after, as_message):
+    folder = tmp_path_factory.mktemp("c3")
+    hooks: dict[str, Any] = {}
+    if surface == "text":
+        @hookimpl
+        def pre_step(step: Any) -> None:
+            if step.text:
+                step.text = value
+        hooks["pre_step"] = pre_step
+    elif surface == "context":
+        @hookimpl
+        def pre_step(step: Any) -> None:  # type: ignore[no-redef]  # noqa: F811
+            step.context.append(InboxItem(text=value, kind="context", source=value))
+        hooks["pre_step"] = pre_step
+    elif surface == "prompt":
+        @hookimpl
+        def register_prompt(register: Any) -> None:
+            register(value)
+        hooks["register_prompt"] = register_prompt
+    elif surface == "compaction":
+        @hookimpl
+        def compact_context(request: Any) -> Any:
+            msg = (_shifty_message(_Reads(after), "benign summary") if as_message
+                   else Message(role="user", content=value))
+            return Compaction(start=0, end=len(request.messages) - 1, replacement=(msg,),
+                              strategy="hostile")
+        hooks["compact_context"] = compact_context
+    else:
+        @hookimpl(wrapper=True)
+        def request(call: Any) -> Any:
+            from dsh.core.messages import ModelRequest
+
+            r = call.request
+            msgs = [*r.messages[:-1], _shifty_message(_Reads(after), r.messages[-1].content)
+                    if as_message else Message(role="user", content=value)]
+            call.request = ModelRequest(model=r.model, system=r.system, messages=msgs,
+                                        tools=r.tools, options=r.options, stream=r.stream)
+            return (yield)
+        hooks["request"] = request
+    with ScriptedServer() as server:
+        server.script(*[Reply(200, openai_completion("a", usage=(200, 5)))] * 2)
+        extra: dict[str, Any] = {}
+        if surface == "compaction":
+            extra = {"compaction": "hostile", "context_window": 300}
+        app = http_app(folder, server, plugin_module(**hooks), **extra)
+        with app.session() as s:
+            results = [s.send("q" * 400)]
+            if surface == "compaction":
+                results.append(s.send("second " + "q" * 400))
+        for r in results:
+            assert r.outcome in ("completed", "error", "rejected"), r.reason
+        path = results[-1].path
+        # the file still loads, and every body that left is the one it determines
+        assert server.bodies == reconstruct(path)
+        for body in raw_bodies(server):
+            assert b"EVIL" not in body or EVIL in path.read_text()

@@ -72,12 +72,14 @@ class _Transport(httpx.HTTPTransport):
 class _Client(httpx.Client):
     """An ``httpx.Client`` whose every transport (proxies from the environment too) is dsh's."""
 
-    def _init_transport(self, **kwargs: Any) -> httpx.BaseTransport:
+    def _init_transport(self, **kwargs: Any) -> httpx.BaseTransport:  # type: ignore[override]
         if kwargs.pop("transport", None) is not None:
             raise InvariantViolation("dsh's model client takes no foreign transport")
         return _Transport(**kwargs)
 
-    def _init_proxy_transport(self, proxy: httpx.Proxy, **kwargs: Any) -> httpx.BaseTransport:
+    # httpx passes every argument by keyword
+    def _init_proxy_transport(  # type: ignore[override]
+            self, proxy: httpx.Proxy, **kwargs: Any) -> httpx.BaseTransport:
         return _Transport(proxy=proxy, **kwargs)
 
 
