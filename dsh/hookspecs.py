@@ -140,8 +140,8 @@ def system_prompt(agent: AgentHandle, system: str, parts: tuple[Any, ...]) -> st
 
     The built-in ``dsh.prompt`` (``trylast``) stitches the fragments by ascending ``order``,
     separated by blank lines. ``disable = ["dsh.prompt"]`` plus a plugin's own
-    implementation replaces the stitching; disabling it with no replacement is a
-    configuration error.
+    implementation replaces the stitching; disabled with nothing in its place, the prompt is
+    the agent's own ``system`` text alone (no fragment is stitched).
 
     .. versionadded:: 0.3
     """

@@ -388,16 +388,14 @@ def test_disabling_dsh_prompt_with_an_own_implementation_replaces_the_stitching(
     assert server.bodies == reconstruct(result.path)
 
 
-def test_the_built_in_stitching_is_dsh_prompt_and_disabling_it_alone_is_an_error(
+def test_the_built_in_stitching_is_dsh_prompt_and_disabling_it_stitches_nothing(
         tmp_path, server, plugin_module):
-    from dsh.core.errors import ConfigError
-
     frag = _fragment_plugin(plugin_module)
     app = http_app(tmp_path, server, frag, agents={"default": {"system": "own"}})
     assert app.agent().system == "own\n\nfirst fragment\n\nsecond fragment"
-    bare = http_app(tmp_path, server, frag, disable=["dsh.prompt"])
-    with pytest.raises(ConfigError, match="system_prompt.*dsh.prompt"):
-        bare.agent()
+    bare = http_app(tmp_path, server, frag, disable=["dsh.prompt"],
+                    agents={"default": {"system": "own"}})
+    assert bare.agent().system == "own"
 
 
 @pytest.mark.parametrize("bad", [42, b"bytes", Lying("x")])

@@ -289,7 +289,7 @@ def _builtin_object(name: str, pm: pluggy.PluginManager) -> Any:
 #: answered": after assembly each must have an implementation, else the configuration is wrong
 #: (say ``disable = ["dsh.loop"]`` with no replacement). Wrappers do not count.
 ESSENTIAL_HOOKS: tuple[str, ...] = ("agent_plugins", "session_store", "run_turn", "request",
-                                    "execute", "system_prompt")
+                                    "execute")
 
 
 def make_plugin_manager(

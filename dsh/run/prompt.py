@@ -6,7 +6,8 @@
 text first, then every registered fragment by ascending ``order`` (default 100), ties broken
 by registration order (plugins are asked in the order they were registered). Fragments are
 separated by one blank line; empty fragments are skipped. ``disable = ["dsh.prompt"]`` and a
-plugin's own ``system_prompt`` replaces the stitching.
+plugin's own ``system_prompt`` replaces the stitching; disabled with nothing in its place, the
+prompt is the agent's own ``system`` text alone (no fragment is stitched).
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def collect_prompt(pm: Any, agent: Any, system: str | None) -> tuple[str, tuple[
             raise PluginError(f"plugin {who}: system_prompt returned {type(text).__name__}, "
                               "not a str", plugin=who, hook="system_prompt")
         return text, ordered
-    return "", ordered
+    # dsh.prompt disabled and nothing in its place: no fragment is stitched, the agent's own
+    # text is the prompt
+    return (system or "").strip(), ordered
 
 
 @hookimpl(trylast=True)
