@@ -470,8 +470,9 @@ hostile_str = st.builds(lambda o, text: _lying_str(o)(text),
                         st.sampled_from(["benign", "benign context", "line\nbreak"]))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
-@given(surface=st.sampled_from(["text", "context", "prompt", "compaction", "wrapper"]),
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(surface=st.sampled_from(["text", "context", "context_list", "prompt", "compaction",
+                                 "wrapper"]),
        value=hostile_str, after=st.integers(0, 3), as_message=st.booleans())
 def test_hostile_objects_from_any_surface_never_change_the_bytes_sent(
         tmp_path_factory, plugin_module, surface, value, after, as_message):
@@ -487,6 +488,23 @@ def test_hostile_objects_from_any_surface_never_change_the_bytes_sent(
         @hookimpl
         def pre_step(step: Any) -> None:  # type: ignore[no-redef]  # noqa: F811
             step.context.append(InboxItem(text=value, kind="context", source=value))
+        hooks["pre_step"] = pre_step
+    elif surface == "context_list":
+        class LyingList(list):  # type: ignore[type-arg]
+            def __iter__(self) -> Any:
+                return iter([InboxItem(text=value, kind="context", source="plugin:x")])
+
+            def __len__(self) -> int:
+                return 0
+
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            __hash__ = None  # type: ignore[assignment]
+
+        @hookimpl
+        def pre_step(step: Any) -> None:  # type: ignore[no-redef]  # noqa: F811
+            step.context = LyingList()
         hooks["pre_step"] = pre_step
     elif surface == "prompt":
         @hookimpl
