@@ -548,3 +548,41 @@ def test_hostile_objects_from_any_surface_never_change_the_bytes_sent(
         assert server.bodies == reconstruct(path)
         for body in raw_bodies(server):
             assert b"EVIL" not in body or EVIL in path.read_text()
+
+
+def test_tool_call_arguments_changed_in_place_after_recording_are_not_sent(
+        tmp_path, server, plugin_module):
+    """A ``request`` implementation that keeps the response it returned and changes its
+    tool-call arguments in place afterwards (``dict.__setitem__`` defeats FrozenDict): the
+    projection holds the arguments decoded from the line, not the plugin's mapping."""
+    from dsh.core.messages import ModelResponse
+    from dsh.core.messages import ToolCall
+
+    kept: list[ToolCall] = []
+
+    def weather(city: str) -> str:
+        """Weather for a city."""
+        return f"sunny in {city}"
+
+    @hookimpl
+    def register_tools(register: Any) -> None:
+        register(weather)
+
+    @hookimpl(tryfirst=True)
+    def request(call: Any) -> Any:
+        if kept:
+            dict.__setitem__(kept[0].arguments, "city", EVIL)  # after it was recorded
+            return None  # let the real request go out
+        tc = ToolCall(id="c1", name="weather", arguments={"city": "Oslo"})
+        kept.append(tc)
+        return ModelResponse(text="", tool_calls=(tc,))
+
+    server.script(Reply(body=openai_completion("done")))
+    app = http_app(tmp_path, server, plugin_module(register_tools=register_tools,
+                                                   request=request))
+    result = app.run("weather?")
+    assert result.outcome == "completed", result.reason
+    assert kept and kept[0].arguments["city"] == EVIL  # the plugin did change its mapping
+    # the first answer came from the plugin, not the server: the server got the second
+    assert server.bodies == reconstruct(result.path)[1:]
+    assert b"EVIL" not in raw_bodies(server)[0] and b"Oslo" in raw_bodies(server)[0]
