@@ -30,11 +30,16 @@ from dsh.core.messages import Usage
 from dsh.core.sanitize import clean_value
 from dsh.ledger.blobs import MemoryBlobs
 from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextCompacted
+from dsh.ledger.events import ContextInjected
 from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
 from dsh.ledger.events import StepEnded
 from dsh.ledger.events import StepStarted
 from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
 from dsh.ledger.history import _LEDGER
 from dsh.ledger.history import Projection
 from dsh.ledger.serialize import dump_event
@@ -86,6 +91,12 @@ def sanitized(event: E) -> E:
 
 
 
+#: The events the projection takes values from (``Projection.apply``): every other event only
+#: advances its ``seq``.
+_PROJECTED = frozenset({UserMessage, AssistantMessage, ToolReturned, ContextInjected,
+                        StepStarted, TurnStarted, ContextCompacted, PluginEvent})
+
+
 def _exact(event: Event) -> bool:
     """The steps' hot events, when every value the projection takes from them is of an exact
     built-in type: then no object protocol can make the projection differ from the line, and
@@ -93,11 +104,11 @@ def _exact(event: Event) -> bool:
     else — other types, subclasses, a lying property — is folded from its decoded line."""
     t = type(event)
     e: Any = event
+    if t not in _PROJECTED:
+        return True  # the projection takes nothing from it but its seq (dsh's own int)
     if t is ToolReturned:
         return (type(e.call_id) is str and type(e.name) is str and type(e.status) is str
                 and type(e.output) is str)
-    if t is StepEnded or t is TurnEnded:
-        return True  # the projection takes nothing from them but that they happened
     if t is StepStarted:
         return type(e.step) is int
     if t is AssistantMessage:
