@@ -132,6 +132,26 @@ def register_prompt(register: Callable[..., None], agent: AgentHandle) -> None:
     """
 
 
+@hookspec(firstresult=True)
+def system_prompt(agent: AgentHandle, system: str, parts: tuple[Any, ...]) -> str | None:
+    """Make the agent's system prompt from its fragments (MISSION A4).
+
+    :param agent: the :class:`dsh.AgentHandle` of the agent being assembled.
+    :param system: the agent's own ``system`` text (``""`` when it has none).
+    :param parts: every fragment registered through ``register_prompt``, the agent's own text
+        first, as ``PromptPart(text, plugin, name, order)`` in registration order.
+    :return: firstresult: the system prompt (a ``str``); it is recorded on ``turn/start``
+        and what is sent is what the ledger line holds (C3).
+
+    The built-in ``dsh.prompt`` (``trylast``) stitches the fragments by ascending ``order``,
+    separated by blank lines. ``disable = ["dsh.prompt"]`` plus a plugin's own
+    implementation replaces the stitching; disabled with nothing in its place, the prompt is
+    the agent's own ``system`` text alone (no fragment is stitched).
+
+    .. versionadded:: 0.3
+    """
+
+
 @hookspec
 def turn_prompt(register: Callable[..., None], agent: AgentHandle, session: Any) -> None:
     """Add fragments to the system prompt of the turn about to start, from recorded state.
@@ -287,7 +307,9 @@ def pre_step(step: StepDraft) -> None:
     called, and injected context alone waits in the inbox for a real message (B3).
 
     A rejection, or a message rewritten to empty or whitespace, writes ``step/rejected`` and
-    closes the turn with outcome ``rejected``. The event names the plugin that did it — its
+    closes the turn like any other: ``turn_stopping`` is asked (a follow-up it gives gets a
+    step), else the outcome is ``rejected``; context injected before the rejected step stays
+    in the inbox for the next one (B4, issue 23). The event names the plugin that did it — its
     registered name, found by the loop, never a name the plugin passes (``reject``'s old
     ``plugin=`` argument is ignored). Implementations are called one at a time, in pluggy's
     order (last registered first, ``tryfirst`` before, ``trylast`` after); the first
@@ -298,6 +320,7 @@ def pre_step(step: StepDraft) -> None:
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``step.turn`` (dsh-hooks reads its per-agent settings there).
+    .. versionchanged:: 0.3 a rejected turn asks ``turn_stopping``; its context is kept.
     .. versionchanged:: 0.4 ``step.handle`` (issue 11).
     """
 
@@ -408,9 +431,10 @@ def turn_stopping(turn: Turn) -> str | None:
     sees every stop. Past the bound (``max_continuations``, default 3, per turn) an answer is
     not taken: the turn closes with outcome ``completed`` and ``turn/end``'s reason says
     ``continuation limit reached (N): the follow-up from plugin:NAME was not taken``.
-    Not called when the turn ends another way (``rejected``, ``budget``, ``stopped``,
-    ``aborted``, ``error``). A user message steered in while the hook runs
-    (``Session.steer``) still gets its step, after a follow-up taken here.
+    Also called when ``pre_step`` rejected the step (issue 23). Not called when the turn
+    ends another way (``budget``, ``stopped``, ``aborted``, ``error``). A user message
+    steered in while the hook runs (``Session.steer``) still gets its step, after a
+    follow-up taken here.
 
     Cannot be wrapped: implementations are called one at a time, to record which one
     answered; a ``wrapper=True`` implementation ends the turn with an error naming its plugin.

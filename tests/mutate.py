@@ -83,12 +83,14 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     )),
     "transport": ("dsh/llm/transport.py", (
         "tests/test_c3_transport.py",
+        "tests/test_c3_bytes.py",
         "tests/test_transport_pins.py",
         "tests/test_openai.py",
         "tests/test_anthropic.py",
     )),
     "record": ("dsh/llm/record.py", (  # split from transport.py (issue 21)
         "tests/test_c3_transport.py",
+        "tests/test_c3_bytes.py",
         "tests/test_transport_pins.py",
     )),
     "invariant": ("dsh/llm/invariant.py", (  # split from transport.py (issue 21)

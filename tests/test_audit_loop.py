@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from dsh.core.errors import InputDroppedWarning
 from dsh.core.errors import SessionInUse
 from dsh.hookspecs import hookimpl
 from dsh.host.runcontext import UnobservedRunWarning
@@ -180,6 +181,8 @@ def test_whitespace_only_message_sends_nothing(make_app, blank: str) -> None:
         assert (result.outcome, result.steps) == ("completed", 0)
         assert types_of(s) == ["turn/start", "turn/end"]
         assert len(s.inbox) == 1  # the context still waits
+        with pytest.warns(InputDroppedWarning, match="context from api"):
+            s.close()  # … and closing the session says it was never sent (issue 23)
 
 
 @settings(max_examples=40, deadline=None,
@@ -199,6 +202,9 @@ def test_pre_step_rewriting_to_whitespace_rejects(make_app, plugin_module, blank
         assert types_of(s) == ["turn/start", "step/rejected", "turn/end"]
         rejected = s.ledger.projection  # nothing of the step reaches the history
         assert len(rejected) == 0
+        assert len(s.inbox) == 1  # the context waits for the next step (issue 23)
+        with pytest.warns(InputDroppedWarning):
+            s.close()
     [event] = [e for e in app.store.read(result.session_id) if e.type == "step/rejected"]
     assert event.plugin == name and event.text == "hello"  # type: ignore[attr-defined]
 
@@ -434,7 +440,8 @@ def test_steered_message_survives_a_turn_ending_on_budget(make_app, plugin_modul
              if e.type == "user/message"]
     assert users == ["go", "steered"]
     assert second.outcome == "budget"  # one step per turn: "next" waits in turn
-    assert s.pending == 1
+    # closing the session reports it (its turn's outcome said so: no warning; issue 23)
+    assert s.pending == 0 and [i.text for i in s.dropped] == ["next"]
 
 
 def test_an_aborted_turn_gives_its_steered_message_back(make_app, plugin_module,
@@ -476,6 +483,8 @@ def test_withdraw_keeps_context(make_app) -> None:
         s.inject("ctx")
         assert s.steer("a") is False and s.steer("b") is False  # no turn running: waiting
         assert (s.pending, s.withdraw(), s.pending, len(s.inbox)) == (2, ["a", "b"], 0, 1)
+        with pytest.warns(InputDroppedWarning, match="context from api"):
+            s.close()  # the context never sent is reported (issue 23)
 
 
 def test_blank_steer_queues_nothing(make_app) -> None:

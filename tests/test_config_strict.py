@@ -661,7 +661,10 @@ def test_a_replacement_must_be_in_the_agents_scope(make_app, plugin_module):
 
     loop = plugin_module(run_turn=run_turn)
     app = make_app(load=[loop], disable=["dsh.loop"], agents={"bare": {"plugins": []}})
-    assert app.run("hi", model="echo").output == "replaced"
+    from dsh.core.errors import InputDroppedWarning
+
+    with pytest.warns(InputDroppedWarning, match="user from user"):  # it never took "hi"
+        assert app.run("hi", model="echo").output == "replaced"
     with pytest.raises(ConfigError, match="^config: agent 'bare': no plugin implements the hook "
                                           "'run_turn'"):
         app.agent("bare")

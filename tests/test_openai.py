@@ -499,9 +499,12 @@ def test_one_client_per_run_reused_and_closed(server: ScriptedServer) -> None:
     model = make(server)
     with activate(ctx):
         assert send(request(), model=model).text == "a"
-        client = ctx.resources["httpx"]
+        from dsh.llm.http.client import get_client
+
+        client = get_client()
+        assert "httpx" not in ctx.resources  # the run's connection is not a swappable resource
         assert send(request(), model=make(server)).text == "b"
-        assert ctx.resources["httpx"] is client
+        assert get_client() is client
     assert server.received[0].client_port == server.received[1].client_port  # kept alive
     assert ctx.run_cleanups() == [] and client.is_closed
 

@@ -109,6 +109,11 @@ class DshWarning(UserWarning):
     ``dsh: warning:`` line on stderr."""
 
 
+class InputDroppedWarning(DshWarning):
+    """A session closed with input no turn took (injected context, a steered message): it is
+    not recorded, and this says so instead of losing it silently (B3, issue 23)."""
+
+
 class PluginWarning(DshWarning):
     """A plugin will not do what its author meant, though it loaded: e.g. a hook
     implementation whose name matches no hook (a typo), which would never be called."""

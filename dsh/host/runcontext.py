@@ -276,7 +276,8 @@ class RunContext:
     emit: Callable[[Any], None] | None = None
     #: A dict for per-run state of your own (prefer ``handle.run_stash``: typed, no clashes).
     data: dict[str, Any] = attrs.Factory(dict)
-    #: Resources shared by the run's steps (the HTTP client lives here), closed on cleanup.
+    #: Resources shared by the run's steps, closed on cleanup (not the model HTTP client:
+    #: that is dsh's own, kept by dsh.llm.http.client — issue 23).
     resources: dict[str, Any] = attrs.Factory(dict)
     #: Set by :meth:`stop`: the run ends after the current step.
     stop_requested: bool = False

@@ -37,6 +37,19 @@ from dsh.ledger.serialize import raw_reasoning
 from dsh.ledger.serialize import raw_tool_calls
 from dsh.ledger.serialize import raw_tools
 
+#: What only the ledger passes to a sealed projection's :meth:`Projection.apply` and
+#: :meth:`Projection.apply_raw` (issue 23: the projection is read-only to everyone else).
+_LEDGER = object()
+
+
+def _read_only(what: str) -> Exception:
+    from dsh.core.errors import LedgerError
+
+    return LedgerError(
+        f"Projection.{what}: the projection of an open session ledger is read-only (MISSION "
+        "C3): what reaches the model is what the ledger file records; write an event with "
+        "ledger.append (or dsh.plugin_events) instead")
+
 
 def context_message(text: str, source: str) -> str:
     """How injected context is shown to the model (a user-role message of its own)."""
@@ -68,6 +81,7 @@ class Projection:
         "answers",
         "plugin_index",
         "states",
+        "_sealed",
     )
 
     def __init__(self) -> None:
@@ -95,6 +109,13 @@ class Projection:
         #: Recorded state (dsh.ledger.state): ``{StateKey: (events folded, value)}``, filled
         #: as keys are read; None until the first read.
         self.states: dict[Any, tuple[int, Any]] | None = None
+        #: Set by the ledger that owns this projection: then only it can fold events in.
+        self._sealed = False
+
+    def seal(self) -> None:
+        """Make :meth:`apply`, :meth:`apply_raw` and :meth:`compact` refuse every caller but
+        the ledger (which feeds it the events decoded from the bytes it wrote)."""
+        self._sealed = True
 
     def view(self) -> MessageView:
         return MessageView(self._messages)
@@ -102,7 +123,9 @@ class Projection:
     def __len__(self) -> int:
         return len(self._messages)
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, _key: object = None) -> None:
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("apply")
         self.seq = event.seq
         t = type(event)
         if t is UserMessage:
@@ -159,7 +182,7 @@ class Projection:
             self.step_open = False
         elif t is ContextCompacted:
             c2: Any = event
-            self.compact(c2.start, c2.end, c2.messages)
+            self.compact(c2.start, c2.end, c2.messages, _LEDGER)
         elif t is PluginEvent:
             self.index_plugin_event(event)  # type: ignore[arg-type]
 
@@ -171,12 +194,15 @@ class Projection:
         index.setdefault(event.plugin, []).append(event)
         index.setdefault((event.plugin, event.name), []).append(event)
 
-    def compact(self, start: int, end: int, replacement: tuple[Message, ...]) -> None:
+    def compact(self, start: int, end: int, replacement: tuple[Message, ...],
+                _key: object = None) -> None:
         """Apply a ``context/compacted`` event: ``[start, end)`` becomes ``replacement``.
 
         A new list, so views taken before (a request in flight, a frozen read) keep the
         history they were taken from; O(n) once per compaction, the steps stay O(1).
         """
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("compact")
         items = self._messages
         if not 0 <= start <= end <= len(items):
             from dsh.core.errors import LedgerError
@@ -187,7 +213,7 @@ class Projection:
         self.last_usage = None
         self.compactions += 1
 
-    def apply_raw(self, d: dict[str, Any]) -> None:
+    def apply_raw(self, d: dict[str, Any], _key: object = None) -> None:
         """:meth:`apply` for a decoded ledger line, without building the event.
 
         Resuming a 100,000-event session spends most of its time building event objects
@@ -197,6 +223,8 @@ class Projection:
         which explains exactly what is wrong. tests/test_history.py checks, over generated
         sessions, that both paths project the same thing.
         """
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("apply_raw")
         tag = d["type"]
         seq = d["seq"]
         if type(seq) is not int:
@@ -256,7 +284,7 @@ class Projection:
             self.step_open = False
         elif tag == "context/compacted":
             self.compact(checked(d["start"], int), checked(d["end"], int),
-                         raw_messages(d.get("messages", [])))
+                         raw_messages(d.get("messages", [])), _LEDGER)
         elif tag[:2] == "x/":
             from dsh.ledger.plugin_events import from_raw
 

@@ -193,6 +193,7 @@ class JsonlStore(BlobFiles):
                     f"{path}: cut a torn last line ({torn} bytes) left by a crash; "
                     f"{count} earlier events kept"
                 )
+            ledger.projection.seal()  # from now on only the ledger folds events in
             ledger.recover()
         except BaseException:
             os.close(fd)

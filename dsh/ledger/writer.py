@@ -12,6 +12,7 @@ line says how many). Opening, locking and finding files is :mod:`dsh.ledger.stor
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import time
@@ -25,12 +26,21 @@ import attrs
 from dsh.core.errors import LedgerError
 from dsh.core.errors import UsageError
 from dsh.core.files import reason as _reason
+from dsh.core.messages import Usage
 from dsh.core.sanitize import clean_value
 from dsh.ledger.blobs import MemoryBlobs
+from dsh.ledger.events import AssistantMessage
+from dsh.ledger.events import ContextCompacted
+from dsh.ledger.events import ContextInjected
 from dsh.ledger.events import Event
+from dsh.ledger.events import PluginEvent
 from dsh.ledger.events import StepEnded
+from dsh.ledger.events import StepStarted
 from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
+from dsh.ledger.events import TurnStarted
+from dsh.ledger.events import UserMessage
+from dsh.ledger.history import _LEDGER
 from dsh.ledger.history import Projection
 from dsh.ledger.serialize import dump_event
 
@@ -81,6 +91,37 @@ def sanitized(event: E) -> E:
 
 
 
+#: The events the projection takes values from (``Projection.apply``): every other event only
+#: advances its ``seq``.
+_PROJECTED = frozenset({UserMessage, AssistantMessage, ToolReturned, ContextInjected,
+                        StepStarted, TurnStarted, ContextCompacted, PluginEvent})
+
+
+def _exact(event: Event) -> bool:
+    """The steps' hot events, when every value the projection takes from them is of an exact
+    built-in type: then no object protocol can make the projection differ from the line, and
+    the event is folded as it is (one ``json.loads`` less: ``benchmarks/steps.py``). Anything
+    else — other types, subclasses, a lying property — is folded from its decoded line."""
+    t = type(event)
+    e: Any = event
+    if t not in _PROJECTED:
+        return True  # the projection takes nothing from it but its seq (dsh's own int)
+    if t is ToolReturned:
+        return (type(e.call_id) is str and type(e.name) is str and type(e.status) is str
+                and type(e.output) is str)
+    if t is StepStarted:
+        return type(e.step) is int
+    if t is AssistantMessage:
+        # Only an answer without tool calls or reasoning: their argument mappings are shared
+        # with whoever returned the response, who could change them in place afterwards
+        # (dict.__setitem__ defeats FrozenDict); decoded, the projection's are its own.
+        u = e.usage
+        return (type(e.text) is str and type(e.tool_calls) is tuple and not e.tool_calls
+                and type(e.reasoning) is tuple and not e.reasoning and type(u) is Usage
+                and type(u.input_tokens) is int and type(u.output_tokens) is int)
+    return False
+
+
 class Ledger:
     """An open session: appends events, keeps the projection, holds the lock.
 
@@ -105,6 +146,7 @@ class Ledger:
         self._fd = fd
         self.fsync = fsync
         self.projection = projection or Projection()
+        self._projection.seal()
         self.observer: Callable[[Event], None] | None = None
         #: What loading had to repair (torn tail, dangling calls), for the caller to report.
         self.notes: list[str] = []
@@ -143,12 +185,26 @@ class Ledger:
                         **fields)
             return self._write(event)
 
+    @property
+    def projection(self) -> Projection:
+        """What the next request contains: read-only to everyone but this ledger, which feeds
+        it the event decoded from the bytes it just wrote (issue 23, the byte rule)."""
+        return self._projection
+
+    @projection.setter
+    def projection(self, value: Projection) -> None:
+        # sealed from the first event written on: loading (dsh.ledger.store) folds the file's
+        # lines in first, through the projection's own apply/apply_raw
+        self._projection = value
+
     def _write(self, event: E) -> E:
         try:
-            data = (dump_event(event) + "\n").encode()
+            line = dump_event(event)
+            data = (line + "\n").encode()
         except UnicodeEncodeError:
             event = sanitized(event)
-            data = (dump_event(event) + "\n").encode()
+            line = dump_event(event)
+            data = (line + "\n").encode()
         if self._fd is not None:
             try:
                 n = os.write(self._fd, data)
@@ -161,7 +217,14 @@ class Ledger:
                                   f"{_reason(exc)}") from exc
         elif self.path is not None:
             raise LedgerError(f"session {self.session_id} is closed")
-        self.projection.apply(event)
+        # The byte rule (issue 23, MISSION C3): the projection — everything a request is made
+        # of — is fed the plain values decoded from the line just written, never the objects
+        # a plugin or strategy handed over (a str subclass, a property, a lying __format__ or
+        # __eq__ does not survive the trip through JSON).
+        if _exact(event):  # nothing in it can lie: folding it is folding its decoded line
+            self._projection.apply(event, _LEDGER)
+        else:
+            self._projection.apply_raw(json.loads(line), _LEDGER)
         if self.observer is not None:
             self.observer(event)
         return event

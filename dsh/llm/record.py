@@ -152,12 +152,28 @@ def record_turn(ledger: Any, *, model: str, system: str, tools: tuple[ToolSpec, 
     return changed
 
 
+def _adopt(rec: Record, proj: Any) -> None:
+    """The byte rule (issue 23): once the ``turn/start`` line is written, what is sent is the
+    projection's values — decoded from the bytes of the ledger file — not the objects the app
+    (or a plugin serving it, a ``system_prompt`` returning a ``str`` subclass) handed over.
+    The private copies are kept while the projection keeps the same objects (O(1) a turn)."""
+    if rec.tools is not proj.tools:
+        rec.tools = proj.tools
+        rec.sent_tools = _copy_tools(proj.tools)
+    if rec.options is not proj.options:
+        rec.options = proj.options
+        rec.sent_options = _copy(proj.options)
+    rec.model = proj.model
+    rec.system = proj.system
+
+
 def bind(ctx: RunContext, model: Model, ledger: Any, pm: Any) -> Any:
     """Bind run ``ctx`` to the agent's adapter and the session's ledger (by the app, once the
     turn is recorded, inside the run's context). Returns a token for :func:`unbind`."""
     rec = _records.get(ledger)
     if rec is None:
         raise InvariantViolation("invariant C3: bind() before the turn was recorded")
+    _adopt(rec, ledger.projection)
     _bound_models.add(model)
     return _binding.set(_Binding(ctx, model, ledger, rec, pm))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 #: Serialises the lazy, first-use construction of agents and adapters (re-entrant: building
 #: an agent may build another's pieces).
 _BUILD_LOCK = threading.RLock()
+#: App-wide plugin managers already used as an agent's own (at most one agent each: A6).
+_adopted: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class Agent:
@@ -106,8 +109,11 @@ class Agent:
                 + (", ".join(installed) or "none")
             )
         self.plugin_names = tuple(chosen)
-        if list(chosen) == installed:
-            # Every installed plugin: the agent's scope is the app-wide one; share it.
+        if list(chosen) == installed and app.pm not in _adopted:
+            # Every installed plugin: the first such agent uses the app-wide manager itself;
+            # any other gets its own, so a plugin registered at runtime in one agent's
+            # manager never changes another agent (issue 23, MISSION A6).
+            _adopted.add(app.pm)
             self.pm = app.pm
         else:
             records = [r for r in app.plugins if r.name in set(chosen)]

@@ -99,8 +99,16 @@ def _run_turn(turn: Turn) -> str:
             ledger.append(StepRejected, turn=turn.number, step=draft.index,
                           reason=redact(reason), plugin=draft.rejected_by, text=redact(text))
             turn.inbox.commit()
-            turn.reason = reason
-            return "rejected"
+            # Nothing injected is lost (B4): the rejected step's context waits for the next one.
+            turn.inbox.requeue(context_items)
+            # A rejected turn closes like any other: turn_stopping may still follow up (B2).
+            follow = stopping(turn)
+            if follow is None:
+                turn.reason = reason
+                return "rejected"
+            context_items, message = follow
+            text, source, attachments = message.text, message.source, message.attachments
+            continue
 
         refused = ctx.budget.reserve(steps=1)  # a step is counted before it starts (D8)
         if refused:

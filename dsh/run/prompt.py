@@ -1,8 +1,13 @@
 """The system prompt (MISSION A4): fragments from many plugins, stitched in a documented order.
 
-Order: the agent's own ``system`` text first, then every registered fragment by ascending
-``order`` (default 100), ties broken by registration order (plugins are asked in the order
-they were registered). Fragments are separated by one blank line; empty fragments are skipped.
+:func:`collect_prompt` gathers the fragments (``register_prompt``) and asks the
+``system_prompt`` hook to make the text. This module is also the built-in plugin
+``dsh.prompt``, whose ``system_prompt`` (``trylast``) stitches: the agent's own ``system``
+text first, then every registered fragment by ascending ``order`` (default 100), ties broken
+by registration order (plugins are asked in the order they were registered). Fragments are
+separated by one blank line; empty fragments are skipped. ``disable = ["dsh.prompt"]`` and a
+plugin's own ``system_prompt`` replaces the stitching; disabled with nothing in its place, the
+prompt is the agent's own ``system`` text alone (no fragment is stitched).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 import attrs
 
 from dsh.core.errors import PluginError
+from dsh.hookspecs import hookimpl
 from dsh.host.manager import call_impl
 
 
@@ -46,8 +52,30 @@ def collect_prompt(pm: Any, agent: Any, system: str | None) -> tuple[str, tuple[
         call_impl(impl, "register_prompt", register=register, agent=agent)
     # sorted() is stable, so equal orders keep registration order.
     ordered = tuple(sorted(parts, key=lambda p: p.order))
-    text = "\n\n".join(p.text.strip() for p in ordered if p.text.strip())
-    return text, ordered
+    # Called as a firstresult hook would be, one implementation at a time (pluggy's order),
+    # so a bad answer names the plugin that gave it.
+    for impl in reversed(pm.hook.system_prompt.get_hookimpls()):
+        if impl.wrapper or impl.hookwrapper:
+            continue
+        text = call_impl(impl, "system_prompt", agent=agent, system=system or "",
+                         parts=tuple(parts))
+        if text is None:
+            continue
+        if type(text) is not str:
+            who = impl.plugin_name
+            raise PluginError(f"plugin {who}: system_prompt returned {type(text).__name__}, "
+                              "not a str", plugin=who, hook="system_prompt")
+        return text, ordered
+    # dsh.prompt disabled and nothing in its place: no fragment is stitched, the agent's own
+    # text is the prompt
+    return (system or "").strip(), ordered
+
+
+@hookimpl(trylast=True)
+def system_prompt(agent: Any, system: str, parts: tuple[PromptPart, ...]) -> str:
+    """The built-in stitching: by ascending ``order``, blank-line separated."""
+    ordered = sorted(parts, key=lambda p: p.order)
+    return "\n\n".join(p.text.strip() for p in ordered if p.text.strip())
 
 
 def turn_system(agent: Any, session: Any) -> str:

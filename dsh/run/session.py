@@ -69,6 +69,8 @@ class Session:
         self.agent = agent
         self.ledger = ledger
         self.inbox = Inbox()
+        #: Input the inbox still held when the session closed (see :meth:`close`).
+        self.dropped: list[Any] = []
         self._busy = threading.Lock()
         #: Session scope for plugins (``handle.session_stash``): in memory, as long as this
         #: object lives; a resumed session in a new process starts with an empty one.
@@ -410,6 +412,23 @@ class Session:
         ledger.step_boundary()
 
     def close(self) -> None:
+        """Close the ledger. Input still waiting in the inbox is reported: ``dropped`` holds
+        it, and what no turn ever took (context injected, a message steered in after the last
+        turn stopped taking) is named by an :class:`~dsh.core.errors.InputDroppedWarning`
+        (B3: never silently lost; a failed turn's own input was reported by its outcome)."""
+        waiting, returned = self.inbox.drain()
+        self.dropped.extend(returned)  # the failed turn's outcome and reason reported these
+        if waiting:
+            self.dropped.extend(waiting)
+            import warnings
+
+            from dsh.core.errors import InputDroppedWarning
+
+            kinds = ", ".join(f"{i.kind} from {i.source}" for i in waiting[:5])
+            more = f" and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+            warnings.warn(InputDroppedWarning(
+                f"session {self.ledger.session_id} closed with {len(waiting)} input(s) no turn "
+                f"took ({kinds}{more}); they were not recorded or sent"), stacklevel=2)
         self.ledger.close()
 
     def __enter__(self) -> Session:

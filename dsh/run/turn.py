@@ -58,6 +58,7 @@ class Inbox:
         self._lock = threading.Lock()
         self._taking = False  # a running turn takes messages at its step boundaries
         self._taken: list[InboxItem] = []  # taken, not yet recorded: see restore()
+        self._returned: set[int] = set()  # ids of items put back by a turn that failed
 
     def put(self, text: str, source: str = "user",
             attachments: tuple[Attachment, ...] = ()) -> bool:
@@ -137,10 +138,27 @@ class Inbox:
         the input waits for the next turn."""
         with self._lock:
             for item in reversed(self._taken):
+                self._returned.add(id(item))
                 self._items.appendleft(item)
                 if item.kind == "user":
                     self._messages += 1
             self._taken.clear()
+
+    def requeue(self, context: list[InboxItem]) -> None:
+        """Put injected context back in front, in order (a step that was rejected)."""
+        with self._lock:
+            self._items.extendleft(reversed([i for i in context if i.kind == "context"]))
+
+    def drain(self) -> tuple[list[InboxItem], list[InboxItem]]:
+        """Remove everything waiting (a closing session reports it): ``(never taken, put
+        back by a turn that failed — whose outcome already told the caller)``."""
+        with self._lock:
+            fresh = [i for i in self._items if id(i) not in self._returned]
+            returned = [i for i in self._items if id(i) in self._returned]
+            self._items.clear()
+            self._returned.clear()
+            self._messages = 0
+            return fresh, returned
 
     def __len__(self) -> int:
         return len(self._items)

@@ -1,7 +1,8 @@
 """Shared HTTP plumbing of the model adapters (MISSION A2, D9).
 
-* :mod:`~dsh.llm.http.client` — one ``httpx.Client`` per run, kept in
-  ``ctx.resources["httpx"]`` and closed by the run's cleanups (:func:`get_client`);
+* :mod:`~dsh.llm.http.client` — one ``httpx.Client`` per run, kept by that module (the
+  connection is dsh's: checked before each request, the body's digest checked right before
+  the write) and closed by the run's cleanups (:func:`get_client`);
   cancellation that ends a blocked read at once (an abort *shuts down* the sockets the client
   opened); responses read within :data:`MAX_RESPONSE_BYTES` (:func:`read_capped`,
   :func:`iter_sse`);

@@ -1,7 +1,15 @@
 """The per-run HTTP client and reading its responses (part of :mod:`dsh.llm.http`).
 
-One ``httpx.Client`` per run, kept in ``ctx.resources["httpx"]`` and closed by the run's
-cleanups (:func:`get_client`). Cancellation ends a blocked read at once: the client records
+One ``httpx.Client`` per run, kept by this module (not in ``ctx.resources``, where a plugin
+could swap it) and closed by the run's cleanups (:func:`get_client`). **The connection is
+dsh's** (issue 23, MISSION C3): the client is dsh's own class with dsh's own transport and
+event hook; :func:`check_client` refuses, before anything is sent, a client that has gained an
+event hook, a transport or a mount, naming the plugin whose code it is; and the transport
+compares a digest of the exact body bytes it is about to write with the digest of the bytes
+dsh made from the record (:func:`expect_body`) — a divergence is an
+:class:`~dsh.core.errors.InvariantViolation` and nothing is written.
+
+Cancellation ends a blocked read at once: the client records
 every socket it opens (through httpcore's ``trace`` extension) and an abort *shuts them down*
 (:func:`abort_client`) — closing a socket from another thread does not wake a ``recv`` blocked
 on it, ``shutdown`` does. A response is read within :data:`MAX_RESPONSE_BYTES`, whole
@@ -10,6 +18,8 @@ on it, ``shutdown`` does. A response is read within :data:`MAX_RESPONSE_BYTES`, 
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import socket
 import threading
 import weakref
@@ -20,7 +30,9 @@ from typing import Any
 import httpx
 
 from dsh._version import __version__
+from dsh.core.errors import InvariantViolation
 from dsh.core.errors import ProviderError
+from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import current_or_none
 from dsh.llm.sse import SSEEvent
 from dsh.llm.sse import SSEParser
@@ -29,6 +41,97 @@ _sockets: weakref.WeakKeyDictionary[httpx.Client, weakref.WeakSet[socket.socket]
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
+#: Per run: its client (module-private: no plugin can swap the run's connection).
+_clients: weakref.WeakKeyDictionary[RunContext, httpx.Client] = weakref.WeakKeyDictionary()
+#: Per client: the event hook dsh installed (the only one a checked client may have).
+_own_hooks: weakref.WeakKeyDictionary[httpx.Client, Any] = weakref.WeakKeyDictionary()
+#: The SHA-256 of the body the request being sent must have (set around a model request).
+_expected: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("dsh_body_digest",
+                                                                        default=None)
+
+
+def digest(content: bytes) -> bytes:
+    return hashlib.sha256(content).digest()
+
+
+class _Transport(httpx.HTTPTransport):
+    """dsh's transport: immediately before the write, the body must be the one dsh made."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        expected = _expected.get()
+        if expected is not None:
+            _expected.set(None)  # one write per expectation (a retry sets it again)
+            if digest(request.read()) != expected:
+                raise InvariantViolation(
+                    "invariant C3 violated: the body about to be sent is not the one dsh made "
+                    "from the session ledger (something between the adapter and the socket "
+                    "changed it); nothing was sent")
+        return super().handle_request(request)
+
+
+class _Client(httpx.Client):
+    """An ``httpx.Client`` whose every transport (proxies from the environment too) is dsh's."""
+
+    def _init_transport(self, **kwargs: Any) -> httpx.BaseTransport:  # type: ignore[override]
+        if kwargs.pop("transport", None) is not None:
+            raise InvariantViolation("dsh's model client takes no foreign transport")
+        return _Transport(**kwargs)
+
+    # httpx passes every argument by keyword
+    def _init_proxy_transport(  # type: ignore[override]
+            self, proxy: httpx.Proxy, **kwargs: Any) -> httpx.BaseTransport:
+        return _Transport(proxy=proxy, **kwargs)
+
+
+def expect_body(content: bytes) -> contextvars.Token[bytes | None]:
+    """The next request written through dsh's transport must have exactly ``content``."""
+    return _expected.set(digest(content))
+
+
+def check_client(client: httpx.Client, pm: Any = None) -> None:
+    """Refuse a model client that is not dsh's as dsh made it: another class, an event hook
+    or a transport or mount added since. Names the plugin whose code was added, when
+    ``pm`` (the agent's plugin manager) can tell."""
+    problem = ""
+    code: Any = None
+    own = _own_hooks.get(client)
+    if type(client) is not _Client or own is None:
+        problem = f"the HTTP client is a {type(client).__name__}, not dsh's own"
+        code = getattr(type(client), "__init__", None)
+    else:
+        hooks = client.event_hooks
+        extra = [h for h in hooks.get("request", []) if h is not own]
+        extra += list(hooks.get("response", []))
+        if extra or set(hooks) - {"request", "response"}:
+            problem = "an event hook was added to dsh's HTTP client"
+            code = extra[0] if extra else None
+        else:
+            transports = [client._transport, *client._mounts.values()]
+            foreign = [t for t in transports if t is not None and type(t) is not _Transport]
+            if foreign:
+                problem = (f"a foreign transport ({type(foreign[0]).__name__}) was put on "
+                           "dsh's HTTP client")
+                code = getattr(type(foreign[0]), "handle_request", None)
+    if not problem:
+        return
+    who = _who(code, pm)
+    raise InvariantViolation(
+        f"invariant C3: {problem}{f' by plugin {who}' if who else ''}; model requests leave "
+        "through dsh's own connection (a plugin that wants to see or change a request has the "
+        "`request` hook, whose change is recorded first); nothing was sent", plugin=who)
+
+
+def _who(fn: Any, pm: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return str(getattr(fn, "__module__", "") or "")
+    if pm is not None:
+        from dsh.llm.transport import plugin_of_code
+
+        name = plugin_of_code(pm, code)
+        if name:
+            return name
+    return str(getattr(fn, "__module__", "") or "")
 
 
 def new_client() -> httpx.Client:
@@ -50,13 +153,14 @@ def new_client() -> httpx.Client:
 
         request.extensions["trace"] = trace
 
-    client = httpx.Client(
+    client = _Client(
         timeout=httpx.Timeout(600.0, connect=10.0),
         headers={"user-agent": f"dsh/{__version__}"},
         event_hooks={"request": [on_request]},
     )
     with _lock:
         _sockets[client] = socks
+        _own_hooks[client] = on_request
     return client
 
 
@@ -68,12 +172,12 @@ def get_client(settings: Mapping[str, Any] | None = None) -> httpx.Client:
     if ctx is None:
         return new_client()
     with _lock:
-        client = ctx.resources.get("httpx")
-    if isinstance(client, httpx.Client):
+        client = _clients.get(ctx)
+    if client is not None:
         return client
     fresh = new_client()
     with _lock:
-        client = ctx.resources.setdefault("httpx", fresh)
+        client = _clients.setdefault(ctx, fresh)
     if client is fresh:
         ctx.add_cleanup(fresh.close)
     else:  # another thread of the run won the race

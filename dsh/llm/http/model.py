@@ -35,8 +35,11 @@ from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import current_or_none
 from dsh.llm.base import Model
 from dsh.llm.base import TextCallback
+from dsh.llm.http.client import _expected
 from dsh.llm.http.client import _remember_socket
 from dsh.llm.http.client import abort_client
+from dsh.llm.http.client import check_client
+from dsh.llm.http.client import expect_body
 from dsh.llm.http.client import get_client
 from dsh.llm.http.client import iter_sse
 from dsh.llm.http.client import read_capped
@@ -52,6 +55,7 @@ from dsh.llm.http.settings import is_loopback
 from dsh.llm.http.settings import join_path
 from dsh.llm.http.settings import shown_url
 from dsh.llm.http.settings import split_userinfo
+from dsh.llm.record import _binding
 from dsh.llm.sse import SSEEvent
 
 # The logger keeps the name it had when this was one module (dsh.llm.http).
@@ -365,6 +369,10 @@ class HTTPModel(ProviderErrors, Model):
     ) -> ModelResponse:
         p, url = self.provider, self.url
         started = False  # response headers received
+        binding = _binding.get()
+        # the connection is dsh's: refused before anything is written when a plugin changed it
+        check_client(client, binding.pm if binding is not None else None)
+        expected = expect_body(content)  # checked by dsh's transport right before the write
         try:
             with client.stream(
                 "POST", url, content=content, headers=headers, timeout=self.http.httpx_timeout
@@ -410,3 +418,5 @@ class HTTPModel(ProviderErrors, Model):
                                 retryable=True) from None
         except httpx.HTTPError as exc:
             raise ProviderError(f"{p}: request to {self.shown_url} failed: {exc}") from None
+        finally:
+            _expected.reset(expected)
