@@ -260,6 +260,10 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     ("dsh.run.compaction.strategies.x_truncate", "best: Compaction | None = None",
      'best: Compaction | None = ""', "droppable is not empty here, so the loop sets best "
      "before it is read"),
+    # dsh/run/compaction/trigger.py
+    ("dsh.run.compaction.trigger.x_is_context_error", 'getattr(exc, "context_overflow", False)',
+     'getattr(exc, "context_overflow", None)', "only tested for truth: None is false as False "
+     "is"),
     # dsh/host/runcontext.py
     ("dsh.host.runcontext.xǁBudgetǁ_refusal", "counts.get(key, 0)", "counts.get(key, 1)",
      "counted units and their limits are integers: used < limit already means "

@@ -350,3 +350,40 @@ def test_truncate_keeps_tool_pairs_the_newest_user_message_and_the_latest_exchan
         newest = max((i for i in starts if msgs[i].role == "user"), default=-1)
         kept = sum(e - s for s, e in zip(starts, ends, strict=True) if s in (newest, last))
         assert len(after) == note + kept
+
+
+def test_fourteen_turns_of_dsh_run_c_at_512_through_the_command_line(
+        server: ScriptedServer, tmp_path: Path) -> None:
+    """The issue's check, through real ``dsh run -c`` processes: the default agent with
+    dsh-shell's tools on and ``-o max_tokens=96`` against the n_ctx 512 server."""
+    import os
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    sim = SmallWindow(ratio=0.8, tools_ratio=0.5, tool_every=5)
+    server.responder = sim
+    (tmp_path / "notes.txt").write_text("rain on Monday; roses; the old bicycle\n")
+    config = tmp_path / "config.toml"
+    config.write_text(tomli_w.dumps({
+        "model": "openai:small", "autoload": False, "load": ["dsh_shell"],
+        "sessions_dir": str(tmp_path / "sessions"),
+        "plugins": {"shell": {"workspace": str(tmp_path)}},
+        "models": {"openai:small": {"base_url": server.url + "/v1", "retries": 0,
+                                    "context_window": 512}}}))
+    env = {**os.environ, "DSH_CONFIG": str(config), "DSH_HOME": str(tmp_path / "home")}
+    for i in range(1, 15):
+        args = ["run", "-o", "max_tokens=96", PROMPT.format(i=i)] + (["-c"] if i > 1 else [])
+        done = subprocess.run([sys.executable, "-m", "dsh", *args], capture_output=True,
+                              text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
+                              check=False)
+        assert done.returncode == 0, f"turn {i}: {done.stderr}"
+        assert done.stdout.strip().startswith("answer"), f"turn {i}: {done.stdout!r}"
+    sessions = [p for p in (tmp_path / "sessions").glob("*.jsonl")
+                if sum(1 for d in _lines(p) if d["type"] == "turn/start") == 14]
+    assert len(sessions) == 1
+    path = sessions[0]
+    comps = _compactions(path)
+    assert comps and all(c["tokens_after"] < c["tokens_before"] for c in comps)
+    assert all(d["outcome"] == "completed" for d in _lines(path) if d["type"] == "turn/end")

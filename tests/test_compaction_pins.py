@@ -914,13 +914,13 @@ def test_too_large_says_which_part_when_nothing_can_go(make_app: Any, script: An
     app, s = _scripted_session(make_app, script, window=10 ** 6, n=1)
     with s:
         ledger, agent = s.ledger, app.agent()
-        ledger.projection._messages = [_answer("b" * 3), _user("now")]
+        ledger.projection._messages = [_answer("b" * 6), _user("now"), _answer("")]
         with pytest.raises(ProviderError) as info:
             compaction.too_large(agent, ledger, 20, 20, 50)
         assert str(info.value) == (
             "context too long: the model's context window (20 tokens) cannot hold the system "
             "prompt and the 0 tool schemas (about 1 tokens) with the newest user message "
-            "(about 6 tokens) and the 1 other messages left after compaction 'auto' (about 50 "
+            "(about 6 tokens) and the 2 other messages left after compaction 'auto' (about 50 "
             "tokens in all, by dsh's estimate); shorten the message or the system prompt, or "
             "turn tools off")
         ledger.projection._messages = [_answer("b" * 3)]
@@ -966,3 +966,47 @@ def test_summarize_proposes_nothing_for_an_empty_summary_or_no_older_part(
     same = "x" * 600
     monkeypatch.setattr(summary, "write_summary", lambda request, older: (same, "sid"))
     assert summary.summarize(r) is None
+
+
+def test_too_large_replaces_only_the_messages_it_leaves_out(make_app: Any,
+                                                             script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, n=1)
+    with s:
+        ledger, agent = s.ledger, app.agent()
+        msgs = [_answer("a" * 600), _answer("s"), _answer("c" * 600), _user("now")]
+        ledger.projection._messages = list(msgs)
+        event = compaction.too_large(agent, ledger, 200, 200, 600)
+        assert (event.start, event.end, event.plugin) == (0, 3, "dsh.compaction")
+        assert event.messages[1] == msgs[1]
+        assert event.messages[0].content.startswith("[message left out: about 205 tokens")
+
+
+def test_the_system_prompt_is_blamed_from_the_window_exactly(make_app: Any,
+                                                             script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, n=1)
+    with s:
+        ledger, agent = s.ledger, app.agent()
+        compaction.meter_of(ledger).calibrated = True
+        ledger.projection.system = "s" * 3000  # 1001, and 1 for no tools
+        with pytest.raises(ProviderError, match="alone are about 1002 tokens"):
+            compaction.too_large(agent, ledger, 1002, 1002, 5000)
+        with pytest.raises(ProviderError, match="newest user message"):
+            compaction.too_large(agent, ledger, 1003, 1003, 5000)
+
+
+def test_hopeless_rounds_down() -> None:
+    proj = Projection()
+    proj._messages.append(_user("a" * 300))  # 105 tokens: 78.75, counted as 78
+    assert not trigger._hopeless(proj, 78) and trigger._hopeless(proj, 77)
+
+
+def test_sessions_compact_by_hand_uses_the_sessions_agent(make_app: Any, script: Any) -> None:
+    app = make_app(agent="a", model="echo", agents={"a": {"compaction": "mask"},
+                                                  "b": {"compaction": "truncate"}})
+    with app.session("b") as s:
+        for i in range(3):
+            s.send(f"{i} " + "q" * 300)
+        sid = s.ledger.session_id
+    event = compaction.compact_session(app, sid)
+    assert event is not None and event.strategy == "truncate"
+    assert compaction.compact_session(app, sid, agent="a") is None
