@@ -447,7 +447,9 @@ def _nan_line(text: str | None, key: str) -> str:
     """``:LINE`` of the line that sets ``key`` to NaN or an infinity, else :func:`_line_of`."""
     last = re.sub(r"\[\d+\]$", "", key).rpartition(".")[2].strip('"')
     if text:
-        m = re.search(rf"^\s*[\"']?{re.escape(last)}[\"']?\s*=.*[+-]?\b(nan|inf)\b", text, re.M)
+        k = rf"[\"']?{re.escape(last)}[\"']?\s*="
+        m = (re.search(rf"^\s*{k}.*[+-]?\b(nan|inf)\b", text, re.M)
+             or re.search(rf"[{{,]\s*{k}\s*[+-]?(nan|inf)\b", text))  # in an inline table
         if m:
             return f":{text.count(chr(10), 0, m.start()) + 1}"
     return _line_of(text, last)

@@ -1,0 +1,186 @@
+"""Issue 23's defects outside MCP and the C3 redesign (the hostile review and the audit):
+hooks, batch, attachments, keys, bounded reads of user-named files, NaN in configuration,
+HTTP retries against ``-L requests``, one-line errors, and ``sessions show``.
+
+Each test was checked to fail on the code before its fix; real subprocesses, real files, a
+real loopback server where HTTP is involved (docs/security.md names the classes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from dsh.core.errors import ConfigError
+
+DSH = [sys.executable, "-m", "dsh"]
+
+
+def clean_env(tmp: Path, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS") and not k.endswith("_API_KEY")}
+    (tmp / "home").mkdir(exist_ok=True)
+    env.update(HOME=str(tmp / "home"), XDG_CONFIG_HOME=str(tmp / "xdg"),
+               XDG_DATA_HOME=str(tmp / "data"), DSH_HOME=str(tmp / "dshhome"), **more)
+    return env
+
+
+def run(env: dict[str, str], *args: str, cwd: Path | None = None, stdin: str = "",
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DSH, *args], env=env, input=stdin, capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, start_new_session=True)
+
+
+def script_model(tmp: Path, *responses: dict[str, Any]) -> str:
+    path = tmp / "script.json"
+    path.write_text(json.dumps({"responses": list(responses)}))
+    return f"scripted:{path}"
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# -- hooks: a too-deep answer blocks (fail closed) ------------------------------------------------
+#
+# Defect: a hook answering JSON nested 100,000 levels deep (200 kB, under the 1 MiB cap) made
+# json.loads raise RecursionError: alone, it ended the run in a traceback; with a second hook
+# of the same event, its thread died, its answer (a deny) was dropped and the call ran.
+
+DEEP_DENY = """\
+import json, sys
+sys.stdin.read()
+deny = {"hookEventName": "PreToolUse", "permissionDecision": "deny",
+        "permissionDecisionReason": "never"}
+sys.stdout.write('{"hookSpecificOutput": ' + json.dumps(deny) + ', "x": '
+                 + "[" * 100000 + "]" * 100000 + "}")
+"""
+
+QUIET = "import sys\nsys.stdin.read()\n"
+
+
+def hooks_config(tmp: Path, proj: Path, commands: list[str], **extra: Any) -> Path:
+    hooks = {"PreToolUse": [{"matcher": "*", "hooks": [
+        {"type": "command", "command": c} for c in commands]}]}
+    cfg = {"sessions_dir": str(tmp / "sessions"),
+           "plugins": {"hooks": {"hooks": hooks, **extra},
+                       "shell": {"workspace": str(proj), "tty": str(tmp / "no-tty")}}}
+    path = tmp / "dsh.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("with_second", [False, True])
+def test_a_too_deep_hook_answer_blocks_the_call(tmp_path: Path, with_second: bool) -> None:
+    pytest.importorskip("dsh_hooks")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (tmp_path / "deep.py").write_text(DEEP_DENY)
+    (tmp_path / "quiet.py").write_text(QUIET)
+    commands = [f"{sys.executable} {tmp_path / 'deep.py'}"]
+    if with_second:
+        commands.append(f"{sys.executable} {tmp_path / 'quiet.py'}")
+    cfg = hooks_config(tmp_path, proj, commands)
+    m = script_model(tmp_path, {"tool_calls": [{"name": "run_command",
+                                                "arguments": {"command": "touch ran.txt"}}]},
+                     {"text": "done"})
+    r = run(clean_env(tmp_path), "--config", str(cfg), "run", "--yes", "-m", m, "go",
+            cwd=proj)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert not (proj / "ran.txt").exists()  # the call did not run: fail closed
+    named = [x for x in r.stderr.splitlines() if "deep.py" in x]
+    assert len(named) == 1 and "nested more than" in named[0], r.stderr
+    [ledger] = (tmp_path / "sessions").glob("*.jsonl")
+    events = [json.loads(x) for x in ledger.read_text().splitlines()]
+    [result] = [e for e in events if e["type"] == "tool/result"]
+    assert result["status"] == "error" and "nested more than" in result["output"]
+
+
+# -- NaN and infinities in configuration ---------------------------------------------------------
+#
+# Defect: `timeout = nan` / `max_output = nan` passed the `<= 0` checks (every comparison
+# with NaN is false) and crashed later; the same held for numbers of other plugins.
+
+NUMERIC_SETTINGS = [
+    ("plugins.hooks", "timeout"), ("plugins.hooks", "max_output"),
+    ("plugins.shell", "timeout"), ("plugins.mcp", "timeout"), ("plugins.mcp", "startup_timeout"),
+    ("plugins.dsh-ray", "task_cpus"), ("limits", "cost"), ("limits", "seconds"),
+    ("models.\"openai/gpt-4o\".price", "input"), ("models.\"openai/gpt-4o\".options", "temperature"),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(where=st.sampled_from(NUMERIC_SETTINGS),
+       value=st.sampled_from([math.nan, math.inf, -math.inf]),
+       spelled=st.sampled_from(["{}", "[{}]", "{{ x = {} }}"]))
+def test_no_setting_takes_nan_or_infinity(where: tuple[str, str], value: float,
+                                         spelled: str) -> None:
+    """A property over the settings: NaN or an infinity anywhere in the config file — a
+    number of dsh, of a first-party plugin, inside an array or a table — is one
+    ConfigError naming the file, the line and the dotted key."""
+    from dsh.config.loader import load_config
+
+    import tempfile
+
+    table, key = where
+    toml_value = {math.inf: "inf", -math.inf: "-inf"}.get(value, "nan")
+    text = f"autoload = false\n\n[{table}]\n{key} = {spelled.format(toml_value)}\n"
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "dsh.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}:4: key ") and key in msg, msg
+    assert "NaN and infinities are refused" in msg
+
+
+@pytest.mark.parametrize("check", ["hooks", "shell", "mcp", "http"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_plugin_number_checks_refuse_nan_themselves(check: str, value: float) -> None:
+    """The same rule where a plugin checks its own table (settings given from Python, and
+    hook timeouts from a Claude Code settings.json, where `NaN` is valid JSON to Python)."""
+    if check == "hooks":
+        from dsh_hooks.config import check as hooks_check
+        from dsh_hooks.config import parse_hooks
+
+        with pytest.raises(ConfigError, match="timeout"):
+            hooks_check({"timeout": value}, "plugins.hooks")
+        with pytest.raises(ConfigError, match="max_output"):
+            hooks_check({"max_output": value}, "plugins.hooks")
+        group = {"PreToolUse": [{"hooks": [{"command": "x", "timeout": value}]}]}
+        with pytest.raises(ConfigError, match=r"settings.json.PreToolUse\[0\].hooks\[0\].timeout"):
+            parse_hooks(group, "settings.json", strict=False, default_timeout=60.0)
+    elif check == "shell":
+        from dsh_shell.settings import parse_settings as shell_settings
+
+        with pytest.raises(ConfigError, match="timeout"):
+            shell_settings({"timeout": value}, "plugins.shell")
+    elif check == "mcp":
+        from dsh_mcp.settings import parse_settings as mcp_settings
+
+        with pytest.raises(ConfigError, match="timeout"):
+            mcp_settings({"timeout": value}, "plugins.mcp")
+    else:
+        from dsh.llm.http.settings import HTTPSettings
+
+        with pytest.raises(ConfigError, match="timeout"):
+            HTTPSettings.from_settings({"timeout": value}, "models.x")
