@@ -45,8 +45,8 @@ def run(env: dict[str, str], *args: str, cwd: Path | None = None, stdin: str = "
                           cwd=cwd, timeout=timeout, start_new_session=True)
 
 
-def script_model(tmp: Path, *responses: dict[str, Any]) -> str:
-    path = tmp / "script.json"
+def script_model(tmp: Path, *responses: dict[str, Any], name: str = "script") -> str:
+    path = tmp / f"{name}.json"
     path.write_text(json.dumps({"responses": list(responses)}))
     return f"scripted:{path}"
 
@@ -184,3 +184,136 @@ def test_plugin_number_checks_refuse_nan_themselves(check: str, value: float) ->
 
         with pytest.raises(ConfigError, match="timeout"):
             HTTPSettings.from_settings({"timeout": value}, "models.x")
+
+
+# -- batch: damaged lines, path aliases, journal fields ------------------------------------------
+
+
+@pytest.fixture
+def benv(tmp_path: Path) -> dict[str, Any]:
+    config = tmp_path / "config.toml"
+    config.write_text(f'sessions_dir = "{tmp_path / "sessions"}"\nautoload = false\n')
+    env = clean_env(tmp_path, DSH_CONFIG=str(config))
+    m = script_model(tmp_path, {"text": "ok"})
+    (tmp_path / "tasks.jsonl").write_text("".join(
+        json.dumps({"id": f"t{i}", "prompt": f"task {i}"}) + "\n" for i in range(4)))
+    return {"dir": tmp_path, "env": env, "model": m}
+
+
+def batch(b: dict[str, Any], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run(b["env"], "batch", "tasks.jsonl", "-m", b["model"], *args, cwd=b["dir"],
+               timeout=timeout)
+
+
+def sessions_count(b: dict[str, Any]) -> int:
+    return len(list((b["dir"] / "sessions").glob("*.jsonl")))
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"[1, 2]", b'{"id": ' + b"[" * 5000
+                                    + b"]" * 5000 + b"}", b"\xff\xfe"])
+def test_a_damaged_middle_results_line_deletes_nothing(benv: dict[str, Any],
+                                                       damage: bytes) -> None:
+    """Defect: the rerun truncated the results file at the first line it could not read,
+    deleting every completed result after it (and paying for those tasks again)."""
+    assert batch(benv, "--results", "r.jsonl").returncode == 0
+    results = benv["dir"] / "r.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    damaged = lines[0] + damage + b"\n" + b"".join(lines[2:])
+    results.write_bytes(damaged)
+    before = sessions_count(benv)
+    r = batch(benv, "--results", "r.jsonl")
+    assert r.returncode == 2
+    line = one_error_line(r.stderr)
+    assert "r.jsonl:2: " in line and "damaged" in line, line
+    assert results.read_bytes() == damaged  # every good line kept
+    assert sessions_count(benv) == before  # nothing ran again
+
+
+def test_a_torn_last_line_is_still_cut(benv: dict[str, Any]) -> None:
+    assert batch(benv, "--results", "r.jsonl").returncode == 0
+    results = benv["dir"] / "r.jsonl"
+    results.write_bytes(results.read_bytes()[:-15])
+    r = batch(benv, "--results", "r.jsonl")
+    assert r.returncode == 0, r.stderr
+    assert len(results.read_text().splitlines()) == 4
+    assert all(json.loads(x) for x in results.read_text().splitlines())
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ({"task": "t0", "attempt": 1, "session": "s", "turn": "x"}, "'turn'"),
+    ({"task": "t0", "attempt": "1", "outcome": "completed"}, "'attempt'"),
+    ({"task": ["t0"], "attempt": 1, "session": "s"}, "'task'"),
+    ({"task": "t0", "attempt": 1, "session": "s", "turn": [[[[[]]]]] * 3}, "'turn'"),
+])
+def test_a_bad_journal_line_is_one_error_naming_its_line(benv: dict[str, Any],
+                                                        line: dict[str, Any], why: str) -> None:
+    """Defect: `"turn": "x"` in the journal ended in a ValueError traceback."""
+    journal = benv["dir"] / "r.jsonl.journal"
+    journal.write_text(json.dumps({"task": "t9", "attempt": 1, "session": "s9", "turn": 1})
+                       + "\n" + json.dumps(line) + "\n")
+    r = batch(benv, "--results", "r.jsonl")
+    assert r.returncode == 2
+    msg = one_error_line(r.stderr)
+    assert f"{journal}:2: " in msg and why in msg, msg
+
+
+def test_a_deeply_nested_journal_line_is_one_error(benv: dict[str, Any]) -> None:
+    journal = benv["dir"] / "r.jsonl.journal"
+    journal.write_text("[" * 100000 + "]" * 100000 + "\n")
+    r = batch(benv, "--results", "r.jsonl")
+    assert r.returncode == 2
+    assert f"{journal}:1: " in one_error_line(r.stderr)
+
+
+@pytest.mark.parametrize("alias", ["symlink", "hardlink", "dir-symlink"])
+def test_a_second_batch_through_a_path_alias_is_refused(benv: dict[str, Any],
+                                                        alias: str) -> None:
+    """Defect: the lock was on the journal's *name*: `--results link.jsonl` (a symbolic link
+    to the results of a running batch) was not refused, two batches wrote one file."""
+    slow = script_model(benv["dir"], {"text": "slow", "delay": 30}, name="slow")
+    d = benv["dir"]
+    (d / "out").mkdir()
+    results = d / "out" / "r.jsonl"
+    results.write_text("")
+    if alias == "symlink":
+        (d / "link.jsonl").symlink_to(results)
+        other = "link.jsonl"
+    elif alias == "hardlink":
+        os.link(results, d / "hard.jsonl")
+        other = "hard.jsonl"
+    else:
+        (d / "outlink").symlink_to(d / "out")
+        other = "outlink/r.jsonl"
+    proc = subprocess.Popen([*DSH, "batch", "tasks.jsonl", "-m", slow, "--results",
+                             "out/r.jsonl"], env=benv["env"], cwd=d, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        journal = d / "out" / "r.jsonl.journal"
+        import time
+
+        for _ in range(600):  # until the first attempt is journalled (the lock is held)
+            if journal.exists() and journal.read_text().strip():
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        r = run(benv["env"], "batch", "tasks.jsonl", "-m", slow, "--results", other,
+                cwd=d)
+        assert r.returncode == 2, r.stderr
+        assert "another dsh batch is using" in one_error_line(r.stderr)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_results_symlink_stays_a_symlink_when_lines_are_dropped(benv: dict[str, Any]) -> None:
+    """Retrying a failed task rewrites the results file: through a link, the link's target."""
+    d = benv["dir"]
+    failing = script_model(d, {"error": "boom"}, name="failing")
+    (d / "real.jsonl").write_text("")
+    (d / "link.jsonl").symlink_to(d / "real.jsonl")
+    run(benv["env"], "batch", "tasks.jsonl", "-m", failing, "--results", "link.jsonl", cwd=d)
+    assert len((d / "real.jsonl").read_text().splitlines()) == 4
+    r = batch(benv, "--results", "link.jsonl", "--retries", "1")
+    assert r.returncode == 0, r.stderr
+    assert (d / "link.jsonl").is_symlink()
+    assert len((d / "real.jsonl").read_text().splitlines()) == 4
