@@ -317,3 +317,147 @@ def test_a_results_symlink_stays_a_symlink_when_lines_are_dropped(benv: dict[str
     assert r.returncode == 0, r.stderr
     assert (d / "link.jsonl").is_symlink()
     assert len((d / "real.jsonl").read_text().splitlines()) == 4
+
+
+# -- attachments: the overall deadline bounds every read ------------------------------------------
+
+
+class Trickler:
+    """A loopback server that sends its status line and headers one byte at a time, a byte
+    every ``gap`` seconds; ``sent`` counts the bytes sent so far."""
+
+    HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nX-Padding: "
+            + b"x" * 120 + b"\r\nContent-Length: 8\r\n\r\n\x89PNG\r\n\x1a\n")
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.sent = 0
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        try:
+            conn.recv(65536)
+            for i in range(len(self.HEAD)):
+                if self.stop.wait(self.gap):
+                    break
+                conn.sendall(self.HEAD[i:i + 1])
+                self.sent = i + 1
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            self.sock.close()
+
+
+def test_a_trickling_server_cannot_stretch_the_attach_deadline() -> None:
+    """Defect: httpx's timeouts are per read, so a server sending one header byte a second
+    kept `--attach URL` waiting past the documented overall limit; the deadline was checked
+    only between body chunks. Now every socket read waits at most until the deadline."""
+    from dsh.llm import attachments as att
+    from dsh.llm.attachments import AttachmentError
+
+    server = Trickler(gap=0.05)  # 180 bytes: 9 s for all the headers, each read far quicker
+    try:
+        with pytest.raises(AttachmentError) as info:
+            att.fetch(f"http://127.0.0.1:{server.port}/photo.png", timeout=1.0)
+        sent = server.sent
+    finally:
+        server.stop.set()
+    assert "not downloaded within 1s" in str(info.value)
+    assert 0 < sent < len(Trickler.HEAD)  # dsh gave up while the headers were still coming
+
+
+# -- keys: a deep keys.json, a 10 MB key -------------------------------------------------------
+
+
+def test_a_deeply_nested_keys_file_is_one_clear_error(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, DSH_KEYS_BACKEND="file")
+    keys = tmp_path / "xdg" / "dsh" / "keys"
+    keys.mkdir(parents=True, mode=0o700)
+    (keys / "keys.json").write_text('{"keys": ' + "[" * 100000 + "]" * 100000 + "}")
+    (keys / "keys.json").chmod(0o600)
+    r = run(env, "keys", "list")
+    assert r.returncode != 0 and r.stdout == ""
+    assert "keys.json: the keys file is damaged" in one_error_line(r.stderr)
+
+
+@pytest.mark.parametrize("size", [8193, 10_000_000])
+def test_a_huge_key_is_refused(tmp_path: Path, size: int) -> None:
+    from dsh.config.keys import MAX_KEY_BYTES
+
+    env = clean_env(tmp_path, DSH_KEYS_BACKEND="file")
+    r = run(env, "keys", "set", "big", stdin="k" * size)
+    assert r.returncode == 2
+    assert f"longer than {MAX_KEY_BYTES} bytes" in one_error_line(r.stderr)
+    assert "kkkk" not in r.stderr
+    assert run(env, "keys", "list").stdout == ""
+    ok = run(env, "keys", "set", "fits", stdin="k" * MAX_KEY_BYTES + "\n")
+    assert ok.returncode == 0, ok.stderr
+    assert run(env, "keys", "list").stdout == "fits\n"
+
+
+def test_keys_set_from_an_endless_stdin_ends(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, DSH_KEYS_BACKEND="file")
+    with open("/dev/zero", "rb") as zero:
+        r = subprocess.run([*DSH, "keys", "set", "z"], env=env, stdin=zero,
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "longer than" in r.stderr
+
+
+# -- bounded reads of user-named files: FIFOs, /dev/zero -----------------------------------------
+
+
+def _fifo(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero"])
+def test_mcp_json_that_is_not_a_regular_file_is_refused(tmp_path: Path, target: str) -> None:
+    """Defect: a FIFO as `mcp_json` blocked `dsh run` forever; `/dev/zero` was read until
+    the process was killed."""
+    pytest.importorskip("dsh_mcp")
+    path = _fifo(tmp_path / "mcp.json") if target == "fifo" else Path(target)
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(tomli_w.dumps({"sessions_dir": str(tmp_path / "s"),
+                                  "plugins": {"mcp": {"mcp_json": str(path)}}}))
+    r = run(clean_env(tmp_path), "--config", str(cfg), "run", "-m", "echo", "hi",
+            cwd=tmp_path, timeout=30)
+    assert r.returncode != 0 and r.stdout == ""
+    msg = one_error_line(r.stderr)
+    assert str(path) in msg and ("not a regular file" in msg), msg
+
+
+def test_claude_settings_fifo_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("dsh_hooks")
+    proj = tmp_path / "proj"
+    _fifo(proj / ".claude" / "settings.json")
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(tomli_w.dumps({"sessions_dir": str(tmp_path / "s"), "plugins": {
+        "hooks": {"claude_settings": ["project"]}, "shell": {"workspace": str(proj)}}}))
+    r = run(clean_env(tmp_path), "--config", str(cfg), "run", "-m", "echo", "hi",
+            cwd=proj, timeout=30)
+    assert r.returncode != 0
+    msg = one_error_line(r.stderr)
+    assert "settings.json: cannot read hook settings: it is a FIFO" in msg, msg
+
+
+@pytest.mark.parametrize("what", ["config", "script"])
+def test_dsh_own_user_named_files_refuse_a_fifo(tmp_path: Path, what: str) -> None:
+    fifo = _fifo(tmp_path / "named")
+    env = clean_env(tmp_path)
+    if what == "config":
+        r = run(env, "--config", str(fifo), "run", "-m", "echo", "hi", timeout=30)
+        expect = "cannot read config file: it is a FIFO"
+    else:
+        cfg = tmp_path / "dsh.toml"
+        cfg.write_text(f'sessions_dir = "{tmp_path / "s"}"\nautoload = false\n')
+        r = run(env, "--config", str(cfg), "run", "-m", f"scripted:{fifo}", "hi", timeout=30)
+        expect = "is a FIFO, not a regular file"
+    assert r.returncode != 0
+    assert expect in one_error_line(r.stderr)
