@@ -461,3 +461,39 @@ def test_dsh_own_user_named_files_refuse_a_fifo(tmp_path: Path, what: str) -> No
         expect = "is a FIFO, not a regular file"
     assert r.returncode != 0
     assert expect in one_error_line(r.stderr)
+
+
+# -- one `dsh: error:` line, whatever a plugin's error text holds --------------------------------
+
+BAD_PLUGIN = """\
+import dsh
+
+@dsh.hookimpl
+def pre_step(step):
+    raise RuntimeError(MESSAGE)
+"""
+
+
+@pytest.mark.parametrize("message", ["first\ndsh: error: forged", "a\r\nb\rc", "x\u2028y\x85z",
+                                     "trailing\n"])
+def test_a_plugin_error_with_line_breaks_is_one_error_line(tmp_path: Path, message: str) -> None:
+    """Defect (audit): a plugin error with a newline printed more than one `dsh: error:`
+    line (a plugin could forge dsh's own messages)."""
+    (tmp_path / "badplug.py").write_text(BAD_PLUGIN.replace("MESSAGE", repr(message)))
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(f'autoload = false\nload = ["badplug"]\nsessions_dir = "{tmp_path / "s"}"\n')
+    r = run(clean_env(tmp_path, PYTHONPATH=str(tmp_path)), "--config", str(cfg), "run", "-m",
+            "echo", "hi")
+    assert r.returncode == 1 and r.stdout == ""
+    line = one_error_line(r.stderr)  # exactly one line
+    assert line.startswith("dsh: error: plugin badplug raised in hook pre_step")
+    assert line.count("dsh: error:") == 1 or "\\ndsh: error: forged" in line
+
+
+@given(st.text())
+def test_one_line_has_no_line_break_and_keeps_the_text(text: str) -> None:
+    from dsh.core.sanitize import one_line
+
+    out = one_line(text)
+    assert len(out.splitlines()) <= 1
+    assert out.replace("\\n", "") == "".join(text.strip().splitlines())
