@@ -497,3 +497,37 @@ def test_one_line_has_no_line_break_and_keeps_the_text(text: str) -> None:
     out = one_line(text)
     assert len(out.splitlines()) <= 1
     assert out.replace("\\n", "") == "".join(text.strip().splitlines())
+
+
+# -- HTTP retries count against `-L requests` ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("limit", "posts", "code"), [(None, 4, 1), ("1", 1, 3), ("2", 2, 3)])
+def test_every_request_that_leaves_counts_against_the_request_limit(
+        tmp_path: Path, limit: str | None, posts: int, code: int) -> None:
+    """Defect (audit): under `-L requests=1` a provider's 503s were retried three times: four
+    POSTs reached the server. Each retry is a request that leaves: it reserves its place in
+    the run's budget first, and one refused is not sent (outcome budget, exit 3)."""
+    from tests.servers import Reply
+    from tests.servers import ScriptedServer
+
+    with ScriptedServer() as server:
+        server.script(*[Reply(status=503, body={"error": {"message": "busy"}},
+                              headers={"Retry-After": "0"})] * 4)
+        cfg = tmp_path / "dsh.toml"
+        cfg.write_text(tomli_w.dumps({
+            "autoload": False, "sessions_dir": str(tmp_path / "s"),
+            "models": {"openai:flaky": {"base_url": server.url + "/v1", "retries": 3,
+                                        "retry_base": 0.01, "retry_cap": 0.02}}}))
+        env = clean_env(tmp_path, OPENAI_API_KEY="sk-test-retries-0123456789")
+        args = ["--config", str(cfg), "run", "-m", "openai:flaky"]
+        if limit is not None:
+            args += ["-L", f"requests={limit}"]
+        r = run(env, *args, "hi")
+        received = len(server.received)
+    assert received == posts, r.stderr
+    assert r.returncode == code, r.stderr
+    if limit is not None:
+        assert f"model requests limit reached ({limit}/{limit})" in r.stderr
+    [ledger] = (tmp_path / "s").glob("*.jsonl")
+    assert ledger.read_text().splitlines()  # the session still loads
