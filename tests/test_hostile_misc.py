@@ -531,3 +531,96 @@ def test_every_request_that_leaves_counts_against_the_request_limit(
         assert f"model requests limit reached ({limit}/{limit})" in r.stderr
     [ledger] = (tmp_path / "s").glob("*.jsonl")
     assert ledger.read_text().splitlines()  # the session still loads
+
+
+# -- `sessions show` and `run --session` read a ledger alike -------------------------------------
+
+VALUES = st.sampled_from([None, True, 0, -1, 1.5, "x", "", [], {}, [1], {"a": 1}])
+
+
+@pytest.fixture(scope="module")
+def sample_ledger(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real session with a compaction in the middle: two turns of a scripted model, then
+    `dsh sessions compact`, then a third turn."""
+    tmp = tmp_path_factory.mktemp("ledger")
+    cfg = tmp / "dsh.toml"
+    cfg.write_text(f'autoload = false\nsessions_dir = "{tmp / "s"}"\n')
+    env = clean_env(tmp, DSH_CONFIG=str(cfg))
+    first = run(env, "run", "-m", "echo", "one")
+    assert first.returncode == 0, first.stderr
+    [path] = (tmp / "s").glob("*.jsonl")
+    sid = path.stem
+    for text in ("three", "four"):
+        assert run(env, "run", "--session", sid, "-m", "echo", text).returncode == 0
+    from dsh.core.messages import Message
+    from dsh.ledger.events import ContextCompacted
+    from dsh.ledger.store import JsonlStore
+
+    with JsonlStore(tmp / "s").open(sid) as ledger:  # as a compaction strategy records one
+        ledger.append(ContextCompacted, start=0, end=2,
+                      messages=(Message(role="user", content="summary"),),
+                      strategy="summarize", plugin="dsh", reason="manual",
+                      tokens_before=40, tokens_after=10)
+    assert run(env, "run", "--session", sid, "-m", "echo", "five").returncode == 0
+    data = path.read_bytes()
+    assert b'"context/compacted"' in data
+    return data
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_resume_and_show_accept_the_same_lines(sample_ledger: bytes, data: st.DataObject) -> None:
+    """Defect: a `context/compacted` line with `"strategy": null` (or a bad `tokens_before`,
+    `plugin`, `summary_session`) was refused by `dsh sessions show` and accepted by `dsh run
+    --session`, whose fast path reads only the fields it projects. A property over every line
+    and field of a real session: resuming (raw path) refuses a damaged middle line exactly when
+    reading it does."""
+    import tempfile
+
+    from dsh.core.errors import DshError
+    from dsh.ledger.store import JsonlStore
+
+    lines = sample_ledger.decode().splitlines()
+    i = data.draw(st.integers(0, len(lines) - 2), label="line")  # not the last (torn tail)
+    d = json.loads(lines[i])
+    keys = sorted(k for k in d if k not in ("seq", "ts", "session", "v"))
+    if d["type"] == "context/compacted":
+        keys = [k for k in keys if k not in ("start", "end")] or keys
+    key = data.draw(st.sampled_from(keys or ["type"]), label="key")
+    d[key] = data.draw(VALUES, label="value")
+    lines[i] = json.dumps(d)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = JsonlStore(Path(tmp))
+        sid = json.loads(lines[0])["session"]
+        store.path(sid).write_text("\n".join(lines) + "\n")
+        try:
+            store.read(sid)
+            shown = None
+        except DshError as exc:
+            shown = type(exc).__name__
+        try:
+            store.open(sid).close()
+            resumed = None
+        except DshError as exc:
+            resumed = type(exc).__name__
+    assert (shown is None) == (resumed is None), (key, d[key], shown, resumed)
+
+
+def test_show_and_resume_refuse_a_bad_compaction_field_alike(sample_ledger: bytes,
+                                                             tmp_path: Path) -> None:
+    lines = sample_ledger.decode().splitlines()
+    i = next(n for n, x in enumerate(lines) if '"context/compacted"' in x)
+    d = json.loads(lines[i])
+    d["strategy"] = None
+    lines[i] = json.dumps(d)
+    sid = d["session"]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / f"{sid}.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = tmp_path / "dsh.toml"
+    cfg.write_text(f'autoload = false\nsessions_dir = "{tmp_path / "s"}"\n')
+    env = clean_env(tmp_path, DSH_CONFIG=str(cfg))
+    show = run(env, "sessions", "show", sid)
+    resume = run(env, "run", "--session", sid, "-m", "echo", "again")
+    assert show.returncode == resume.returncode == 1
+    assert one_error_line(show.stderr) == one_error_line(resume.stderr)
+    assert f":{i + 1}: invalid 'context/compacted' event" in show.stderr

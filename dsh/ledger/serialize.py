@@ -445,3 +445,38 @@ def default_codec() -> EventCodec:
 def load_event(line: str | bytes) -> Event:
     """Parse one ledger line with the built-in event types."""
     return default_codec().load(line)
+
+
+#: The lines :meth:`dsh.ledger.history.Projection.apply_raw` reads often (every step has
+#: them): the fields it does not read itself, checked here as :meth:`EventCodec.from_dict`
+#: checks them. Any other line is loaded whole by the codec (they are rare: a turn's start
+#: and end, a compaction, a rejected step, a tool call).
+_RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    "user/message": (("source", (str,)),),
+    "assistant/message": (("tool_call_source", _OPTIONAL_STR), ("model", _OPTIONAL_STR),
+                          ("stop_reason", _OPTIONAL_STR)),
+    "tool/result": (("duration_ms", (float, int, type(None))),),
+    "context/injected": (),
+    "step/start": (),
+    "step/end": (),
+}
+
+
+def check_raw(d: dict[str, Any]) -> None:
+    """Refuse (:class:`InvalidLine`, :class:`~dsh.core.errors.LedgerError` or ``KeyError``)
+    a decoded line that :meth:`EventCodec.from_dict` would refuse, so that resuming a session
+    (the raw path) and reading it (``dsh sessions show``) accept exactly the same lines."""
+    tag = d["type"]
+    unread = _RAW_UNREAD.get(tag) if type(tag) is str else None
+    if unread is None:
+        if type(tag) is str and tag[:2] == "x/":
+            return  # a plugin event: dsh.ledger.plugin_events.from_raw checks it
+        default_codec().from_dict(d)
+        return
+    for name, types in unread:
+        if name in d and type(d[name]) not in types:
+            raise _Invalid(name)
+    if tag == "assistant/message" and "usage" in d:
+        _usage(d["usage"])
+    elif tag == "step/end" and (type(d["turn"]) is not int or type(d["step"]) is not int):
+        raise _Invalid("step")
