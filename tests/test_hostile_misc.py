@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +122,8 @@ NUMERIC_SETTINGS = [
     ("plugins.hooks", "timeout"), ("plugins.hooks", "max_output"),
     ("plugins.shell", "timeout"), ("plugins.mcp", "timeout"), ("plugins.mcp", "startup_timeout"),
     ("plugins.dsh-ray", "task_cpus"), ("limits", "cost"), ("limits", "seconds"),
-    ("models.\"openai/gpt-4o\".price", "input"), ("models.\"openai/gpt-4o\".options", "temperature"),
+    ("models.\"openai/gpt-4o\".price", "input"),
+    ("models.\"openai/gpt-4o\".options", "temperature"),
 ]
 
 
@@ -136,9 +136,9 @@ def test_no_setting_takes_nan_or_infinity(where: tuple[str, str], value: float,
     """A property over the settings: NaN or an infinity anywhere in the config file — a
     number of dsh, of a first-party plugin, inside an array or a table — is one
     ConfigError naming the file, the line and the dotted key."""
-    from dsh.config.loader import load_config
-
     import tempfile
+
+    from dsh.config.loader import load_config
 
     table, key = where
     toml_value = {math.inf: "inf", -math.inf: "-inf"}.get(value, "nan")
