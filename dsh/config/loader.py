@@ -185,12 +185,6 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
         raise ConfigError(f"{where}: expected a table of settings, got {_toml_kind(data)}")
     if "source" in data:
         raise ConfigError(f"{where}: unknown key 'source'")
-    bad = non_finite(data)
-    if bad is not None:  # NaN passes every `<= 0` check; no setting of dsh or a plugin wants it
-        key, value = bad
-        raise ConfigError(f"{where}{_nan_line(text, key)}: key {key!r}: got float {value!r} "
-                          "(NaN and infinities are refused in every setting; leave a limit "
-                          "out for none)")
     _check_keys(data, Config, where, text, prefix="")
     agents = data.get("agents")
     for name, agent in (agents.items() if isinstance(agents, Mapping) else ()):
@@ -225,6 +219,12 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     for model_id, settings in cfg.models.items():
         _check_model(settings, where, text, f"models.{_dotted(model_id)}")
     _check_compaction(cfg, where, text)
+    bad = non_finite(data)  # after the checks of particular keys, which say more
+    if bad is not None:  # NaN passes every `<= 0` check; no setting of dsh or a plugin wants it
+        key, value = bad
+        raise ConfigError(f"{where}{_nan_line(text, key)}: key {key!r}: got float {value!r} "
+                          "(NaN and infinities are refused in every setting; leave a limit "
+                          "out for none)")
     return cfg
 
 
@@ -448,7 +448,7 @@ def _nan_line(text: str | None, key: str) -> str:
     last = re.sub(r"\[\d+\]$", "", key).rpartition(".")[2].strip('"')
     if text:
         k = rf"[\"']?{re.escape(last)}[\"']?\s*="
-        m = (re.search(rf"^\s*{k}.*[+-]?\b(nan|inf)\b", text, re.M)
+        m = (re.search(rf"^[ \t]*{k}.*[+-]?\b(nan|inf)\b", text, re.M)
              or re.search(rf"[{{,]\s*{k}\s*[+-]?(nan|inf)\b", text))  # in an inline table
         if m:
             return f":{text.count(chr(10), 0, m.start()) + 1}"
@@ -459,10 +459,10 @@ def _line_of(text: str | None, key: str) -> str:
     """``:LINE`` of the first line that sets ``key``, or ``""``."""
     if not text:
         return ""
-    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
+    pat = re.compile(rf"^[ \t]*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
     m = pat.search(text)
     if not m:
-        pat = re.compile(rf"^\s*\[[^\]]*\b{re.escape(key)}\b[^\]]*\]", re.M)
+        pat = re.compile(rf"^[ \t]*\[[^\]]*\b{re.escape(key)}\b[^\]]*\]", re.M)
         m = pat.search(text)
     return f":{text.count(chr(10), 0, m.start()) + 1}" if m else ""
 
