@@ -140,8 +140,7 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
 
 
 BOM = "\ufeff"
-#: The largest config file read.
-CONFIG_CAP = 4 * 1024 * 1024
+CONFIG_CAP = 4 * 1024 * 1024  # the largest config file read
 
 
 def read_config_text(path: Path) -> str:
@@ -156,14 +155,12 @@ def read_config_text(path: Path) -> str:
         data = files.read_regular(path, CONFIG_CAP)
     except FileNotFoundError:
         raise
-    except files.NotRegular as exc:
-        raise ConfigError(f"{path}: cannot read config file: it is {exc.kind}, not a regular "
-                          "file") from None
-    except files.TooLarge:
-        raise ConfigError(f"{path}: cannot read config file: larger than {CONFIG_CAP} "
-                          "bytes") from None
+    except (files.NotRegular, files.TooLarge) as exc:
+        why = (f"it is {exc.kind}, not a regular file" if isinstance(exc, files.NotRegular)
+               else f"larger than {CONFIG_CAP} bytes")
+        raise ConfigError(f"{path}: cannot read config file: {why}") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {files.reason(exc)}") from None
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -219,12 +216,9 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     for model_id, settings in cfg.models.items():
         _check_model(settings, where, text, f"models.{_dotted(model_id)}")
     _check_compaction(cfg, where, text)
-    bad = non_finite(data)  # after the checks of particular keys, which say more
-    if bad is not None:  # NaN passes every `<= 0` check; no setting of dsh or a plugin wants it
-        key, value = bad
-        raise ConfigError(f"{where}{_nan_line(text, key)}: key {key!r}: got float {value!r} "
-                          "(NaN and infinities are refused in every setting; leave a limit "
-                          "out for none)")
+    from dsh.config.finite import refuse_non_finite
+
+    refuse_non_finite(data, where, text, _line_of)  # after the particular keys' checks
     return cfg
 
 
@@ -424,35 +418,6 @@ def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None
             hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(valid)}"
             raise ConfigError(f"{where}{_line_of(text, key)}: unknown key "
                               f"{prefix + key!r}{hint}")
-
-
-def non_finite(value: Any) -> tuple[str, float] | None:
-    """``(dotted key, value)`` of the first NaN or infinity anywhere in ``value`` (tables and
-    arrays, plugin tables included), or ``None``. Without recursion."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, v = stack.pop()
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return path, v
-        elif isinstance(v, Mapping):
-            stack.extend((f"{path}.{_dotted(str(k))}" if path else _dotted(str(k)), item)
-                         for k, item in reversed(list(v.items())))
-        elif isinstance(v, list | tuple):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(v))))
-    return None
-
-
-def _nan_line(text: str | None, key: str) -> str:
-    """``:LINE`` of the line that sets ``key`` to NaN or an infinity, else :func:`_line_of`."""
-    last = re.sub(r"\[\d+\]$", "", key).rpartition(".")[2].strip('"')
-    if text:
-        k = rf"[\"']?{re.escape(last)}[\"']?\s*="
-        m = (re.search(rf"^[ \t]*{k}.*[+-]?\b(nan|inf)\b", text, re.M)
-             or re.search(rf"[{{,]\s*{k}\s*[+-]?(nan|inf)\b", text))  # in an inline table
-        if m:
-            return f":{text.count(chr(10), 0, m.start()) + 1}"
-    return _line_of(text, last)
 
 
 def _line_of(text: str | None, key: str) -> str:

@@ -213,6 +213,8 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
     sniffed)."""
     import httpx
 
+    from dsh.llm.deadline import deadline_transport
+
     shown = shown_url(url)
     where = repr(shown)
     deadline = time.monotonic() + timeout
@@ -220,7 +222,7 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
     if own:
         client = httpx.Client(follow_redirects=False, trust_env=False,
                               timeout=httpx.Timeout(min(timeout, 10.0)),
-                              transport=_deadline_transport(deadline))
+                              transport=deadline_transport(deadline))
     try:
         request = client.build_request("GET", url)
         for _ in range(MAX_REDIRECTS + 1):
@@ -265,67 +267,6 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
         if own:
             client.close()
 
-
-def _deadline_transport(deadline: float) -> Any:
-    """An httpx transport whose every socket operation — connecting, each read of the status
-    line, headers and body, each write — waits at most until ``deadline`` (monotonic): a
-    server trickling one byte a second cannot stretch the overall limit, which httpx's own
-    timeouts (per operation) would let it do."""
-    import httpcore
-    import httpx
-
-    class Stream(httpcore.NetworkStream):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def _left(self, timeout: float | None, what: str) -> float:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise (httpcore.ReadTimeout if what == "read" else httpcore.WriteTimeout)(
-                    "the overall time limit passed")
-            return left if timeout is None else min(timeout, left)
-
-        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-            return bytes(self.inner.read(max_bytes, self._left(timeout, "read")))
-
-        def write(self, buffer: bytes, timeout: float | None = None) -> None:
-            self.inner.write(buffer, self._left(timeout, "write"))
-
-        def close(self) -> None:
-            self.inner.close()
-
-        def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                      timeout: float | None = None) -> Any:
-            return Stream(self.inner.start_tls(ssl_context, server_hostname,
-                                               self._left(timeout, "read")))
-
-        def get_extra_info(self, info: str) -> Any:
-            return self.inner.get_extra_info(info)
-
-    class Backend(httpcore.NetworkBackend):
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                        local_address: str | None = None, socket_options: Any = None) -> Any:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise httpcore.ConnectTimeout("the overall time limit passed")
-            return Stream(self.inner.connect_tcp(
-                host, port, left if timeout is None else min(timeout, left),
-                local_address, socket_options))
-
-        def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                socket_options: Any = None) -> Any:
-            raise httpcore.ConnectError("unix sockets are not used for attachments")
-
-        def sleep(self, seconds: float) -> None:
-            self.inner.sleep(seconds)
-
-    transport = httpx.HTTPTransport(trust_env=False)
-    pool = transport._pool  # httpcore's pool: its network backend is where reads happen
-    pool._network_backend = Backend(pool._network_backend)
-    return transport
 
 
 def _first_line(exc: BaseException) -> str:
