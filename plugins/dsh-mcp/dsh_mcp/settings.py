@@ -226,7 +226,7 @@ def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> f
     value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) \
             or not math.isfinite(value) or value <= 0:  # NaN passes `<= 0`
-        raise ConfigError(f"{where}: {key!r} must be a positive finite number of seconds")
+        raise ConfigError(f"{where}: {key!r} must be a positive number of seconds")
     return float(value)
 
 

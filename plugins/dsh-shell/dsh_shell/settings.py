@@ -104,6 +104,6 @@ def _positive(value: Any, where: str, key: str, *, integer: bool) -> float:
     # bool is an int subclass; `timeout = true` is a typo, not one second.
     number = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or value <= 0:  # NaN passes `<= 0`
-        kind = "a positive integer" if integer else "a positive finite number"
+        kind = "a positive integer" if integer else "a positive number"
         raise ConfigError(f"[{where}] {key}: expected {kind}, got {value!r}")
     return float(value)
