@@ -81,6 +81,9 @@ class Progress:
             pass
 
     def note(self, message: str) -> None:
+        from dsh.core.sanitize import one_line
+
+        message = one_line(message)  # a task's error text cannot forge a line of its own
         try:
             clear = "\r\x1b[2K" if self._thread is not None else ""
             self.stream.write(f"{clear}dsh: {message}\n")

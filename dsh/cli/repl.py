@@ -213,7 +213,9 @@ class Chat:
             self.done = True
         elif result.outcome == "error":
             code = getattr(result.error, "exit_code", errors.EXIT_ERROR)
-            self.note(f"dsh: error: {result.reason}")
+            from dsh.core.sanitize import one_line
+
+            self.note(f"dsh: error: {one_line(result.reason)}")
         elif output.interrupts or result.outcome in ("stopped", "aborted"):
             code = errors.EXIT_INTERRUPTED
             self.note(f"dsh: {result.outcome}")

@@ -180,5 +180,7 @@ def main() -> None:
         silence_stdout()
         sys.exit(0)
     except OSError as exc:  # the last flush of stdout failed (a full disk)
-        click.echo(f"dsh: error: {io_error_message(exc)}", err=True)
+        from dsh.core.sanitize import one_line
+
+        click.echo(f"dsh: error: {one_line(io_error_message(exc))}", err=True)
         sys.exit(errors.EXIT_ERROR)

@@ -101,6 +101,7 @@ class Failure(click.ClickException):
         warn(f"error: {self.message}")
 
 
+
 def os_reason(exc: OSError) -> str:
     """An OS error as a short phrase: ``no space left on device``."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -120,7 +121,12 @@ def io_error_message(exc: OSError) -> str:
 
 def warn(message: str) -> None:
     """``dsh: MESSAGE`` on stderr; on a terminal, controls in it (from a model, a tool, a
-    ledger) are made visible. A terminal that hung up (SIGHUP) is not an error here."""
+    ledger) are made visible. A terminal that hung up (SIGHUP) is not an error here. An
+    error (``error: …``, ``task t1 (line 2): error: …``) is always one line (:func:`one_line`)."""
+    if "error:" in message.partition("\n")[0]:
+        from dsh.core.sanitize import one_line
+
+        message = one_line(message)
     if sys.stderr is not None and sys.stderr.isatty():
         from dsh.cli.escape import escape_controls
 

@@ -43,6 +43,12 @@ SERVICE = "dsh"
 INDEX = "dsh:names"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 BACKEND_ENV = "DSH_KEYS_BACKEND"
+#: The longest key ``dsh keys set`` stores (bytes of ASCII): API keys and tokens are far
+#: shorter; a larger "key" is a mistake (a file piped by accident) that every request would
+#: carry in a header.
+MAX_KEY_BYTES = 8192
+#: The largest keys file read (a bounded read: ``keys.json`` is never more than names and keys).
+MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
 def check_name(name: str) -> str:
@@ -51,6 +57,14 @@ def check_name(name: str) -> str:
         raise UsageError(f"invalid key name {name!r}: use letters, digits, '_', '.' and '-' "
                          "(at most 128, starting with a letter or digit)")
     return name
+
+
+def check_value(value: str) -> str:
+    """``value`` if it is not longer than :data:`MAX_KEY_BYTES` (the key is never shown)."""
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise UsageError(f"the key is longer than {MAX_KEY_BYTES} bytes; it was not stored "
+                         "(the key is not shown)")
+    return value
 
 
 class KeyStore(Protocol):
@@ -118,7 +132,7 @@ class FileStore:
         if not self._check_dir():
             return {}
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -128,14 +142,17 @@ class FileStore:
                               f"{os.strerror(exc.errno or 0).lower()}") from None
         with os.fdopen(fd, "rb") as f:
             self._check(os.fstat(f.fileno()), self.path, "file", 0o600)
-            raw = f.read()
+            raw = f.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ConfigError(f"{self.path}: the keys file is larger than {MAX_FILE_BYTES} "
+                              "bytes (damaged); remove it and set the keys again")
         try:
             data = json.loads(raw.decode("utf-8"))
             keys = data["keys"]
             if not isinstance(keys, dict) or not all(
                     isinstance(k, str) and isinstance(v, str) for k, v in keys.items()):
                 raise TypeError
-        except (ValueError, KeyError, TypeError):  # never the content: it holds keys
+        except (ValueError, KeyError, TypeError, RecursionError):  # never the content
             raise ConfigError(f"{self.path}: the keys file is damaged (not dsh's JSON); "
                               "remove it and set the keys again") from None
         for value in keys.values():
@@ -185,6 +202,7 @@ class FileStore:
             os.close(lock)
 
     def set(self, name: str, value: str) -> None:
+        check_value(value)
         redact.register(value)
         self._update(lambda keys: keys.__setitem__(name, value))
 
@@ -236,6 +254,7 @@ class KeyringStore:
         self._call("set_password", SERVICE, INDEX, json.dumps(sorted(names)))
 
     def set(self, name: str, value: str) -> None:
+        check_value(value)
         redact.register(value)
         self._call("set_password", SERVICE, name, value)
         self._index({*self.names(), name})

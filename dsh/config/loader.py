@@ -144,6 +144,7 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
 
 
 BOM = "\ufeff"
+CONFIG_CAP = 4 * 1024 * 1024  # the largest config file read
 
 
 def read_config_text(path: Path) -> str:
@@ -152,10 +153,16 @@ def read_config_text(path: Path) -> str:
     Raises :class:`FileNotFoundError` for a missing file and :class:`ConfigError` for any
     other failure (a directory, no permission, bytes that are not UTF-8).
     """
-    try:
-        data = path.read_bytes()
+    from dsh.core import files
+
+    try:  # bounded; a FIFO or a device is refused, not waited on
+        data = files.read_regular(path, CONFIG_CAP)
     except FileNotFoundError:
         raise
+    except (files.NotRegular, files.TooLarge) as exc:
+        why = (f"it is {exc.kind}, not a regular file" if isinstance(exc, files.NotRegular)
+               else f"larger than {CONFIG_CAP} bytes")
+        raise ConfigError(f"{path}: cannot read config file: {why}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     try:
@@ -213,6 +220,9 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
     for model_id, settings in cfg.models.items():
         _check_model(settings, where, text, f"models.{_dotted(model_id)}")
     _check_compaction(cfg, where, text)
+    from dsh.config.finite import refuse_non_finite
+
+    refuse_non_finite(data, where, text, _line_of)  # after the particular keys' checks
     return cfg
 
 
@@ -418,10 +428,10 @@ def _line_of(text: str | None, key: str) -> str:
     """``:LINE`` of the first line that sets ``key``, or ``""``."""
     if not text:
         return ""
-    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
+    pat = re.compile(rf"^[ \t]*[\"']?{re.escape(key)}[\"']?\s*=", re.M)
     m = pat.search(text)
     if not m:
-        pat = re.compile(rf"^\s*\[[^\]]*\b{re.escape(key)}\b[^\]]*\]", re.M)
+        pat = re.compile(rf"^[ \t]*\[[^\]]*\b{re.escape(key)}\b[^\]]*\]", re.M)
         m = pat.search(text)
     return f":{text.count(chr(10), 0, m.start()) + 1}" if m else ""
 

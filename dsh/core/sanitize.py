@@ -175,3 +175,14 @@ def has_nonfinite(value: Any) -> bool:
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
     return False
+
+
+# -- one line: an error message that a plugin's or a server's text cannot split -----------------
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: each line break (``\\n``, ``\\r`` and every other one
+    ``str.splitlines`` knows) shown as the two characters ``\\n``, so text from a plugin or a
+    server can never print a second ``dsh: error:`` line of its own."""
+    lines = message.strip().splitlines()
+    return "\\n".join(lines) if len(lines) > 1 else (lines[0] if lines else "")

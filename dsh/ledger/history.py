@@ -30,6 +30,7 @@ from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
+from dsh.ledger.serialize import check_raw
 from dsh.ledger.serialize import checked
 from dsh.ledger.serialize import raw_attachments
 from dsh.ledger.serialize import raw_messages
@@ -225,6 +226,7 @@ class Projection:
         """
         if self._sealed and _key is not _LEDGER:
             raise _read_only("apply_raw")
+        check_raw(d)  # what `dsh sessions show` refuses, resuming refuses too
         tag = d["type"]
         seq = d["seq"]
         if type(seq) is not int:

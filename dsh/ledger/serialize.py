@@ -445,3 +445,42 @@ def default_codec() -> EventCodec:
 def load_event(line: str | bytes) -> Event:
     """Parse one ledger line with the built-in event types."""
     return default_codec().load(line)
+
+
+#: The lines :meth:`dsh.ledger.history.Projection.apply_raw` reads often (every step or turn
+#: has them): the fields it does not read itself — ``(name, types, required)`` — checked here
+#: as :meth:`EventCodec.from_dict` checks them. Any other line (a compaction, a rejected step)
+#: is rare, and loaded whole by the codec.
+_INT, _STR = (int,), (str,)
+_RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
+    "user/message": (("source", _STR, False),),
+    "assistant/message": (("tool_call_source", _OPTIONAL_STR, False),
+                          ("model", _OPTIONAL_STR, False), ("stop_reason", _OPTIONAL_STR, False)),
+    "tool/result": (("duration_ms", (float, int, type(None)), False),),
+    "tool/call": (("call_id", _STR, True), ("name", _STR, True), ("arguments", (dict,), False),
+                  ("child_session", _OPTIONAL_STR, False)),
+    "context/injected": (),
+    "step/start": (),
+    "step/end": (("turn", _INT, True), ("step", _INT, True)),
+    "turn/start": (("parent", _OPTIONAL_STR, False), ("parent_call", _OPTIONAL_STR, False),
+                   ("reasoning_withheld", _INT, False)),
+    "turn/end": (("turn", _INT, True), ("outcome", _STR, True), ("reason", _STR, False)),
+}
+
+
+def check_raw(d: dict[str, Any]) -> None:
+    """Refuse (:class:`InvalidLine`, :class:`~dsh.core.errors.LedgerError` or ``KeyError``)
+    a decoded line that :meth:`EventCodec.from_dict` would refuse, so that resuming a session
+    (the raw path) and reading it (``dsh sessions show``) accept exactly the same lines."""
+    tag = d["type"]
+    unread = _RAW_UNREAD.get(tag) if type(tag) is str else None
+    if unread is None:
+        if type(tag) is str and tag[:2] == "x/":
+            return  # a plugin event: dsh.ledger.plugin_events.from_raw checks it
+        default_codec().from_dict(d)
+        return
+    for name, types, required in unread:
+        if (name in d or required) and type(d[name]) not in types:
+            raise _Invalid(name)
+    if tag == "assistant/message" and "usage" in d:
+        _usage(d["usage"])

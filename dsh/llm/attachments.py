@@ -213,13 +213,16 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
     sniffed)."""
     import httpx
 
+    from dsh.llm.deadline import deadline_transport
+
     shown = shown_url(url)
     where = repr(shown)
     deadline = time.monotonic() + timeout
     own = client is None
     if own:
         client = httpx.Client(follow_redirects=False, trust_env=False,
-                              timeout=httpx.Timeout(min(timeout, 10.0)))
+                              timeout=httpx.Timeout(min(timeout, 10.0)),
+                              transport=deadline_transport(deadline))
     try:
         request = client.build_request("GET", url)
         for _ in range(MAX_REDIRECTS + 1):
@@ -255,11 +258,15 @@ def fetch(url: str, *, timeout: float = URL_TIMEOUT, client: Any = None) -> Inpu
                 response.close()
         raise AttachmentError(f"cannot attach {where}: more than {MAX_REDIRECTS} redirects")
     except httpx.HTTPError as exc:
+        if isinstance(exc, httpx.TimeoutException) and time.monotonic() >= deadline:
+            raise AttachmentError(f"cannot attach {where}: not downloaded within "
+                                  f"{timeout:g}s") from None
         raise AttachmentError(f"cannot attach {where}: {type(exc).__name__}"
                               + _first_line(exc)) from None
     finally:
         if own:
             client.close()
+
 
 
 def _first_line(exc: BaseException) -> str:

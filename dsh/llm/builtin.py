@@ -159,6 +159,8 @@ def request(call: ModelCall) -> ModelResponse:
     return response
 
 
+#: The largest script file of the scripted model read.
+SCRIPT_CAP = 64 * 1024 * 1024
 #: Every rescue format starts with one of these (or with ``{``/``[`` at the very start).
 #: Checked before importing the parser, so a plain answer costs one scan and no import.
 RESCUE_MARKERS = ("<tool_call>", "```", "<|python_tag|>", "<|python_start|>", "[TOOL_CALLS]",
@@ -250,10 +252,21 @@ class ScriptedModel(Model):
     def responses(self) -> list[dict[str, Any]]:
         if self._responses is None:
             path = Path(self.name).expanduser()
-            try:
-                data = json.loads(path.read_text())
+            from dsh.core import files
+
+            try:  # bounded; a FIFO or a device is refused, not waited on
+                data = json.loads(files.read_regular(path, SCRIPT_CAP).decode("utf-8"))
             except FileNotFoundError:
                 raise ConfigError(f"scripted model: no file {path}") from None
+            except files.NotRegular as exc:
+                raise ConfigError(f"scripted model: {path} is {exc.kind}, not a regular "
+                                  "file") from None
+            except files.TooLarge:
+                raise ConfigError(f"scripted model: {path} is larger than {SCRIPT_CAP} "
+                                  "bytes") from None
+            except OSError as exc:
+                raise ConfigError(f"scripted model: cannot read {path}: "
+                                  f"{files.reason(exc)}") from None
             except RecursionError:
                 raise ConfigError(f"scripted model: {path} is nested too deeply to read") from None
             except ValueError as exc:

@@ -25,7 +25,9 @@ def keys_set(name: str) -> None:
 
     Surrounding whitespace (the newline of `echo`) is dropped. An existing key is replaced.
     """
+    from dsh.config.keys import MAX_KEY_BYTES
     from dsh.config.keys import check_name
+    from dsh.config.keys import check_value
     from dsh.config.keys import store
     from dsh.core.errors import UsageError
 
@@ -36,8 +38,11 @@ def keys_set(name: str) -> None:
 
         value = getpass.getpass(f"Key for {name} (not shown): ", stream=sys.stderr)
     else:
-        value = stdin.read() if stdin is not None else ""
-    value = value.strip()
+        # bounded: `dsh keys set x < /dev/zero` must end; surrounding whitespace is allowed
+        value = stdin.read(4 * MAX_KEY_BYTES + 1) if stdin is not None else ""
+        if len(value) > 4 * MAX_KEY_BYTES:
+            check_value(value)
+    value = check_value(value.strip())
     if not value:
         raise UsageError("no key given (type it at the prompt, or pipe it on stdin)")
     if "\n" in value or "\r" in value:

@@ -25,6 +25,7 @@ import attrs
 import httpx
 
 from dsh.core import redact
+from dsh.core.errors import BudgetExceeded
 from dsh.core.errors import ConfigError
 from dsh.core.errors import ProviderError
 from dsh.core.messages import ModelRequest
@@ -316,6 +317,7 @@ class HTTPModel(ProviderErrors, Model):
                     raise _CallbackFailed(exc) from exc
 
         attempt = 0
+        sent = False  # the first request was reserved by dsh.llm.transport.send
         endpoint = self.endpoint()
         while True:
             if ctx is not None:
@@ -327,6 +329,12 @@ class HTTPModel(ProviderErrors, Model):
                 elif ctx.cancel.wait(paused):
                     ctx.cancel.check()
                 continue
+            if sent and ctx is not None:  # a retry is a request that leaves: counted (D8)
+                refused = ctx.budget.reserve(requests=1)
+                if refused:
+                    log.info("not retried: %s", refused)
+                    raise BudgetExceeded(refused)
+            sent = True
             try:
                 return self._once(client, content, headers, stream, emit)
             except _CallbackFailed as failed:

@@ -10,6 +10,7 @@ before the query (:func:`join_path`) and whether a URL is the loopback (:func:`i
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +45,7 @@ class HTTPSettings:
                 v = settings[key]
                 positive = key in ("timeout", "connect_timeout")
                 bad = isinstance(v, bool) or not isinstance(v, int | float)
-                if bad or v < 0 or (positive and v == 0):
+                if bad or not math.isfinite(v) or v < 0 or (positive and v == 0):
                     raise ConfigError(f"{where}: `{key}` must be a number of seconds, got {v!r}")
                 values[key] = float(v)
         if "retries" in settings:

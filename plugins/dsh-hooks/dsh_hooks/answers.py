@@ -25,6 +25,9 @@ PLUGIN = "dsh-hooks"
 EVENT_TEXT = 2000
 #: A hook's JSON answer is kept in its ``hook`` event up to this size (as JSON text).
 EVENT_JSON = 4096
+#: A JSON answer nested deeper than this is invalid and blocks (fail closed): Python's JSON
+#: reader raises ``RecursionError`` near 1,000 levels, and no protocol answer needs more.
+MAX_ANSWER_DEPTH = 64
 
 
 def warn(message: str) -> None:
@@ -102,11 +105,22 @@ def interpret(hook: Hook, ran: runner.Ran, max_output: int) -> Answer:
     else:
         out = ran.stdout.strip()
         if out.startswith("{"):
+            from dsh.core.sanitize import nesting_depth
+
             try:
                 data = json.loads(out)
+                deep = nesting_depth(data, MAX_ANSWER_DEPTH) > MAX_ANSWER_DEPTH
+            except RecursionError:
+                data, deep = None, True
             except ValueError:
                 warn(f"{where}: stdout is not valid JSON; used as plain text")
-                data = None
+                data, deep = None, False
+            if deep:  # an answer dsh cannot read may be a deny: fail closed
+                ans.kind, ans.reason = "block", (
+                    f"its JSON answer is nested more than {MAX_ANSWER_DEPTH} levels deep: "
+                    "an invalid answer, treated as a block")
+                warn(f"{where}: {ans.reason}")
+                return ans
             if isinstance(data, dict):
                 ans.json = data
                 message = data.get("systemMessage")

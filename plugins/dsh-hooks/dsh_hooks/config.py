@@ -36,6 +36,8 @@ KEYS = ("hooks", "claude_settings", "project_dir", "tools", "env_keep", "max_out
 SANDBOX_SOURCES = ("config", *SOURCES)
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT = 1024 * 1024
+#: The most bytes of a Claude Code settings file read (it is read whole, then parsed).
+SETTINGS_CAP = 4 * 1024 * 1024
 
 
 @attrs.frozen
@@ -108,8 +110,9 @@ def check(raw: Mapping[str, Any], where: str) -> None:
     for key in ("max_output", "timeout"):
         if key in raw:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                raise ConfigError(f"[{where}] {key}: expected a positive number, got {v!r}")
+            if not _positive(v):
+                raise ConfigError(f"[{where}] {key}: expected a positive finite number, "
+                                  f"got {v!r}")
     _tools(raw.get("tools", {}), where)
     policies(raw, where)
     parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
@@ -130,16 +133,28 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSetti
     for name in raw.get("claude_settings", []):
         rel = SOURCES[name]
         path = os.path.expanduser(rel) if rel.startswith("~") else os.path.join(project, rel)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+        from dsh.core import files
+
+        try:  # bounded, and a FIFO or a device is refused instead of blocking the run
+            text = files.read_regular(path, SETTINGS_CAP).decode("utf-8")
         except FileNotFoundError:
             missing.append(path)
             continue
+        except files.NotRegular as exc:
+            raise ConfigError(f"{path}: cannot read hook settings: it is {exc.kind}, "
+                              "not a regular file") from None
+        except files.TooLarge:
+            raise ConfigError(f"{path}: cannot read hook settings: larger than "
+                              f"{SETTINGS_CAP} bytes") from None
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot read hook settings: {exc.strerror}") from None
+            raise ConfigError(f"{path}: cannot read hook settings: {files.reason(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
         try:
             data = json.loads(text)
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to read; its hooks would not "
+                              "run") from None
         except ValueError as exc:
             raise ConfigError(f"{path}: not valid JSON ({exc}); its hooks would not run") from None
         if not isinstance(data, dict):
@@ -208,9 +223,8 @@ def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -
                 kind = h.get("type", "command")
                 command = h.get("command")
                 timeout = h.get("timeout", default_timeout)
-                if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
-                        or timeout <= 0:
-                    raise ConfigError(f"{hat}.timeout: expected positive seconds, "
+                if not _positive(timeout):
+                    raise ConfigError(f"{hat}.timeout: expected positive finite seconds, "
                                       f"got {timeout!r}")
                 why = ignored or ("" if kind == "command"
                                   else f"hook type {kind!r} is not supported by dsh")
@@ -219,6 +233,14 @@ def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -
                 out.append(Hook(str(event), matcher, str(command or ""), float(timeout),
                                 where, why))
     return out
+
+
+def _positive(value: Any) -> bool:
+    """A positive finite number (not a boolean; NaN and infinities pass ``<= 0`` checks)."""
+    import math
+
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value) and value > 0)
 
 
 def _matcher_ok(matcher: str, where: str) -> None:

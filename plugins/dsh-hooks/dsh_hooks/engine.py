@@ -105,7 +105,12 @@ class Engine:
         def one(h: Hook) -> Answer:
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
                              env=self.env, max_output=cap, cancel=cancel, policy=h.policy)
-            return interpret(h, ran, cap)
+            try:
+                return interpret(h, ran, cap)
+            except Exception as exc:  # an answer dsh failed to read may be a deny: fail closed
+                why = f"its answer could not be read ({type(exc).__name__}): treated as a block"
+                warn(f"{h.event} hook `{shown(h.command)}` ({h.source}): {why}")
+                return Answer(h, "block", why, ran=ran)
 
         answers: list[Answer | None] = [None] * len(unique)
         start = time.perf_counter()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ import attrs
 
 from dsh.core.errors import ConfigError
 
+#: The most bytes of an ``mcpServers`` file read.
+MCP_JSON_CAP = 4 * 1024 * 1024
 TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "max_output",
             "sandbox")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
@@ -151,14 +154,24 @@ def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
     ``mcp.json``, Claude Desktop ``claude_desktop_config.json``), as written there: keys dsh
     does not use (``disabled``, ``autoApprove``, …) are ignored; ``${VAR}`` /
     ``${VAR:-default}`` are expanded from the environment."""
-    try:
-        text = path.read_text(encoding="utf-8")
+    from dsh.core import files
+
+    try:  # bounded, and a FIFO or /dev/zero is refused instead of blocking the run
+        text = files.read_regular(path, MCP_JSON_CAP).decode("utf-8")
     except FileNotFoundError:
         return []
+    except files.NotRegular as exc:
+        raise ConfigError(f"{path}: cannot read: it is {exc.kind}, not a regular file") from None
+    except files.TooLarge:
+        raise ConfigError(f"{path}: cannot read: larger than {MCP_JSON_CAP} bytes") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read: {files.reason(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
     entries = data.get("mcpServers") if isinstance(data, dict) else None
@@ -258,7 +271,8 @@ def _policy(table: Mapping[str, Any], where: str) -> Any:
 
 def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value <= 0:  # NaN passes `<= 0`
         raise ConfigError(f"{where}: {key!r} must be a positive number of seconds")
     return float(value)
 

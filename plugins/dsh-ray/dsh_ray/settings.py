@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,8 @@ def settings_from(raw: Mapping[str, Any]) -> Settings:
     for key in ("num_cpus", "task_cpus"):
         value = raw.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value < 0 or (key == "num_cpus" and value == 0)):
+                                  or not math.isfinite(value) or value < 0
+                                  or (key == "num_cpus" and value == 0)):
             raise ConfigError(f"{where} {key}: must be a positive number")
     env = raw.get("runtime_env")
     if env is not None and not isinstance(env, Mapping):

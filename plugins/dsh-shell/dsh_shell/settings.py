@@ -6,6 +6,7 @@ any run starts instead of a tool failing halfway through one.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -102,7 +103,7 @@ def _string(value: Any, where: str, key: str) -> str:
 def _positive(value: Any, where: str, key: str, *, integer: bool) -> float:
     # bool is an int subclass; `timeout = true` is a typo, not one second.
     number = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
-    if not number or value <= 0:
+    if not number or not math.isfinite(value) or value <= 0:  # NaN passes `<= 0`
         kind = "a positive integer" if integer else "a positive number"
         raise ConfigError(f"[{where}] {key}: expected {kind}, got {value!r}")
     return float(value)
