@@ -16,6 +16,11 @@ from typing import Any
 
 import attrs
 
+from dsh.config.finite import MAX_OPTION_DEPTH as MAX_OPTION_DEPTH  # re-exported
+from dsh.config.finite import dotted as _dotted
+from dsh.config.finite import json_problem as json_problem  # re-exported
+from dsh.config.finite import options_error as options_error  # re-exported
+from dsh.config.finite import toml_kind as _toml_kind
 from dsh.core.errors import ConfigError
 from dsh.core.errors import did_you_mean as did_you_mean  # re-exported
 from dsh.core.errors import unknown_name as unknown_name  # re-exported
@@ -24,7 +29,6 @@ from dsh.host.runcontext import Limits
 
 FSYNC_CHOICES = ("event", "step", "never")
 #: Options (``[agents.X] options``, ``[models.ID] options``, ``-o``) nested deeper are refused.
-MAX_OPTION_DEPTH = 64
 #: Keys of ``[models.ID]`` that dsh itself reads (an adapter validates the others).
 MODEL_PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
 #: ``sandbox``: a policy name or a table; its content is checked at assembly (dsh.sandbox).
@@ -247,47 +251,6 @@ def check_limit(name: str, value: Any) -> int | float:
     return number
 
 
-def json_problem(value: Any) -> tuple[str, str] | None:
-    """``(path, problem)`` of the first part of ``value`` that JSON cannot carry — a TOML
-    date or time, NaN or infinity, a non-string key, another object — or ``None`` when it is
-    JSON-compatible. ``path`` is dotted from ``value`` (``""`` for itself)."""
-    stack: list[tuple[str, Any, int]] = [("", value, 0)]
-    while stack:
-        path, v, depth = stack.pop()
-        if v is None or isinstance(v, str | bool | int):
-            continue
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return path, f"got float {v!r} (JSON has no NaN or infinity)"
-            continue
-        if depth >= MAX_OPTION_DEPTH:
-            return path, f"nested more than {MAX_OPTION_DEPTH} levels deep"
-        if isinstance(v, Mapping):
-            for k, item in reversed(list(v.items())):
-                if not isinstance(k, str):
-                    return path, f"has a key that is not a string: {k!r}"
-                stack.append((f"{path}.{_dotted(k)}" if path else _dotted(k), item, depth + 1))
-        elif isinstance(v, list | tuple):
-            stack.extend((f"{path}[{i}]", item, depth + 1) for i, item in reversed(
-                list(enumerate(v))))
-        else:
-            return path, f"got {_toml_kind(v)}"
-    return None
-
-
-def options_error(options: Any, key: str) -> str | None:
-    """``"'KEY.PATH': option values must be JSON-compatible …"`` for the first option value
-    JSON cannot carry (``key`` names the table: ``agents.coder.options``, ``-o``), or
-    ``None`` when every value is fine."""
-    problem = json_problem(options)
-    if problem is None:
-        return None
-    path, what = problem
-    where = f"{key}.{path}" if path and not path.startswith("[") else key + path
-    return (f"{where!r}: option values must be JSON-compatible (a string, number, boolean, "
-            f"array or table), {what}")
-
-
 def _check_limits(table: Mapping[str, Any], where: str, text: str | None, prefix: str) -> None:
     _check_keys(table, Limits, where, text, prefix)
     for key, value in table.items():
@@ -336,11 +299,6 @@ def _check_model(settings: Mapping[str, Any], where: str, text: str | None, key:
                               f"{_toml_kind(value)}")
 
 
-def _dotted(key: str) -> str:
-    """``key`` as one segment of a dotted TOML key (quoted unless it is a bare key)."""
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f'"{key}"'
-
-
 def _check_compaction(cfg: Config, where: str, text: str | None) -> None:
     """``compaction``, ``compact_at``, ``context_window`` at the top level and per agent."""
     scopes: list[tuple[str, Any]] = [("", cfg)]
@@ -380,32 +338,6 @@ def _format_exception(exc: BaseException, type_: Any) -> str:
     from cattrs.v import format_exception
 
     return format_exception(exc, type_).replace("a mapping", "a table")
-
-
-def _toml_kind(value: Any) -> str:
-    """``string 'x'``, ``boolean true``, ``date 1979-05-27``, ``array``: a value as TOML
-    would name it."""
-    import datetime
-
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, datetime.datetime):
-        return f"date-time {value.isoformat()}"
-    if isinstance(value, datetime.date):
-        return f"date {value.isoformat()}"
-    if isinstance(value, datetime.time):
-        return f"time {value.isoformat()}"
-    if value is None:
-        return "nothing (None)"
-    kinds = ((int, "integer"), (float, "float"), (str, "string"),
-             (list | tuple, "array"), (Mapping, "table"))
-    kind = next((name for t, name in kinds if isinstance(value, t)), None)
-    if kind is None:
-        return f"a Python {type(value).__name__}"
-    if kind in ("array", "table"):
-        return f"an {kind}" if kind == "array" else f"a {kind}"
-    text = repr(value)
-    return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _check_keys(data: Mapping[str, Any], cls: type, where: str, text: str | None,
