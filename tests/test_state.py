@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from dsh.core.errors import InputDroppedWarning
 from dsh.core.errors import UsageError
 from dsh.ledger.history import Projection
 from dsh.ledger.plugin_events import OutsideRun
@@ -385,6 +386,11 @@ def test_a_parallel_child_starts_from_a_frozen_copy_of_the_parent_state(tmp_path
         assert first.data == {"$state": 3} and first.seq < 2
         assert "[ ] 1. shared" in reader.system
         assert parent.state(COUNT) == 4
+        # the child's answer waits in the parent's inbox for its next turn; closing the
+        # parent without one reports it as dropped (issue 23, B4), never silently
+        with pytest.warns(InputDroppedWarning, match="context from parallel:default:"):
+            parent.close()
+        assert [i.source.split(":")[0] for i in parent.dropped] == ["parallel"]
 
 
 def test_the_status_line_shows_task_progress() -> None:
