@@ -758,7 +758,8 @@ def test_mask_stops_when_the_excess_is_exactly_zero() -> None:
 
 def test_auto_takes_the_mask_that_reaches_the_target_exactly(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(summary, "summarize", lambda request: None)
+    sentinel = Compaction(start=0, end=1, replacement=(), strategy="summarize")
+    monkeypatch.setattr(summary, "summarize", lambda request: sentinel)
     msgs = [_user("go"), *_call("1", 600), *_call("2", 600), *_call("3", 600), _user("x")]
     r = _request(msgs, target=0, strategy="mask")
     masked = compaction.mask_observations(r)
@@ -767,6 +768,8 @@ def test_auto_takes_the_mask_that_reaches_the_target_exactly(
     r.strategy = "auto"
     assert compaction.compact_context(r) == compaction.mask_observations(r)
     assert compaction.compact_context(r).end == 3  # type: ignore[union-attr]
+    r.target -= 1  # one short: the summary is asked for
+    assert compaction.compact_context(r) is sentinel
 
 
 def test_truncate_edges() -> None:
