@@ -758,7 +758,8 @@ def test_mask_stops_when_the_excess_is_exactly_zero() -> None:
 
 def test_auto_takes_the_mask_that_reaches_the_target_exactly(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(summary, "summarize", lambda request: None)
+    sentinel = Compaction(start=0, end=1, replacement=(), strategy="summarize")
+    monkeypatch.setattr(summary, "summarize", lambda request: sentinel)
     msgs = [_user("go"), *_call("1", 600), *_call("2", 600), *_call("3", 600), _user("x")]
     r = _request(msgs, target=0, strategy="mask")
     masked = compaction.mask_observations(r)
@@ -767,6 +768,8 @@ def test_auto_takes_the_mask_that_reaches_the_target_exactly(
     r.strategy = "auto"
     assert compaction.compact_context(r) == compaction.mask_observations(r)
     assert compaction.compact_context(r).end == 3  # type: ignore[union-attr]
+    r.target -= 1  # one short: the summary is asked for
+    assert compaction.compact_context(r) is sentinel
 
 
 def test_truncate_edges() -> None:
@@ -1010,3 +1013,106 @@ def test_sessions_compact_by_hand_uses_the_sessions_agent(make_app: Any, script:
     event = compaction.compact_session(app, sid)
     assert event is not None and event.strategy == "truncate"
     assert compaction.compact_session(app, sid, agent="a") is None
+
+
+def test_hook_errors_carry_the_plugin_and_the_hook(make_app: Any, script: Any,
+                                                   plugin_module: Any) -> None:
+    @hookimpl
+    def compact_context(request: Any) -> Any:
+        return "not a compaction"
+
+    name = plugin_module(compact_context=compact_context)
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[name], n=1)
+    with s, pytest.raises(PluginError) as info:
+        compaction.compact_now(app.agent(), s.ledger, None, reason="manual")
+    assert (info.value.plugin, info.value.hook) == (name, "compact_context")
+    for kind in ("old", "no-yield", "twice"):
+        wname = _wrapper_plugins(plugin_module, kind)
+        app, s = _scripted_session(make_app, script, window=10 ** 6, load=[wname], n=1)
+        with s, pytest.raises(PluginError) as info:
+            compaction.compact_now(app.agent(), s.ledger, None, reason="manual")
+        assert (info.value.plugin, info.value.hook) == (wname, "compact_context")
+
+
+def test_an_empty_range_is_a_valid_compaction(make_app: Any, script: Any,
+                                              plugin_module: Any) -> None:
+    @hookimpl
+    def compact_context(request: Any) -> Any:
+        return Compaction(start=1, end=1, replacement=(), strategy="nothing")
+
+    name = plugin_module(compact_context=compact_context)
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[name], n=1)
+    with s:  # valid, but it does not shrink anything: not recorded
+        assert compaction.compact_now(app.agent(), s.ledger, None, reason="manual") is None
+
+
+def test_inner_failures_name_the_hook_and_reach_every_wrapper(
+        make_app: Any, script: Any, plugin_module: Any) -> None:
+    @hookimpl
+    def compact_context(request: Any) -> Any:
+        raise RuntimeError("inner")
+
+    inner = plugin_module(compact_context=compact_context)
+    seen: list[str] = []
+
+    @hookimpl(wrapper=True)
+    def outer_wrapper(request: Any) -> Any:
+        try:
+            return (yield)
+        except PluginError as exc:
+            seen.append(str(exc))
+            raise
+
+    outer = plugin_module(compact_context=outer_wrapper)
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[inner, outer], n=1)
+    with s, pytest.raises(PluginError, match="raised in hook compact_context"):
+        compaction.compact_now(app.agent(), s.ledger, None, reason="manual")
+    assert seen and "inner" in seen[0]
+
+
+def test_every_wrapper_completes_and_the_outermost_replacement_wins(
+        make_app: Any, script: Any, plugin_module: Any) -> None:
+    def replacing(tag: str) -> Any:
+        @hookimpl(wrapper=True)
+        def compact_context(request: Any) -> Any:
+            yield
+            return Compaction(start=0, end=2, replacement=(), strategy=tag)
+
+        return compact_context
+
+    @hookimpl(wrapper=True)
+    def failing(request: Any) -> Any:
+        yield
+        raise RuntimeError("after")
+
+    first = plugin_module(compact_context=replacing("first"))
+    second = plugin_module(compact_context=replacing("second"))
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[first, second], n=2)
+    with s:
+        event = compaction.compact_now(app.agent(), s.ledger, None, reason="manual")
+        assert event is not None and event.plugin in (first, second)
+        innermost = {first, second} - {event.plugin}
+        assert innermost  # both ran; the one pluggy calls first wins
+    bad = plugin_module(compact_context=failing)
+    app, s = _scripted_session(make_app, script, window=10 ** 6, load=[first, bad], n=2)
+    with s, pytest.raises(RuntimeError, match="after"):
+        compaction.compact_now(app.agent(), s.ledger, None, reason="manual")
+
+
+def test_when_too_large_runs_from_compact_now(make_app: Any, script: Any) -> None:
+    app, s = _scripted_session(make_app, script, window=10 ** 6, n=1, compaction="off")
+    with s:
+        ledger, agent = s.ledger, app.agent()
+        # A tool result too large by itself, by hand: left out, and the event returned.
+        ledger.projection._messages = [_user("hi"), *_call("1", 3000)]
+        agent._window = 600
+        event = compaction.compact_now(agent, ledger, None, reason="manual")
+        assert event is not None and event.strategy == "drop-oversized"
+        # Before a request, over the limit but not hopeless: sent as it is.
+        # (65 + 8 + 65 tokens and 1 of tools: over 130, each part at most half of it.)
+        ledger.projection._messages = [_user("c" * 180), *_call("1", 180)]
+        agent._window = 130
+        assert compaction.compact_now(agent, ledger, None, reason="threshold") is None
+        # By hand, the same: nothing could be compacted, so the error says why.
+        with pytest.raises(ProviderError, match="compaction 'off'"):
+            compaction.compact_now(agent, ledger, None, reason="manual")
