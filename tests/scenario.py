@@ -37,7 +37,10 @@ def register_tools(register):
     register(read)
 '''
 
-LEAD_USAGE = [(100, 10), (210, 11), (320, 12), (400, 13), (450, 14), (500, 15), (520, 16)]
+# Input counts stay under a quarter of the window: a provider reporting that much makes dsh
+# calibrate its estimate to the report (issue 26), and these made-up counts are far under what
+# the history really holds, which would calibrate the compaction away.
+LEAD_USAGE = [(100, 10), (150, 11), (180, 12), (200, 13), (210, 14), (230, 15), (240, 16)]
 HELPER_USAGE = [(30, 3), (60, 4)]
 
 
@@ -78,7 +81,7 @@ def make(folder: Path, *, hostile: str = "", size: int = 1500,
         "sessions_dir": str(folder / "sessions"),
         "agents": {
             "lead": {"model": f"scripted:{folder / 'lead.json'}", "subagents": ["helper"],
-                     "compaction": "mask", "context_window": 1000},
+                     "compaction": "mask", "context_window": 1000, "compact_at": 0.2},
             "helper": {"model": f"scripted:{folder / 'helper.json'}"},
         },
         "models": {f"scripted:{folder / n}.json": {"price": {"input": 3.0, "output": 15.0}}

@@ -159,7 +159,9 @@ def read_config_text(path: Path) -> str:
     """
     from dsh.core import files
 
-    try:  # bounded; a FIFO or a device is refused, not waited on
+    if os.path.realpath(path) == os.devnull:  # `--config /dev/null`: the idiom for "none"
+        return ""
+    try:  # bounded; a FIFO or any other device is refused, not waited on
         data = files.read_regular(path, CONFIG_CAP)
     except FileNotFoundError:
         raise

@@ -322,6 +322,7 @@ class Session:
         ledger.observer = emit
         attached, self._attached = tuple(self._attached), []
         self.inbox.put(text, attachments=attached)
+        own = self.inbox.newest() if text.strip() or attached else None  # this turn's message
         self.inbox.open()  # from now on a steered message is taken by this turn
         proj = ledger.projection
         number = proj.turn + 1
@@ -360,6 +361,8 @@ class Session:
                 turn.reason = describe_error(pm, error)
             finally:
                 self.inbox.close()  # however the turn ended: later messages wait for the next
+                if outcome != "completed" and own is not None:  # failed before taking it:
+                    self.inbox.mark_returned(own)  # its outcome reports it, not a close warning
                 try:
                     self._close_turn(turn, outcome)
                 except Exception:

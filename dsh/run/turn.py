@@ -144,6 +144,18 @@ class Inbox:
                     self._messages += 1
             self._taken.clear()
 
+    def newest(self) -> InboxItem | None:
+        """The item put last (a turn's own message, just after :meth:`put`)."""
+        with self._lock:
+            return self._items[-1] if self._items else None
+
+    def mark_returned(self, item: InboxItem) -> None:
+        """``item``, still waiting, belongs to a turn that failed before taking it: its
+        outcome reports it, so :meth:`drain` counts it as returned, not as never taken."""
+        with self._lock:
+            if any(i is item for i in self._items):
+                self._returned.add(id(item))
+
     def requeue(self, context: list[InboxItem]) -> None:
         """Put injected context back in front, in order (a step that was rejected)."""
         with self._lock:
