@@ -146,15 +146,14 @@ def _readme_test_command() -> str:
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
-    """.ci/run takes its command from README.md (one source), and that command installs what
-    the wheel-building tests need before anything else (a fresh venv has no ``wheel``)."""
+    """.ci/run holds README's test command verbatim, as a line of its own (what a fresh
+    machine following the README installs is what CI installs), and that command installs
+    what the wheel-building tests need before anything else (a fresh venv has no ``wheel``)."""
     command = _readme_test_command()
     assert command.endswith("python -m pytest")
     install = command.split(" && ")
     assert any("wheel" in step and "setuptools" in step for step in install[:4]), command
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "readme_command" in ci and 'eval "$command"' in ci, ci
-    script = ROOT / ".ci" / "readme_command.py"
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=30, check=True).stdout.strip()
-    assert out == command
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in ci_lines, ".ci/run does not run README's test command verbatim"
+    runs = [line for line in ci_lines if "pip install" in line and "pytest" in line]
+    assert runs == [command], runs  # and no second, different install
