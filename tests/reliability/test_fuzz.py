@@ -99,10 +99,13 @@ _json = st.recursive(_json_scalars, lambda c: st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(tag=st.text(min_size=1, max_size=20).filter(lambda t: "/" in t or t.isidentifier()),
+@given(tag=st.text(min_size=1, max_size=20).filter(
+           lambda t: ("/" in t or t.isidentifier()) and not t.startswith("x/")),
        fields=st.dictionaries(st.text(min_size=1, max_size=10).filter(
            lambda k: k not in ("type", "v", "seq", "ts", "session")), _json, max_size=5))
 def test_future_event_types_round_trip(tag, fields):
+    """A tag dsh does not know is kept whole. ``x/`` is not a future tag but the plugins'
+    namespace, strict about its shape (tests/test_plugin_events_pins.py), so it is left out."""
     from dsh.ledger.serialize import default_codec
 
     if tag in default_codec().types:
