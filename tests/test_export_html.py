@@ -332,3 +332,18 @@ def test_large_session_chart_is_bucketed() -> None:
     page = parse(export_html.render("s", events))
     assert len(page.with_class("step")) == 1000
     assert len(page.with_class("bar")) <= export_html.CHART_BARS
+
+
+_scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text())
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=st.one_of(st.dictionaries(st.text(), _scalar),
+                       st.dictionaries(st.text(), st.lists(_scalar, max_size=3), max_size=3)))
+def test_arguments_json_is_the_indented_dump_whatever_the_shape(value):
+    """The flat-object fast path (the C encoder's pieces joined) writes exactly what
+    ``json.dumps(indent=1, sort_keys=True)`` writes; other shapes take that call itself."""
+    import json
+
+    assert export_html._json(value) == json.dumps(value, ensure_ascii=False, indent=1,
+                                                  sort_keys=True, default=str)

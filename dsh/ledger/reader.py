@@ -68,9 +68,18 @@ class SessionReader:
         self.id = session_id
         self.path = path
         self._events = events
-        self.projection = Projection()
-        for event in events:
-            self.projection.apply(event)
+        self._projection: Projection | None = None
+
+    @property
+    def projection(self) -> Projection:
+        """The projection folded from the events, on first use: an export or a listing that
+        only walks the events does not pay for it."""
+        if self._projection is None:
+            projection = Projection()
+            for event in self._events:
+                projection.apply(event)
+            self._projection = projection
+        return self._projection
 
     def __len__(self) -> int:
         return len(self._events)

@@ -12,6 +12,7 @@ finds the ``turn/start`` lines without parsing (``dsh sessions list``).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -118,7 +119,16 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
     checks what it reads, like :meth:`Projection.apply_raw`).
     """
     data = read_ledger_file(path)
-    fast = _scan_fast(data, codec, raw() if raw is not None else fresh(), raw is not None)
+    # A read builds objects by the hundred thousand and frees none: the cyclic collector's
+    # passes over them were 40% of reading a 100k-event ledger. Paused for the fast path only
+    # (bounded: one file's objects); what it would have found is collected after.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        fast = _scan_fast(data, codec, raw() if raw is not None else fresh(), raw is not None)
+    finally:
+        if paused:
+            gc.enable()
     if fast is not None:
         return fast
     sink = fresh()
