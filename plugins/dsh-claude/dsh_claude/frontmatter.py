@@ -234,8 +234,9 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
     import yaml
 
     offset = 2  # the block's first line is the file's line 2; marks are 0-based
-    loader = _loader_class()(block)
+    loader = None
     try:
+        loader = _loader_class()(block)  # checks the characters: a ReaderError
         node = loader.get_single_node()
     except _Refused as exc:
         raise ClaudeFileError(shown, f"line {exc.line + 1}: the frontmatter has "
@@ -246,15 +247,18 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
         problem = exc.problem or exc.context or "invalid YAML"
         raise ClaudeFileError(shown, f"{where}invalid YAML in the frontmatter: {problem}") \
             from None
+    except yaml.reader.ReaderError as exc:
+        raise ClaudeFileError(shown, f"the frontmatter holds the character #x{exc.character:04x}"
+                                     ", which YAML does not allow") from None
     except yaml.YAMLError as exc:
-        raise ClaudeFileError(shown, f"invalid YAML in the frontmatter: "
-                                     f"{str(exc).splitlines()[0] if str(exc) else 'error'}") \
-            from None
+        first = " ".join(str(exc).split())[:200] or "error"
+        raise ClaudeFileError(shown, f"invalid YAML in the frontmatter: {first}") from None
     except RecursionError:
         raise ClaudeFileError(shown, f"frontmatter nests deeper than {MAX_DEPTH} levels") \
             from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         return Document(shown, {}, body, body_line)
     meta = _value(node, offset, shown)

@@ -328,15 +328,20 @@ def read_resource(name: str, path: str) -> str:
 
     state = SKILLS.read(context().ledger.projection)
     entry = _entry(state, name)
-    rel = Path(path)
-    if not path or rel.is_absolute() or ".." in rel.parts:
-        raise ToolError(f"skill_file: {path!r} must be a path inside the skill's folder, "
-                        "relative to it, without '..'")
-    folder = Path(entry["dir"])
     try:
-        return read_text(folder / rel, [folder], MAX_RESOURCE)
+        return read_inside(Path(entry["dir"]), path)
     except ClaudeFileError as exc:
-        raise ToolError(f"skill_file {name}: {rel.as_posix()}: {exc.problem}") from None
+        raise ToolError(f"skill_file {name}: {exc}") from None
+
+
+def read_inside(folder: Path, path: str) -> str:
+    """The text of ``path`` relative to ``folder``, never outside it: an empty or absolute
+    path, a ``..`` part or a symlink leading out is a :class:`ClaudeFileError`."""
+    rel = Path(path)
+    if not path or "\0" in path or rel.is_absolute() or ".." in rel.parts:
+        raise ClaudeFileError(repr(path), "must be a path inside the skill's folder, relative "
+                                          "to it, without '..'")
+    return read_text(folder / rel, [folder], MAX_RESOURCE)
 
 
 def refusal(state: Mapping[str, Any], turn: int, tool: str) -> str | None:
