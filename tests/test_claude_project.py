@@ -71,6 +71,8 @@ def make_project(tmp: Path) -> tuple[Path, Path]:
     (skills / "release-notes" / "template.md").write_text("TEMPLATE: ## Version X\n")
     (skills / "unit-tests").mkdir()
     (skills / "unit-tests" / "SKILL.md").write_text(SKILL_B)
+    (skills / "broken").mkdir()  # skipped with a warning; the rest still loads
+    (skills / "broken" / "SKILL.md").write_text("---\nname: broken\ndescription: &d x\n---\n")
     return root, sub
 
 
@@ -128,7 +130,10 @@ def test_project_instructions_skills_refusal_and_resume(tmp_path: Path,
     first = dsh(tmp_path, sub, cfg, "run", "--json", "write the release notes")
     assert first.returncode == 0, first.stderr
     sid = json.loads(first.stdout)["session"]
+    warning = f"dsh-claude: {root}/.claude/skills/broken/SKILL.md: line 3: the frontmatter has "
+    assert warning + "an anchor (&d)" in first.stderr, first.stderr
     system = server.received[0].body["messages"][0]["content"]
+    assert "broken" not in system
     order = ["USER-CLAUDE", "ROOT-AGENTS", "PROJECT-CLAUDE", "IMPORTED-STYLE", "SUB-AGENTS"]
     at = [system.index(marker) for marker in order]
     assert at == sorted(at), system  # user first, then root down to the folder, nearest last
@@ -219,3 +224,26 @@ def test_project_without_files_is_unchanged(tmp_path: Path, server: ScriptedServ
     assert server.received[0].raw == server.received[1].raw
     for ledger in sessions.glob("*.jsonl"):
         assert "x/claude/" not in ledger.read_text()
+
+
+def test_nothing_of_the_plugin_is_imported_unless_enabled(tmp_path: Path,
+                                                         server: ScriptedServer) -> None:
+    """An agent whose plugins leave out `claude`, in a project full of these files: only the
+    entry point module is imported (it is only hook implementations), not its readers nor
+    PyYAML, and the request carries nothing of the files."""
+    root, sub = make_project(tmp_path)
+    cfg = write_config(tmp_path, server, tmp_path / "sessions")
+    cfg.write_text(cfg.read_text() + '[agents.plain]\nplugins = []\n')
+    server.script(Reply(body=openai_completion("hi")))
+    e = env(tmp_path)
+    probe = ("import sys, runpy; sys.argv = ['dsh', '--config', sys.argv[1], 'run', '-a', "
+             "'plain', 'hello']\ntry:\n    runpy.run_module('dsh', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('dsh_claude', 'yaml'))), "
+             "file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, str(cfg)], capture_output=True,
+                          text=True, env=e, timeout=120, stdin=subprocess.DEVNULL, cwd=sub)
+    assert done.stdout.strip() == "hi", done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "['dsh_claude']", done.stderr
+    system = server.received[0].body["messages"][0].get("content", "")
+    assert "AGENTS" not in system and "Skills" not in system
