@@ -151,8 +151,8 @@ def _split(text: str, shown: str) -> tuple[str | None, str, int]:
 
 
 def _loader_class() -> type:
-    import yaml
-    from yaml.events import AliasEvent
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+    from yaml.events import AliasEvent  # type: ignore[import-untyped, unused-ignore]
 
     class StrictLoader(yaml.BaseLoader):
         """BaseLoader (strings only) refusing aliases, anchors, tags and deep nesting."""
@@ -192,9 +192,9 @@ class _Refused(Exception):
 
 def _value(node: Any, offset: int, shown: str) -> Any:
     """Plain data from a composed node: str, list, dict (string keys, no duplicates)."""
-    from yaml.nodes import MappingNode
-    from yaml.nodes import ScalarNode
-    from yaml.nodes import SequenceNode
+    from yaml.nodes import MappingNode  # type: ignore[import-untyped, unused-ignore]
+    from yaml.nodes import ScalarNode  # type: ignore[import-untyped, unused-ignore]
+    from yaml.nodes import SequenceNode  # type: ignore[import-untyped, unused-ignore]
 
     if isinstance(node, ScalarNode):
         return str(node.value)
@@ -231,7 +231,7 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
                                      f"{MAX_FRONTMATTER}")
     if not block.strip():
         return Document(shown, {}, body, body_line)
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     offset = 2  # the block's first line is the file's line 2; marks are 0-based
     loader = None
