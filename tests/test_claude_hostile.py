@@ -243,3 +243,58 @@ def test_settings_are_checked() -> None:
         parse_settings({"skills": "x"}, "plugins.claude")
     off = parse_settings({"enabled": False}, "w")
     assert not off.any_instructions and not off.agent_skills
+
+
+@hsettings(max_examples=60, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(
+    ["f0.md", "f1.md", "f2.md", "f3.md", "f4.md", "f5.md", "../out.md", "/etc/hostname",
+     "~/h.md", "missing.md", "link.md"])), max_size=20))
+def test_any_import_graph_terminates_within_bounds(tmp_path: Path,
+                                                   edges: list[tuple[int, str]]) -> None:
+    """Random imports among six files, a file outside, one in home, a symlink out: collect
+    ends, reads nothing from outside the project and home, includes each file once, and every
+    problem is one line naming the file."""
+    import shutil
+
+    base = tmp_path / "g"
+    shutil.rmtree(base, ignore_errors=True)
+    root, home = base / "proj", base / "home"
+    root.mkdir(parents=True)
+    home.mkdir()
+    (base / "out.md").write_text("OUTSIDE")
+    (home / "h.md").write_text("HOME")
+    (root / "link.md").symlink_to(base / "out.md")
+    refs: dict[int, list[str]] = {i: [] for i in range(6)}
+    for src, ref in edges:
+        refs[src].append(ref)
+    for i in range(6):
+        (root / f"f{i}.md").write_text(f"F{i} " + " ".join(f"@{r}" for r in refs[i]) + "\n")
+    (root / "CLAUDE.md").write_text("top @f0.md\n")
+    used, texts = instructions.collect(Settings(user_agents_md="", user_claude_md=""), root,
+                                       root, home)
+    assert "OUTSIDE" not in "".join(texts.values())
+    paths = [e["path"] for e in used if "problem" not in e]
+    assert len(paths) == len(set(paths)) <= 8
+    for e in used:
+        if "problem" in e:
+            assert "\n" not in e["problem"]
+
+
+def test_allowed_tools_apply_until_the_end_of_the_turn() -> None:
+    state = skills.reduce(skills.INITIAL, {"op": "catalogue", "problems": [], "skills": [
+        {"name": "narrow", "allowed_tools": ["read_file"]},
+        {"name": "wide", "allowed_tools": None}]})
+    assert skills.refusal(state, 1, "run_command") is None  # nothing loaded
+    state = skills.reduce(state, {"op": "load", "name": "wide", "turn": 1})
+    assert skills.refusal(state, 1, "run_command") is None  # no allowed-tools: no narrowing
+    state = skills.reduce(state, {"op": "load", "name": "narrow", "turn": 1})
+    why = skills.refusal(state, 1, "run_command")
+    assert why is not None and "narrow" in why and "read_file" in why
+    assert skills.refusal(state, 1, "read_file") is None
+    assert skills.refusal(state, 1, "skill_file") is None
+    assert skills.refusal(state, 2, "run_command") is None  # the next turn: not active
+    state = skills.reduce(state, {"op": "load", "name": "wide", "turn": 2})
+    assert [a["turn"] for a in state["active"]] == [2]  # older turns' loads are dropped
+    with pytest.raises(ValueError, match="no skill 'ghost'"):
+        skills.reduce(state, {"op": "load", "name": "ghost", "turn": 2})
