@@ -252,7 +252,7 @@ def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
         # The plugin's own one-line account of the event (dsh-claude: which files shaped the
         # turn, with their digests), instead of its data cut at PLUGIN_DATA_CHARS.
         return (s("  ◆ ", fg="magenta") + s(e.tag, bold=True) + s(note, dim=True) + " "
-                + s(summary[:PLUGIN_SUMMARY_CHARS], dim=True))
+                + s(" ".join(summary[:PLUGIN_SUMMARY_CHARS].split()), dim=True))
     data = json.dumps(e.data, ensure_ascii=False, separators=(",", ":"))
     if not full and len(data) > PLUGIN_DATA_CHARS:
         data = data[:PLUGIN_DATA_CHARS] + f"… ({len(data) - PLUGIN_DATA_CHARS} more; --full)"
