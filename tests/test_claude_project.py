@@ -247,3 +247,26 @@ def test_nothing_of_the_plugin_is_imported_unless_enabled(tmp_path: Path,
     assert done.stderr.strip().splitlines()[-1] == "['dsh_claude']", done.stderr
     system = server.received[0].body["messages"][0].get("content", "")
     assert "AGENTS" not in system and "Skills" not in system
+
+
+def test_piped_chat_sees_the_same_instructions_and_skills(tmp_path: Path,
+                                                          server: ScriptedServer) -> None:
+    """`dsh chat` (piped: one message per line) builds its turns the same way: each turn's
+    system prompt holds the instructions and the catalogue, and the model loads a skill."""
+    root, sub = make_project(tmp_path)
+    cfg = write_config(tmp_path, server, tmp_path / "sessions")
+    server.script(
+        Reply(body=openai_completion(calls=[("c1", "skill", json.dumps({"name": "unit-tests"}))])),
+        Reply(body=openai_completion("first done")),
+        Reply(body=openai_completion("second done")))
+    done = subprocess.run([sys.executable, "-m", "dsh", "--config", str(cfg), "chat"],
+                          input="how do we test?\nand then?\n", capture_output=True, text=True,
+                          env=env(tmp_path), timeout=120, cwd=sub)
+    assert done.returncode == 0, done.stderr
+    assert "first done" in done.stdout and "second done" in done.stdout
+    first, last = server.received[0].body, server.received[2].body
+    for body in (first, last):
+        system = body["messages"][0]["content"]
+        assert "ROOT-AGENTS" in system and "SUB-AGENTS" in system
+        assert "- unit-tests: How this project writes unit tests." in system
+    assert "Write tests with pytest" in tool_results(server.received[1].body)["c1"]
