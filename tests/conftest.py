@@ -20,6 +20,10 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads the developer's config or writes to their data directory."""
     monkeypatch.setenv("DSH_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    # Claude Code's and Codex's user folders (dsh-claude reads CLAUDE.md, AGENTS.md and
+    # skills there): the machine's own must not shape a test's prompt.
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "claude-config"))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / "codex-home"))
     monkeypatch.delenv("DSH_CONFIG", raising=False)
     monkeypatch.delenv("DSH_LOAD_PLUGINS", raising=False)
     monkeypatch.delenv("DSH_TRACE_HOOKS", raising=False)

@@ -88,7 +88,8 @@ def write_config(tmp: Path, server: ScriptedServer, sessions: Path) -> Path:
 
 
 def env(tmp: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS")}
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS", "CLAUDE_CONFIG_DIR", "CODEX_HOME")}
     e.update(OPENAI_API_KEY="sk-test-claude", PYTHONPATH=str(REPO), HOME=str(tmp / "home"),
              DSH_LOAD_PLUGINS="claude")
     return e
@@ -270,3 +271,22 @@ def test_piped_chat_sees_the_same_instructions_and_skills(tmp_path: Path,
         assert "ROOT-AGENTS" in system and "SUB-AGENTS" in system
         assert "- unit-tests: How this project writes unit tests." in system
     assert "Write tests with pytest" in tool_results(server.received[1].body)["c1"]
+
+
+def test_user_folders_follow_claude_config_dir_and_codex_home(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """``~/.claude`` and ``~/.codex`` are where Claude Code and Codex look:
+    ``$CLAUDE_CONFIG_DIR`` and ``$CODEX_HOME`` when set, else under HOME."""
+    from dsh_claude.settings import expand
+
+    monkeypatch.setenv("HOME", str(tmp_path / "h"))
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR")
+    monkeypatch.delenv("CODEX_HOME")
+    assert expand("~/.claude/CLAUDE.md") == tmp_path / "h" / ".claude" / "CLAUDE.md"
+    assert expand("~/.codex/AGENTS.md") == tmp_path / "h" / ".codex" / "AGENTS.md"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "cc"))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / "cx"))
+    assert expand("~/.claude/CLAUDE.md") == tmp_path / "cc" / "CLAUDE.md"
+    assert expand("~/.claude") == tmp_path / "cc"
+    assert expand("~/.codex/AGENTS.md") == tmp_path / "cx" / "AGENTS.md"
+    assert expand("~/.claudex/x") == tmp_path / "h" / ".claudex" / "x"  # only the folder itself

@@ -51,7 +51,11 @@ def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path) -> list[S
         folder = folder if folder.is_absolute() else cwd / folder
         roots.append(SkillRoot(folder, "settings"))
     if settings.user_skills:
-        roots.append(SkillRoot(home / ".claude" / "skills", "user", home))
+        from dsh_claude.settings import claude_dir
+
+        user = claude_dir().resolve()
+        roots.append(SkillRoot(user / "skills", "user", home if user.is_relative_to(home)
+                               else user))
     return roots
 
 

@@ -47,7 +47,23 @@ class Settings:
         return self.instructions and (self.agents_md or self.claude_md)
 
 
+def claude_dir() -> Path:
+    """Claude Code's user folder: ``$CLAUDE_CONFIG_DIR`` when set (as Claude Code reads it),
+    else ``~/.claude``."""
+    return Path(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~/.claude"))
+
+
+def codex_dir() -> Path:
+    """Codex's user folder: ``$CODEX_HOME`` when set (as Codex reads it), else ``~/.codex``."""
+    return Path(os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex"))
+
+
 def expand(path: str) -> Path:
+    """``~`` expanded; ``~/.claude/…`` and ``~/.codex/…`` are :func:`claude_dir` and
+    :func:`codex_dir`, so the variables those tools honour move dsh's reading too."""
+    for prefix, folder in (("~/.claude", claude_dir), ("~/.codex", codex_dir)):
+        if path == prefix or path.startswith(prefix + "/"):
+            return folder() / path[len(prefix) + 1:] if path != prefix else folder()
     return Path(os.path.expanduser(path))
 
 
