@@ -17,6 +17,10 @@ its result.
   again in a new session, the journal linking both.
 * Stopping (Ctrl-C) and aborting reach the workers through the actor: each running unit
   polls it and stops or aborts its run.
+* ``ledgers = "ship"``: the ledgers, and the attachments they reference, travel between the
+  workers and the driver's store through a :class:`dsh_ray.ship.LedgerSink` actor
+  (:mod:`dsh_ray.ship`). The batch's actors are placed on the driver's node, so a worker
+  node lost mid-batch takes none of the batch's state with it.
 """
 
 from __future__ import annotations
