@@ -393,3 +393,58 @@ def test_landing_stores_only_bytes_that_match_their_hash(tmp_path: Path) -> None
     assert any("invalid attachment hash '../../etc/shadow'" in p for p in problems), problems
     assert len(problems) == 4, problems
     assert land(tmp_path / "s2.jsonl", _message(good), {sha[good]: good}) == []
+
+
+class _Handle:
+    """Calls a :class:`dsh_ray.ship.LedgerSink` as its Ray actor handle is called
+    (``handle.method.remote(...)``), in this process and in order, recording the order."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        handle = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any) -> None:
+                handle.calls.append(name)
+                getattr(handle.sink, name)(*args)
+
+        return _Method
+
+
+def test_a_worker_ships_whole_lines_blobs_first_and_never_altered_bytes(
+        tmp_path: Path) -> None:
+    """The worker's side, against the real sink object: while the run lasts only whole lines
+    go; an attachment's bytes go before the line that references it, once; a blob altered
+    in the worker's store is not sent, and the driver names it as not arrived whole."""
+    from dsh_ray.ship import Blobs
+    from dsh_ray.ship import LedgerSink
+    from dsh_ray.ship import Shipper
+    from dsh_ray.ship import land
+
+    local = tmp_path / "worker"
+    local.mkdir()
+    ok, bad = PNG + b"ok", PNG + b"bad"
+    sha_ok, sha_bad = Blobs(local).put_attachment(ok), Blobs(local).put_attachment(bad)
+    (local / "attachments" / sha_bad).write_bytes(PNG + b"tampered")
+    path = local / "s.jsonl"
+    first, second = _message(ok), _message(ok, bad)
+    path.write_bytes(first + second[:10])  # a line being written
+    handle = _Handle(LedgerSink())
+    shipper = Shipper(handle, "s", path)
+    shipper.flush()
+    assert handle.calls == ["put_blob", "append"]
+    assert bytes(handle.sink.ledgers["s"]) == first
+    path.write_bytes(first + second)
+    shipper.flush()
+    assert handle.calls == ["put_blob", "append", "append"]  # ok's bytes not sent again
+    data, blobs = handle.sink.take("s")
+    assert data == first + second and blobs == {sha_ok: ok}
+    driver = tmp_path / "driver"
+    problems = land(driver / "s.jsonl", data, blobs)
+    assert (driver / "attachments" / sha_ok).read_bytes() == ok
+    assert not (driver / "attachments" / sha_bad).exists()
+    assert len(problems) == 1 and sha_bad[:12] in problems[0], problems
