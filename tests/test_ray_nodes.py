@@ -5,8 +5,9 @@ The cluster is Ray's own multi-node utility (``ray.cluster_utils.Cluster``): a h
 worker node, one CPU each, every node a real raylet with its own worker processes. Each node
 is started with its own ``TMPDIR``, so each node's workers keep their sessions in a different
 directory, neither of them the driver's session directory. ``dsh batch`` is a real subprocess
-joining the cluster by address; the workers' tool, model and attachments come from a small
-plugin module shipped with ``[plugins.dsh-ray] runtime_env``.
+joining the cluster by address (it attaches to the head's raylet: Ray prefers the head
+among nodes on one host); the workers' tool, model and attachments come from a small plugin
+module on every node's ``PYTHONPATH``, as in a cluster image.
 
 What this shows and what it does not (real separate machines, NFS): docs/ray.md,
 "Across nodes".
@@ -40,10 +41,11 @@ CLUSTER = """
 import sys
 from ray.cluster_utils import Cluster
 
-head_tmp, node_tmp = sys.argv[1], sys.argv[2]
+head_tmp, node_tmp, tools = sys.argv[1:4]
 cluster = Cluster(initialize_head=True, head_node_args={
-    "num_cpus": 1, "include_dashboard": False, "env_vars": {"TMPDIR": head_tmp}})
-node = cluster.add_node(num_cpus=1, env_vars={"TMPDIR": node_tmp})
+    "num_cpus": 1, "include_dashboard": False,
+    "env_vars": {"TMPDIR": head_tmp, "PYTHONPATH": tools}})
+node = cluster.add_node(num_cpus=1, env_vars={"TMPDIR": node_tmp, "PYTHONPATH": tools})
 cluster.wait_for_nodes()
 print(cluster.address, flush=True)
 for line in sys.stdin:  # commands from the test; EOF: shut down
@@ -129,10 +131,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     head_tmp, node_tmp = where / "head-tmp", where / "node-tmp"
     head_tmp.mkdir()
     node_tmp.mkdir()
+    tools = where / "tools"
+    tools.mkdir()
+    (tools / "ray_node_tools.py").write_text(TOOLS)
     env = {**os.environ}
     env.pop("RAY_ADDRESS", None)
     log = (where / "cluster.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-c", CLUSTER, str(head_tmp), str(node_tmp)],
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER, str(head_tmp), str(node_tmp),
+                             str(tools)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                             text=True, env=env, cwd=where)
     assert proc.stdout is not None and proc.stdin is not None
@@ -149,9 +155,6 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "killed"
 
-    tools = where / "tools"
-    tools.mkdir()
-    (tools / "ray_node_tools.py").write_text(TOOLS)
     yield {"address": address, "head_tmp": head_tmp, "node_tmp": node_tmp, "kill": kill,
            "tools": tools}
     proc.stdin.close()
@@ -212,10 +215,8 @@ def test_two_nodes_ship_ledgers_and_attachments_and_a_killed_node_loses_nothing(
     """
     sessions = tmp_path / "sessions"
     config = tmp_path / "config.toml"
-    runtime_env = f"{{ env_vars = {{ PYTHONPATH = {json.dumps(str(nodes['tools']))} }} }}"
     config.write_text(f'sessions_dir = "{sessions}"\nload = ["ray_node_tools"]\n'
-                      "[plugins.dsh-ray]\ntask_cpus = 0.5\nledgers = \"ship\"\n"
-                      f"runtime_env = {runtime_env}\n")
+                      "[plugins.dsh-ray]\ntask_cpus = 0.5\nledgers = \"ship\"\n")
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home"), "DSH_CONFIG": str(config),
            "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "PYTHONPATH": str(nodes["tools"]),
            "RAY_ADDRESS": nodes["address"]}
