@@ -17,6 +17,10 @@ its result.
   again in a new session, the journal linking both.
 * Stopping (Ctrl-C) and aborting reach the workers through the actor: each running unit
   polls it and stops or aborts its run.
+* ``ledgers = "ship"``: the ledgers, and the attachments they reference, travel between the
+  workers and the driver's store through a :class:`dsh_ray.ship.LedgerSink` actor
+  (:mod:`dsh_ray.ship`). The batch's actors are placed on the driver's node, so a worker
+  node lost mid-batch takes none of the batch's state with it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from dsh.core.errors import DshError
 from dsh.host.runcontext import Budget
 from dsh.host.runcontext import Limits
 from dsh.host.runcontext import RunContext
+from dsh_ray import ship
 from dsh_ray.settings import Settings
 
 #: How often a running unit asks the actor whether the batch is stopping (seconds).
@@ -106,6 +111,10 @@ class RayBudget(Budget):
     counter: Any = None
     #: Called with the actor's state after each call (a worker's stop/abort watch).
     on_state: Callable[[dict[str, Any]], None] | None = attrs.field(default=None, repr=False)
+    #: Called before each reservation and each usage sent (``ledgers = "ship"``: the
+    #: ledger's new lines are shipped first, so the budget never counts a step, request or
+    #: tool call whose ledger lines before it are not at the driver).
+    before: Callable[[], None] | None = attrs.field(default=None, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The actor handle travels; the lock and the local mirror do not.
@@ -123,6 +132,8 @@ class RayBudget(Budget):
     def reserve(self, **counts: int) -> str | None:
         if self.counter is None:
             return None
+        if self.before is not None:
+            self.before()
         if not self._counted and not self._spent:
             # The batch sets no limit: nothing can refuse, so the counts are sent without
             # waiting (an actor runs one caller's calls in order).
@@ -136,6 +147,8 @@ class RayBudget(Budget):
         # Usage already spent: recorded without waiting for the answer (limits on tokens and
         # cost are checked by the next reserve, which the actor serves after this add).
         if self.counter is not None:
+            if self.before is not None:
+                self.before()
             self.counter.add.remote(counts)
 
     def exceeded(self) -> str | None:
@@ -151,52 +164,12 @@ class RayBudget(Budget):
 # --------------------------------------------------------------------------------------------
 
 
-class LedgerSink:
-    """``ledgers = "ship"``: the ledgers of running units, as their workers stream them."""
-
-    def __init__(self) -> None:
-        self.ledgers: dict[str, bytearray] = {}
-
-    def append(self, session: str, offset: int, data: bytes) -> None:
-        buf = self.ledgers.setdefault(session, bytearray())
-        if offset <= len(buf) < offset + len(data):
-            buf += data[len(buf) - offset:]
-
-    def take(self, session: str) -> bytes:
-        return bytes(self.ledgers.pop(session, b""))
-
-
-class Shipper:
-    """Streams what a worker's run appends to its local ledger to the :class:`LedgerSink`
-    (every :data:`POLL` seconds, and once more, waited for, when the run ends)."""
-
-    def __init__(self, sink: Any, session: str, path: Path) -> None:
-        self.sink, self.session, self.path = sink, session, path
-        self.offset = 0
-        self._lock = threading.Lock()
-
-    def flush(self, *, wait: bool = False) -> None:
-        with self._lock:  # sent in offset order (one caller's actor calls run in order)
-            try:
-                with self.path.open("rb") as f:
-                    f.seek(self.offset)
-                    data = f.read()
-            except FileNotFoundError:
-                return
-            if not data:
-                return
-            ref = self.sink.append.remote(self.session, self.offset, data)
-            self.offset += len(data)
-        if wait:
-            ray.get(ref)
-
-
 class Watch:
     """Stops or aborts a worker's run when the driver's batch stops (read from the actor on
     every budget call, and every :data:`POLL` seconds while the run lasts); ships the
     ledger's new lines as often, with ``ledgers = "ship"``."""
 
-    def __init__(self, budget: RayBudget, shipper: Shipper | None = None) -> None:
+    def __init__(self, budget: RayBudget, shipper: ship.Shipper | None = None) -> None:
         self.budget = budget
         self.shipper = shipper
         self.ctx: RunContext | None = None
@@ -205,6 +178,8 @@ class Watch:
     def attach(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.budget.on_state = self.apply
+        if self.shipper is not None:
+            self.budget.before = self.shipper.flush_now
         ctx.add_cleanup(self._done.set)
         threading.Thread(target=self._poll, daemon=True, name="dsh-ray-watch").start()
 
@@ -241,20 +216,9 @@ def _sees(path: str) -> bool:
     return True
 
 
-_LOCAL: list[Path] = []
-
-
-def _local_store() -> Path:
-    """This worker process's own session directory (``ledgers = "ship"``)."""
-    if not _LOCAL:
-        import tempfile
-
-        _LOCAL.append(Path(tempfile.mkdtemp(prefix="dsh-ray-ledgers-")))
-    return _LOCAL[0]
-
-
 def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: Any = None,
-               prior: bytes | None = None) -> dict[str, Any]:
+               prior: bytes | None = None, blobs: dict[str, bytes] | None = None
+               ) -> dict[str, Any]:
     """The Ray task: run ``unit`` here, its budget chained to the batch's actor.
 
     ``marker``: a file the driver made in its session directory. A worker that does not see
@@ -262,23 +226,24 @@ def run_remote(unit: Unit, budget: RayBudget, marker: str | None = None, sink: A
     instead of writing the ledger where the driver will never find it.
 
     ``sink`` (``ledgers = "ship"``): the ledger is written in a directory of this worker's
-    own, starting from ``prior`` (a continued session's ledger, from the driver), and
-    streamed to ``sink`` as it grows; the local copy is removed at the end.
+    own, starting from ``prior`` (a continued session's ledger, from the driver, with the
+    attachments it references: ``blobs``), and streamed to ``sink`` as it grows, with the
+    attachments its lines reference (:mod:`dsh_ray.ship`); the local copies are removed at
+    the end.
     """
     if sink is not None:
-        path = _local_store() / f"{unit.session}.jsonl"
-        if prior is not None:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(prior)
-        shipper = Shipper(sink, unit.session, path)
-        watch = Watch(budget, shipper)
+        path = ship.local_store() / f"{unit.session}.jsonl"
         try:
-            return run_unit(attrs.evolve(unit, store=str(path.parent)), budget_parent=budget,
-                            context_hook=watch.attach)
+            ship.receive(path, prior, blobs)
+            shipper = ship.Shipper(sink, unit.session, path, set(blobs or ()))
+            watch = Watch(budget, shipper)
+            try:
+                return run_unit(attrs.evolve(unit, store=str(path.parent)),
+                                budget_parent=budget, context_hook=watch.attach)
+            finally:
+                shipper.flush(wait=True)
         finally:
-            shipper.flush(wait=True)
-            path.unlink(missing_ok=True)
+            ship.clean(path)
     if unit.store is not None and marker is not None and not _sees(
             os.path.join(unit.store, marker)):
         from dsh.batch.executors import result_data
@@ -332,21 +297,18 @@ class RayExecutor(LocalExecutor):
 
     def dispatch(self, unit: Unit) -> dict[str, Any]:
         assert self._remote is not None and self.budget is not None
-        ship = self._sink is not None and unit.store is not None
-        if ship:
-            assert unit.store is not None
-            path = Path(unit.store) / f"{unit.session}.jsonl"
-            prior = path.read_bytes() if not unit.create and path.exists() else None
-            ref = self._remote.remote(unit, self.budget, None, self._sink, prior)
+        ship_to = Path(unit.store) / f"{unit.session}.jsonl" \
+            if self._sink is not None and unit.store is not None else None
+        if ship_to is not None:
+            prior, blobs = (None, {}) if unit.create else ship.outgoing(ship_to)
+            ref = self._remote.remote(unit, self.budget, None, self._sink, prior, blobs)
         else:
             ref = self._remote.remote(unit, self.budget, self._mark(unit.store))
         with self._lock:
             self._refs.add(ref)
+        problems: list[str] = []
         try:
             data: dict[str, Any] = ray.get(ref)
-            if ship:
-                data["path"] = str(path)
-            return data
         except LOST as exc:
             raise WorkerLost(f"ray: {type(exc).__name__}: {_first_line(exc)}") from None
         except ray.exceptions.RayTaskError as exc:
@@ -355,8 +317,13 @@ class RayExecutor(LocalExecutor):
         finally:
             with self._lock:
                 self._refs.discard(ref)
-            if ship:
-                self._land(path, unit.session)
+            if ship_to is not None:
+                problems = ship.land(ship_to, *ray.get(self._sink.take.remote(unit.session)))
+        if ship_to is not None:
+            data["path"] = str(ship_to)
+            if problems:  # the answer is there; the session cannot be resumed as it is
+                data.update(outcome="error", reason="dsh-ray: " + "; ".join(problems))
+        return data
 
     def stop(self, reason: str, *, abort: bool) -> None:
         if self._counter is None:
@@ -397,6 +364,7 @@ class RayExecutor(LocalExecutor):
         """Join the cluster (or start a local one), make the budget's actor."""
         s = self.settings
         if not ray.is_initialized():
+            _quiet_cluster_errors()
             address = s.address or os.environ.get("RAY_ADDRESS") or None
             kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False,
                                       "runtime_env": s.runtime_env, "namespace": s.namespace}
@@ -412,27 +380,13 @@ class RayExecutor(LocalExecutor):
                                f"{type(exc).__name__}: {_first_line(exc)}") from None
             self._owns = True
         assert self.budget is not None
-        actor = ray.remote(num_cpus=0, max_restarts=0)(BudgetCounter)
+        here = _on_this_node()
+        actor = ray.remote(num_cpus=0, max_restarts=0, **here)(BudgetCounter)
         self._counter = actor.remote(self.budget.limits)
         self.budget.counter = self._counter
         self._remote = ray.remote(max_retries=0, num_cpus=s.task_cpus)(run_remote)
         if s.ledgers == "ship":
-            self._sink = ray.remote(num_cpus=0, max_restarts=0)(LedgerSink).remote()
-
-    def _land(self, path: Path, session: str) -> None:
-        """Write what the workers shipped of ``session`` into the driver's store (a temporary
-        file renamed over the ledger: it is whole or absent)."""
-        data = ray.get(self._sink.take.remote(session))
-        if not data:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            self._sink = ray.remote(num_cpus=0, max_restarts=0, **here)(ship.LedgerSink).remote()
 
     def _mark(self, store: str | None) -> str | None:
         """The name of the marker file in the driver's session directory (made once)."""
@@ -453,6 +407,41 @@ class RayExecutor(LocalExecutor):
                 ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - already finished
                 pass
+
+
+def _quiet_cluster_errors() -> None:
+    """Keep the cluster's error messages off the driver's stdout (the answer's channel).
+
+    A Ray driver prints every error the cluster publishes (``Raylet is terminated…`` when a
+    node dies, with 20 lines of its log) to *stdout*, whatever ``log_to_driver`` says
+    (``ray._private.worker.listen_error_messages`` calls the module's ``print_to_stdstream``;
+    with ``log_to_driver=False`` nothing else does). They go to the ``dsh_ray.cluster``
+    logger instead; the batch reports what they cause itself (a died attempt's journal
+    line, the reason on a result line). Without that private function (another Ray),
+    nothing is changed."""
+    import ray._private.worker as worker
+
+    if hasattr(worker, "print_to_stdstream"):
+        log = logging.getLogger("dsh_ray.cluster")
+
+        def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+            for line in data.get("lines", ()):
+                log.info("%s: %s", data.get("pid"), line)
+
+        worker.print_to_stdstream = to_log
+
+
+def _on_this_node() -> dict[str, Any]:
+    """Ray options placing an actor on the driver's node: the batch's state (the budget,
+    shipped ledgers) then dies only with the driver's node, not with a worker node lost
+    mid-batch. Empty where the driver's node is not known (Ray Client)."""
+    try:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node = ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - no node of its own: Ray places the actors
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 def _first_line(exc: BaseException) -> str:
