@@ -341,6 +341,8 @@ class Redactor:
     def redact(self, text: str) -> str:
         """``text`` with every registered secret, URL credential and well-known credential
         shape replaced by ``[redacted]`` (see the module's docstring)."""
+        if not text:  # a turn that completed has no reason: no pattern compiled for it
+            return text
         return _redact_shapes(redact_url(self.redact_registered(text)))
 
     def redact_registered(self, text: str) -> str:
