@@ -119,13 +119,13 @@ def build(directory: str, events: int, state_events: int = 0) -> str:
 def child(directory: str, sid: str, state: bool) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", CHILD, directory, sid, *(["state"] * state)],
                          check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)  # type: ignore[no-any-return]
+    return json.loads(out.stdout)
 
 
 def floor(directory: str, sid: str) -> float:
     out = subprocess.run([sys.executable, "-c", FLOOR, directory, sid], check=True,
                          capture_output=True, text=True)
-    return json.loads(out.stdout)["seconds"]  # type: ignore[no-any-return]
+    return json.loads(out.stdout)["seconds"]
 
 
 def main() -> None:
