@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
+from typing import cast
 from urllib.parse import quote
 from urllib.parse import quote_plus
 from urllib.parse import unquote
@@ -105,7 +106,27 @@ def credential_name(name: str) -> bool:
     return any(s in norm for s in _SECRET_SUBSTRINGS)
 
 
-_AUTH_SCHEME = re.compile(r"(?i)^\s*(bearer|basic|token|digest|apikey|key|sharedkey)\s+(\S.*)$")
+class _LazyPattern:
+    """A pattern compiled on first use: ``dsh run`` imports this module on every run and most
+    runs redact nothing (compiling these took about 1 ms of every start-up)."""
+
+    __slots__ = ("_args", "_pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self._args = pattern
+        self._pattern: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._pattern is None:
+            self._pattern = re.compile(self._args)
+        return getattr(self._pattern, name)
+
+
+def _lazy(pattern: str) -> re.Pattern[str]:
+    return cast("re.Pattern[str]", _LazyPattern(pattern))
+
+
+_AUTH_SCHEME = _lazy(r"(?i)^\s*(bearer|basic|token|digest|apikey|key|sharedkey)\s+(\S.*)$")
 
 
 def secret_header(name: str, value: str) -> bool:
@@ -241,11 +262,11 @@ def _redact_shapes(text: str) -> str:
 
 
 #: The userinfo of a bare URL (``register_url``).
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
+_USERINFO = _lazy(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
 #: A userinfo anywhere in text: after ``://``, up to the last ``@`` before the path.
-_USERINFO_IN_TEXT = re.compile(r"://[^/?#\s<>\"'`]*@")
+_USERINFO_IN_TEXT = _lazy(r"://[^/?#\s<>\"'`]*@")
 #: A query or fragment parameter anywhere in text: ``?name=value``, ``&name=value``…
-_PARAM = re.compile(r"([?&;#])([^=&;#?\s<>\"'`]+)=([^&;#\s<>\"'`]+)")
+_PARAM = _lazy(r"([?&;#])([^=&;#?\s<>\"'`]+)=([^&;#\s<>\"'`]+)")
 
 
 def _param(m: re.Match[str]) -> str:
@@ -341,6 +362,8 @@ class Redactor:
     def redact(self, text: str) -> str:
         """``text`` with every registered secret, URL credential and well-known credential
         shape replaced by ``[redacted]`` (see the module's docstring)."""
+        if not text:  # a turn that completed has no reason: no pattern compiled for it
+            return text
         return _redact_shapes(redact_url(self.redact_registered(text)))
 
     def redact_registered(self, text: str) -> str:

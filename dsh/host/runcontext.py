@@ -124,6 +124,16 @@ class Limits:
 _COUNTED = (("steps", "steps"), ("requests", "model requests"), ("tool_calls", "tool calls"))
 
 
+#: Sets a counter without attrs' ``__setattr__`` (written for ``limits``' frozen hook, a
+#: Python call per assignment, several per step); counters have no hook of their own.
+_set = object.__setattr__
+
+
+def _counters_only(counts: dict[str, Any]) -> None:
+    if "limits" in counts or "parent" in counts:
+        raise TypeError("a budget's limits and parent are not counters")
+
+
 @attrs.define
 class Budget:
     """Counters of one run (MISSION D8).
@@ -180,11 +190,12 @@ class Budget:
 
     def add(self, **counts: float) -> None:
         """Add ``counts`` to this budget and every ancestor (no check: usage already spent)."""
+        _counters_only(counts)
         with self._lock:
             b: Budget | None = self
             while b is not None and not b.remote:
                 for key, value in counts.items():
-                    setattr(b, key, getattr(b, key) + value)
+                    _set(b, key, getattr(b, key) + value)
                 b = b.parent
             if b is not None:
                 b.add(**counts)
@@ -198,6 +209,7 @@ class Budget:
         (tokens, cost, time). Returns ``None`` when reserved, else the refusing limit as a
         sentence (an ancestor's names it as "… in a parent run (used/limit)").
         """
+        _counters_only(counts)
         with self._lock:
             b: Budget | None = self
             depth = 0
@@ -215,7 +227,7 @@ class Budget:
             b = self
             while b is not top and b is not None:
                 for key, n in counts.items():
-                    setattr(b, key, getattr(b, key) + n)
+                    _set(b, key, getattr(b, key) + n)
                 b = b.parent
         return None
 

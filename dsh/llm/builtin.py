@@ -35,6 +35,7 @@ from dsh.core.messages import ToolCall
 from dsh.core.messages import Usage
 from dsh.core.sanitize import nesting_depth
 from dsh.hookspecs import hookimpl
+from dsh.host.runcontext import current_or_none
 from dsh.llm import invariant
 from dsh.llm import transport
 from dsh.llm.base import MAX_ARGUMENT_DEPTH
@@ -296,8 +297,6 @@ class ScriptedModel(Model):
     def complete(self, request: ModelRequest, on_text: TextCallback | None = None) -> ModelResponse:
         responses = self.responses()
         pos = self._position(request.messages)
-        from dsh.host.runcontext import current_or_none
-
         ctx = current_or_none()
         if ctx is not None:  # a compacted history has fewer answers than the session gave
             pos = max(pos, ctx.ledger.projection.answers)

@@ -21,6 +21,7 @@ from typing import Any
 
 from dsh.core.errors import BudgetExceeded
 from dsh.core.errors import PluginError
+from dsh.core.errors import ProviderError
 from dsh.core.messages import Attachment
 from dsh.core.messages import ModelRequest
 from dsh.core.messages import ToolCall
@@ -240,6 +241,20 @@ def check_observers(ctx: RunContext, hook: Any) -> None:
         ctx.observer_plugins_changed(tuple(i.plugin_name for i in impls))
 
 
+_COMPACTION: tuple[Any, int] | None = None
+
+
+def _load_compaction() -> tuple[Any, int]:
+    """dsh.run.compaction (imported on first use: it imports this module), kept: a ``from …
+    import`` in the step's path costs microseconds at every step."""
+    global _COMPACTION
+    from dsh.run import compaction
+    from dsh.run.compaction.trigger import MAX_REFUSALS
+
+    _COMPACTION = (compaction, MAX_REFUSALS)
+    return _COMPACTION
+
+
 def _request_fitting(turn: Turn) -> Any:
     """The step's request, kept within the model's context window (dsh.compaction, issues
     10 and 26): compacted first when the history nears the window; after a provider's
@@ -249,10 +264,7 @@ def _request_fitting(turn: Turn) -> Any:
     agent = turn.agent
     if agent.compaction == "off":
         return _request(turn)
-    from dsh.core.errors import ProviderError
-    from dsh.run import compaction
-    from dsh.run.compaction.trigger import MAX_REFUSALS
-
+    compaction, MAX_REFUSALS = _COMPACTION or _load_compaction()  # noqa: N806
     ledger = turn.ledger
     compaction.maybe_compact(agent, ledger, turn.ctx)
     refusals = 0

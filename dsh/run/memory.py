@@ -21,7 +21,6 @@ with the problem, said in the prompt and on stderr) and is never sent.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Mapping
@@ -43,6 +42,12 @@ ORDER = 200
 #: The problem recorded for a project memory file that does not exist (yet): not warned.
 MISSING = "does not exist (yet)"
 INITIAL: dict[str, Any] = {"facts": [], "next": 1, "file": None}
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib  # only with a project memory file: not on every run's import path
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def reduce(state: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,7 +123,7 @@ def read_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         return {"op": "file", "path": shown, "problem": f"is not UTF-8 (byte {exc.start})"}
     return {"op": "file", "path": shown, "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(), "text": text}
+            "sha256": _sha256(data), "text": text}
 
 
 def remember(fact: str, project: bool = False) -> str:
