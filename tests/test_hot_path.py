@@ -52,6 +52,9 @@ RUN_MODULES_OTHER = {
     "copy",
     # the ledger: JSON lines, fcntl locks (dsh.ledger.store)
     "_json", "json", "json.decoder", "json.encoder", "json.scanner", "fcntl",
+    # dsh.ledger.scan pauses the cyclic collector while it builds a file's events (gc is
+    # built into the interpreter: importing it runs no code)
+    "gc",
     # the run context (dsh.host.runcontext)
     "_contextvars", "contextvars",
     # dsh.core.sanitize: unicodedata categories of control characters
