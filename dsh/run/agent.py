@@ -215,5 +215,5 @@ def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[
                 raise UsageError(f"agent {agent!r}: tools: {message}")
             from dsh.core.errors import ConfigError
 
-            raise ConfigError(f"{app.config.source or 'config'}: key 'agents.{agent}.tools': "
-                              f"{message}")
+            where = app.agent_sources.get(agent) or app.config.source or "config"
+            raise ConfigError(f"{where}: key 'agents.{agent}.tools': {message}")

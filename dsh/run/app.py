@@ -144,6 +144,8 @@ class App:
         #: Notes for the user (an agent a plugin registers that the config overrides), which
         #: the command line prints on stderr as ``dsh: note: …``.
         self.notes: list[str] = []
+        #: Where each agent a plugin registered comes from (a file), for error messages.
+        self.agent_sources: dict[str, str] = {}
 
     def agent_stash(self, name: str) -> Stash:
         """The agent-scope stash of agent ``name`` in this app (``handle.stash``): shared by

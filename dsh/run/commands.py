@@ -129,4 +129,7 @@ def merge_agents(config: Config, pm: Any, app: Any) -> tuple[Config, list[str]]:
                          f"{config.source or 'the config'} wins")
             continue
         agents[name] = acfg
+        sources = getattr(app, "agent_sources", None)
+        if isinstance(sources, dict):
+            sources[name] = where  # errors about this agent name its file
     return attrs.evolve(config, agents=agents), notes

@@ -13,3 +13,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 __all__ = ["__version__"]
+
+# i24b: custom commands, sub-agent files, plugin folders (light modules: their readers are
+# imported inside the hooks).
+from dsh_claude.agents import register_agents as register_agents  # noqa: E402
+from dsh_claude.cli import register_commands as register_commands  # noqa: E402
+from dsh_claude.commands import expand_command as expand_command  # noqa: E402
+from dsh_claude.commands import list_commands as list_commands  # noqa: E402
