@@ -224,7 +224,7 @@ def test_property_arguments_are_only_ever_substituted(tmp_path_factory, argument
         name = "t"
         settings: dict[str, object] = {}
 
-    got = expand(cmd, arguments, Handle(), {"project": str(root)}).prompt
+    got = expand(cmd, arguments, Handle(), {"root": str(root)}).prompt
     parts = split_arguments(arguments)
     want = f"A {arguments} B {parts[1] if len(parts) > 1 else ''}".strip("\n")
     assert got == want

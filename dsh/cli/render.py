@@ -236,14 +236,23 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
 
 #: Characters of a plugin event's data shown by ``dsh sessions show`` (``--full``: all).
 PLUGIN_DATA_CHARS = 300
+#: Characters of a plugin event's ``summary`` (a string in its data) shown instead of its data.
+PLUGIN_SUMMARY_CHARS = 2000
 
 
 def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
                       installed: Callable[[str], bool] | None) -> str:
-    """``◆ x/PLUGIN/NAME v2 {data}``: a plugin's own event, never seen by the model."""
+    """``◆ x/PLUGIN/NAME v2 {data}``: a plugin's own event, never seen by the model. When
+    ``data`` has a text ``summary``, that is shown instead (``--full``: the data)."""
     note = f" v{e.version}" if e.version != 1 else ""
     if installed is not None and not installed(e.plugin):
         note += f" (plugin {e.plugin} not installed)"
+    summary = e.data.get("summary")
+    if not full and isinstance(summary, str) and summary:
+        # The plugin's own one-line account of the event (dsh-claude: which files shaped the
+        # turn, with their digests), instead of its data cut at PLUGIN_DATA_CHARS.
+        return (s("  ◆ ", fg="magenta") + s(e.tag, bold=True) + s(note, dim=True) + " "
+                + s(summary[:PLUGIN_SUMMARY_CHARS], dim=True))
     data = json.dumps(e.data, ensure_ascii=False, separators=(",", ":"))
     if not full and len(data) > PLUGIN_DATA_CHARS:
         data = data[:PLUGIN_DATA_CHARS] + f"… ({len(data) - PLUGIN_DATA_CHARS} more; --full)"

@@ -11,11 +11,144 @@ agent that enables the plugin runs a turn in a folder that has such files.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["__version__"]
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
 
-# i24b: custom commands, sub-agent files, plugin folders (light modules: their readers are
-# imported inside the hooks).
+from dsh.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dsh_claude.settings import Settings
+    from dsh_claude.skills import SkillRoot
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "skill_roots"]
+
+#: The key of this plugin's skill state in a projection's plugin-event index.
+_SKILLS_INDEX = ("claude", "skills")
+
+
+def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path) -> list[SkillRoot]:
+    """Where skills are discovered, in precedence order (the first of a name wins): the
+    project's ``.claude/skills`` from the root down to the working directory, the folders of
+    the ``skills`` setting, then ``~/.claude/skills``."""
+    from dsh_claude.settings import expand
+    from dsh_claude.skills import SkillRoot
+
+    roots = []
+    try:
+        rel = cwd.relative_to(root)
+        folders = [root] + [root.joinpath(*rel.parts[:i + 1]) for i in range(len(rel.parts))]
+    except ValueError:
+        folders = [root]
+    for folder in folders:
+        roots.append(SkillRoot(folder / ".claude" / "skills", "project", root))
+    for path in settings.skills:
+        folder = expand(path)
+        folder = folder if folder.is_absolute() else cwd / folder
+        roots.append(SkillRoot(folder, "settings"))
+    if settings.user_skills:
+        roots.append(SkillRoot(home / ".claude" / "skills", "user", home))
+    return roots
+
+
+def _where(agent: Any) -> tuple[Settings, Path, Path, Path]:
+    from dsh_claude.settings import for_agent
+    from dsh_claude.settings import project_root
+
+    settings = for_agent(agent)
+    cwd = Path.cwd().resolve()
+    return settings, project_root(settings, cwd), cwd, Path.home().resolve()
+
+
+def _warn(problems: list[dict[str, Any]]) -> None:
+    from dsh.core.errors import DshWarning
+
+    for p in problems:
+        warnings.warn(f"dsh-claude: {p['path']}: {p['problem']}", DshWarning, stacklevel=2)
+
+
+@hookimpl
+def register_tools(register: Callable[..., None], agent: Any) -> None:
+    """``skill`` and ``skill_file``, when skills are enabled and some SKILL.md exists."""
+    settings, root, cwd, home = _where(agent)
+    if not settings.agent_skills:
+        return
+    from dsh_claude import skills
+
+    if not any(skills._candidates(r) for r in skill_roots(settings, root, cwd, home)):
+        return
+
+    def skill(name: str) -> str:
+        """Load a skill: return its instructions (SKILL.md's body) and list its files.
+
+        Call it when a task matches a skill's description in the Skills list, before you
+        start the task. A skill with allowed-tools limits the tools you may use until the
+        end of this turn.
+
+        :param name: the skill's name, as in the Skills list.
+        """
+        return skills.load_skill(name)
+
+    def skill_file(name: str, path: str) -> str:
+        """Read one file of a skill's folder (a reference, template or script it mentions).
+
+        :param name: the skill's name.
+        :param path: the file's path relative to the skill's folder, e.g. "reference.md".
+        """
+        return skills.read_resource(name, path)
+
+    register(skill)
+    register(skill_file)
+
+
+@hookimpl
+def turn_prompt(register: Callable[..., None], agent: Any, session: Any) -> None:
+    """The project instructions (order 50) and the skill catalogue (order 60), recorded
+    when they change and rendered from the record."""
+    settings, root, cwd, home = _where(agent)
+    if settings.any_instructions:
+        from dsh_claude import instructions
+
+        _warn(instructions.refresh(session, settings, root, cwd, home))
+        text = instructions.render(session.state(instructions.INSTRUCTIONS))
+        if text:
+            register(text, order=instructions.ORDER, name="instructions")
+    if settings.agent_skills:
+        from dsh_claude import skills
+
+        catalogue = skills.discover_skills(skill_roots(settings, root, cwd, home))
+        _warn(skills.refresh(session, catalogue))
+        text = skills.render(session.state(skills.SKILLS))
+        if text:
+            register(text, order=skills.ORDER, name="skills")
+
+
+@hookimpl
+def pre_execute(call: Any) -> None:
+    """Refuse a tool the active skills' ``allowed-tools`` leave out (until the turn ends)."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        return
+    projection = ctx.ledger.projection
+    index = projection.plugin_index
+    if not index or _SKILLS_INDEX not in index:
+        return  # no skill state in this session: nothing imported, nothing to check
+    from dsh_claude.skills import SKILLS
+    from dsh_claude.skills import refusal
+
+    why = refusal(SKILLS.read(projection), projection.turn, call.call.name)
+    if why:
+        call.block(why)
+
+
+# i24b: custom commands, sub-agent files, Claude Code plugin folders (light modules: their
+# readers are imported inside the hooks).
 from dsh_claude.agents import register_agents as register_agents  # noqa: E402
 from dsh_claude.cli import register_commands as register_commands  # noqa: E402
 from dsh_claude.commands import expand_command as expand_command  # noqa: E402

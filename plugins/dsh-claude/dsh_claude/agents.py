@@ -128,7 +128,7 @@ def discover(settings: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, Any
 @hookimpl
 def register_agents(register: Any, app: Any) -> None:
     settings = app.config.plugin_settings("claude")
-    if settings.get("agents") is False:
+    if settings.get("agents") is False or settings.get("enabled") is False:
         return
     agents, notes = discover(settings)
     # A bad file or a shadowed name is said at every run; a tool left out only by

@@ -244,7 +244,7 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
 @hookimpl
 def expand_command(name: str, arguments: str, agent: Any) -> Any:
     settings = agent.plugin_settings("claude")
-    if settings.get("commands") is False:
+    if settings.get("commands") is False or settings.get("enabled") is False:
         return None
     table, _ = discover(settings)
     cmd = table.get(name)
@@ -256,7 +256,7 @@ def expand_command(name: str, arguments: str, agent: Any) -> Any:
 @hookimpl
 def list_commands(agent: Any) -> dict[str, str] | None:
     settings = agent.plugin_settings("claude")
-    if settings.get("commands") is False:
+    if settings.get("commands") is False or settings.get("enabled") is False:
         return None
     table, _ = discover(settings)
     return {name: describe(cmd)[0] for name, cmd in table.items()}

@@ -52,9 +52,10 @@ class ClaudePlugin:
 
 
 def project_root(settings: Mapping[str, Any] | None = None) -> Path:
-    """``[plugins.claude] project`` when set, else the nearest folder above the working
-    directory that holds ``.git``, else the working directory itself."""
-    given = (settings or {}).get("project")
+    """``[plugins.claude] root`` when set, else the nearest folder above the working
+    directory that holds ``.git``, else the working directory itself (as
+    :func:`dsh_claude.settings.project_root`)."""
+    given = (settings or {}).get("root")
     if isinstance(given, str) and given:
         return Path(os.path.expanduser(given)).resolve()
     cwd = Path.cwd().resolve()

@@ -151,8 +151,8 @@ def _split(text: str, shown: str) -> tuple[str | None, str, int]:
 
 
 def _loader_class() -> type:
-    import yaml
-    from yaml.events import AliasEvent
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+    from yaml.events import AliasEvent  # type: ignore[import-untyped, unused-ignore]
 
     class StrictLoader(yaml.BaseLoader):
         """BaseLoader (strings only) refusing aliases, anchors, tags and deep nesting."""
@@ -192,9 +192,9 @@ class _Refused(Exception):
 
 def _value(node: Any, offset: int, shown: str) -> Any:
     """Plain data from a composed node: str, list, dict (string keys, no duplicates)."""
-    from yaml.nodes import MappingNode
-    from yaml.nodes import ScalarNode
-    from yaml.nodes import SequenceNode
+    from yaml.nodes import MappingNode  # type: ignore[import-untyped, unused-ignore]
+    from yaml.nodes import ScalarNode  # type: ignore[import-untyped, unused-ignore]
+    from yaml.nodes import SequenceNode  # type: ignore[import-untyped, unused-ignore]
 
     if isinstance(node, ScalarNode):
         return str(node.value)
@@ -231,11 +231,12 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
                                      f"{MAX_FRONTMATTER}")
     if not block.strip():
         return Document(shown, {}, body, body_line)
-    import yaml
+    import yaml  # type: ignore[import-untyped, unused-ignore]
 
     offset = 2  # the block's first line is the file's line 2; marks are 0-based
-    loader = _loader_class()(block)
+    loader = None
     try:
+        loader = _loader_class()(block)  # checks the characters: a ReaderError
         node = loader.get_single_node()
     except _Refused as exc:
         raise ClaudeFileError(shown, f"line {exc.line + 1}: the frontmatter has "
@@ -246,15 +247,18 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
         problem = exc.problem or exc.context or "invalid YAML"
         raise ClaudeFileError(shown, f"{where}invalid YAML in the frontmatter: {problem}") \
             from None
+    except yaml.reader.ReaderError as exc:
+        raise ClaudeFileError(shown, f"the frontmatter holds the character #x{exc.character:04x}"
+                                     ", which YAML does not allow") from None
     except yaml.YAMLError as exc:
-        raise ClaudeFileError(shown, f"invalid YAML in the frontmatter: "
-                                     f"{str(exc).splitlines()[0] if str(exc) else 'error'}") \
-            from None
+        first = " ".join(str(exc).split())[:200] or "error"
+        raise ClaudeFileError(shown, f"invalid YAML in the frontmatter: {first}") from None
     except RecursionError:
         raise ClaudeFileError(shown, f"frontmatter nests deeper than {MAX_DEPTH} levels") \
             from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if node is None:
         return Document(shown, {}, body, body_line)
     meta = _value(node, offset, shown)
