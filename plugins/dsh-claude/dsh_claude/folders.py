@@ -221,3 +221,13 @@ def markdown_files(folder: Path, root: Path, depth: int = MAX_DEPTH) -> list[tup
     if folder.is_dir():
         walk(folder, ())
     return out
+
+
+def plugin_skill_roots(settings: Mapping[str, Any]) -> list[Any]:
+    """The ``skills/`` folders of the enabled plugin folders, as
+    :class:`dsh_claude.skills.SkillRoot` (origin ``plugin NAME``, read within the folder),
+    for :func:`dsh_claude.skill_roots` to append."""
+    from dsh_claude.skills import SkillRoot
+
+    plugins, _ = configured_plugins(settings)
+    return [SkillRoot(folder, f"plugin {p.name}", p.root) for p in plugins for folder in p.skills]
