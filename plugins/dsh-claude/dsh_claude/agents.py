@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dsh.hookspecs import hookimpl
-
 #: ``model:`` of an agent or command file → dsh model id (``[plugins.claude] models``
 #: overrides it, key by key). ``inherit``: the parent agent's model.
 MODELS = {"sonnet": "anthropic:claude-sonnet-4-5", "opus": "anthropic:claude-opus-4-1",
@@ -125,7 +123,6 @@ def discover(settings: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, Any
     return [(n, a, src) for n, (a, src) in found.items()], notes
 
 
-@hookimpl
 def register_agents(register: Any, app: Any) -> None:
     settings = app.config.plugin_settings("claude")
     if settings.get("agents") is False or settings.get("enabled") is False:

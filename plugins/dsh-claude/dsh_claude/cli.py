@@ -7,8 +7,6 @@ from typing import Any
 
 import click
 
-from dsh.hookspecs import hookimpl
-
 #: The config keys ``dsh claude add`` appends the folder to: this plugin's (commands,
 #: agents, skills), dsh-hooks' (hooks/hooks.json) and dsh-mcp's (.mcp.json).
 KEYS = ("plugins.claude.plugins", "plugins.hooks.claude_plugins", "plugins.mcp.claude_plugins")
@@ -94,8 +92,3 @@ def list_agents() -> None:
         click.echo(f"{name}\t{agent['description'][:120]}\t{source}{shadow}")
     for note in notes:
         warn(f"note: {note}")
-
-
-@hookimpl
-def register_commands(cli: click.Group) -> None:
-    cli.add_command(claude)

@@ -32,8 +32,6 @@ from typing import Any
 
 import attrs
 
-from dsh.hookspecs import hookimpl
-
 #: The output of one ``!`…``` kept (bytes), and how long it may run (seconds).
 MAX_SHELL_OUTPUT = 64 * 1024
 SHELL_TIMEOUT = 30.0
@@ -241,7 +239,6 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
                             source=str(cmd.path))
 
 
-@hookimpl
 def expand_command(name: str, arguments: str, agent: Any) -> Any:
     settings = agent.plugin_settings("claude")
     if settings.get("commands") is False or settings.get("enabled") is False:
@@ -253,7 +250,6 @@ def expand_command(name: str, arguments: str, agent: Any) -> Any:
     return expand(cmd, arguments, agent, settings)
 
 
-@hookimpl
 def list_commands(agent: Any) -> dict[str, str] | None:
     settings = agent.plugin_settings("claude")
     if settings.get("commands") is False or settings.get("enabled") is False:
