@@ -229,3 +229,12 @@ def test_property_arguments_are_only_ever_substituted(tmp_path_factory, argument
     want = f"A {arguments} B {parts[1] if len(parts) > 1 else ''}".strip("\n")
     assert got == want
     assert "TOP-SECRET" not in got or "TOP-SECRET" in arguments
+
+
+def test_bad_settings_name_the_key(project: Project) -> None:
+    write(project.root / ".claude/commands/c.md", "C")
+    project.write_config('[plugins.claude]\ncommand_shell = "no"\n')
+    run = project.dsh("run", "/c")
+    assert run.returncode == 2
+    assert "key 'command_shell': expected true or false, not 'no'" in run.stderr
+    assert project.server.received == []

@@ -124,7 +124,10 @@ def discover(settings: Mapping[str, Any]) -> tuple[list[tuple[str, dict[str, Any
 
 
 def register_agents(register: Any, app: Any) -> None:
+    from dsh_claude.commands import check_settings
+
     settings = app.config.plugin_settings("claude")
+    check_settings(settings, f"{app.config.source or 'config'}: [plugins.claude]")
     if settings.get("agents") is False or settings.get("enabled") is False:
         return
     agents, notes = discover(settings)

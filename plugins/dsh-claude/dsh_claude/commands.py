@@ -239,8 +239,25 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
                             source=str(cmd.path))
 
 
+def check_settings(settings: Mapping[str, Any], where: str) -> None:
+    """i24b's keys of ``[plugins.claude]`` have their types (a ConfigError names the key)."""
+    from dsh.core.errors import ConfigError
+
+    for key in ("commands", "command_shell", "agents"):
+        if key in settings and not isinstance(settings[key], bool):
+            raise ConfigError(f"{where}: key {key!r}: expected true or false, not "
+                              f"{settings[key]!r}")
+    for key in ("models", "tools"):
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, Mapping) and all(
+                isinstance(v, str) for v in value.values())):
+            raise ConfigError(f"{where}: key {key!r}: expected a table of strings, such as "
+                              f"{{sonnet = \"openai:gpt-4o\"}}, not {value!r}")
+
+
 def expand_command(name: str, arguments: str, agent: Any) -> Any:
     settings = agent.plugin_settings("claude")
+    check_settings(settings, f"plugins.claude, agent {agent.name}")
     if settings.get("commands") is False or settings.get("enabled") is False:
         return None
     table, _ = discover(settings)
