@@ -51,6 +51,9 @@ def test_agent_file_runs_with_dash_a(project: Project) -> None:
     assert listing.returncode == 0, listing.stderr
     assert "reviewer\tReviews a change and lists its risks." in listing.stdout
     assert "tool 'Grep' has no dsh equivalent: left out" in listing.stderr
+    inventory = project.dsh("agents")  # dsh's own listing has it too
+    assert inventory.returncode == 0, inventory.stderr
+    assert "\nreviewer\n" in inventory.stdout and "tools: read_file" in inventory.stdout
 
 
 def test_main_agent_delegates_and_resume_after_sigkill_is_byte_identical(

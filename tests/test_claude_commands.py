@@ -194,6 +194,7 @@ def test_chat_expands_commands_and_builtins_win(project: Project) -> None:
     assert chat.returncode == 0, chat.stderr
     assert "unknown command '/nothing'" in chat.stderr and "/greet" in chat.stderr
     assert "/help" in chat.stdout + chat.stderr  # the built-in help answered
+    assert "/greet      Hello $1!  (sent as its expansion)" in chat.stdout + chat.stderr
     [session] = [p.stem for p in project.sessions.glob("*.jsonl")]
     assert project.user_messages(session) == ["Hello Ada!", "plain"]
     assert last_user_text(project.server.received[0].body) == "Hello Ada!"
