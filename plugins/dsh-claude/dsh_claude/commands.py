@@ -7,18 +7,18 @@ Names: ``review.md`` is ``/review``; ``frontend/component.md`` is ``/frontend:co
 ``/PLUGIN:NAME`` (also ``/NAME`` when unique). The project's shadow the user's, which
 shadow plugin folders'.
 
-Expansion, in this order (so what the user types can never trigger file reads or shell):
+Expansion (so what the user types can never trigger file reads or shell):
 
 1. the file is read (bounded, inside its folder) and its frontmatter parsed — before any
    argument is seen, so ``---`` in the arguments is plain text;
-2. ``!`CMD``` in the body runs ``CMD`` under the agent's sandbox policy (``sh -c``, in the
-   project folder, the arguments in ``$ARGUMENTS`` and ``$1…`` as *shell variables*, never
-   pasted into the command text); its output replaces it. Refused unless the command's
+2. the body is expanded in **one pass** (what a replacement inserts is never scanned again):
+   ``!`CMD``` runs ``CMD`` under the agent's sandbox policy (``sh -c``, in the project
+   folder, the arguments in ``$ARGUMENTS`` and ``$1…`` as *shell variables*, never pasted
+   into the command text) and its output replaces it — refused unless the command's
    ``allowed-tools`` names ``Bash`` (as in Claude Code) and ``[plugins.claude]
-   command_shell`` is not false;
-3. ``@PATH`` in the body (at the start or after a blank) is replaced by the file's content
-   (bounded, inside the project);
-4. ``$ARGUMENTS`` and ``$1`` … ``$9`` are substituted, in one pass.
+   command_shell`` is not false; ``@PATH`` (at the start or after a blank) becomes the
+   file's content (bounded, inside the project); ``$ARGUMENTS`` and ``$1`` … ``$9`` become
+   the arguments.
 
 The result is the prompt: sent and recorded as the user message (the ledger holds it).
 """
@@ -128,20 +128,6 @@ def split_arguments(arguments: str) -> list[str]:
         return shlex.split(arguments)
     except ValueError:
         return arguments.split()
-
-
-def substitute(body: str, arguments: str) -> str:
-    """``$ARGUMENTS`` and ``$1`` … ``$9`` replaced in one pass: an argument holding
-    ``$1`` is not substituted again."""
-    parts = split_arguments(arguments)
-
-    def one(m: re.Match[str]) -> str:
-        if m.group(1) is None:
-            return arguments
-        i = int(m.group(1)) - 1
-        return parts[i] if i < len(parts) else ""
-
-    return _ARGS.sub(one, body)
 
 
 def run_shell(command: str, cmd: Command, arguments: str, agent: Any, project: Path) -> str:
