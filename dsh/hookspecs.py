@@ -190,6 +190,60 @@ def register_commands(cli: click.Group) -> None:
     """
 
 
+@hookspec
+def register_agents(register: Callable[..., None], app: App) -> None:
+    """Provide agent definitions, as if they were ``[agents.NAME]`` tables of the config.
+
+    :param register: ``register(name, settings, *, source="")``: ``settings`` holds the keys
+        of an ``[agents.NAME]`` table (``system``, ``model``, ``tools``, ``description``,
+        ``subagents``, …) and is validated as one (a bad key is a ConfigError naming
+        ``source``, e.g. the file the agent came from). ``model = "inherit"`` makes a
+        sub-agent use its parent's model (the default model when run on its own).
+    :param app: the :class:`dsh.App` (``app.config.plugin_settings(NAME)``).
+
+    Called once, on the app-wide plugin manager, right after ``configure``. The config's own
+    ``[agents.NAME]`` wins a collision, and so does the first plugin to register a name; each
+    ignored definition is reported as a note (``dsh: note: …`` on stderr). The merged agents
+    are usable as ``dsh run -a NAME`` and in ``subagents = [...]``.
+
+    .. versionadded:: 0.6
+    """
+
+
+@hookspec(firstresult=True)
+def expand_command(name: str, arguments: str, agent: AgentHandle) -> Any:
+    """Expand a prompt that starts with ``/NAME ARGS…`` (``dsh run``, a ``dsh chat``
+    message) into the prompt to send.
+
+    :param name: the command's name, without the ``/`` (``review``, ``ns:name``).
+    :param arguments: the rest of the prompt, stripped (``""`` when none).
+    :param agent: the :class:`dsh.AgentHandle` of the agent that will run it (settings, its
+        sandbox policy through :func:`dsh.sandbox.policy_for`).
+    :return: firstresult: the prompt (a ``str``), or a
+        :class:`dsh.run.commands.CommandExpansion` (``prompt``, and ``model`` / ``tools`` to
+        use for the run), or None when the name is not yours.
+
+    The expanded prompt is what is sent and recorded as the ``user/message`` (C3); the
+    command line itself is not recorded. A name no plugin knows is a usage error (exit 2),
+    never sent as text; ``//text`` sends ``/text``, and a first word with another ``/`` in
+    it (``/etc/hosts …``) is text. In ``dsh chat`` a built-in or plugin chat command of the
+    same name wins. Called on the agent's own plugin manager.
+
+    .. versionadded:: 0.6
+    """
+
+
+@hookspec
+def list_commands(agent: AgentHandle) -> dict[str, str] | None:
+    """Name the ``/`` commands ``expand_command`` knows, for listings and error messages.
+
+    :param agent: the :class:`dsh.AgentHandle`.
+    :return: ``{name: description}`` (or None).
+
+    .. versionadded:: 0.6
+    """
+
+
 @hookspec(firstresult=True)
 def default_model() -> tuple[str, str] | None:
     """Offer a model to a user who configured none and has no provider key in the

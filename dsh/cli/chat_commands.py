@@ -39,6 +39,12 @@ class ChatCommand:
 def _help(chat: Chat, arg: str) -> str:
     rows = [f"  /{c.name:<10} {c.help}" + (f"  ({c.plugin})" if c.plugin != "dsh.chat" else "")
             for c in chat.commands.values()]
+    from dsh.run.commands import known_commands
+
+    agent = chat.session.agent
+    rows += [f"  /{name:<10} {desc}  (sent as its expansion)"
+             for name, desc in known_commands(agent.pm, agent.handle).items()
+             if name not in chat.commands]
     return "\n".join([
         "Type a message and press Enter. While the agent works, a line you type steers it "
         "(taken after the current step);",

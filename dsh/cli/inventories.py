@@ -97,6 +97,7 @@ def models_text(report: dict[str, Any]) -> str:
 
 def agent_rows(app: Any) -> list[dict[str, Any]]:
     rows = []
+    _ = app.pm  # agents plugins provide (register_agents) are merged into the config
     for name in app.config.agent_names():
         a = app.agent(name)
         rows.append({"name": name, "default": name == app.config.agent, "model": a.model_id,

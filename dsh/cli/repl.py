@@ -164,10 +164,15 @@ class Chat:
         name, _, arg = line[1:].partition(" ")
         cmd = self.commands.get(name)
         if cmd is None:
+            if self.prompt_command(line, during_turn):
+                return
             from dsh.core.errors import unknown_name
+            from dsh.run.commands import known_commands
 
-            self.note("dsh: " + unknown_name("command", "/" + name,
-                                             ["/" + c for c in self.commands], "known"))
+            agent = self.session.agent
+            known = [*self.commands, *known_commands(agent.pm, agent.handle)]
+            self.note("dsh: " + unknown_name("command", "/" + name, ["/" + c for c in known],
+                                             "known"))
             return
         if during_turn and not cmd.during_turn:
             self.note(f"dsh: /{name} waits for the turn to end; type it then")
@@ -182,6 +187,36 @@ class Chat:
             return
         if shown:
             self.print_text(shown if shown.endswith("\n") else shown + "\n")
+
+    def prompt_command(self, line: str, during_turn: bool) -> bool:
+        """``/NAME ARGS…`` that a plugin expands (``expand_command``): the expansion is sent
+        as the message (and recorded as it). True when a plugin knew the name."""
+        from dsh.run.commands import expand
+        from dsh.run.commands import split_command
+
+        found = split_command(line)
+        agent = self.session.agent
+        if found is None:
+            return False
+        if during_turn:  # expanding may run a command's shell lines: not while a turn runs
+            from dsh.run.commands import known_commands
+
+            if found[0] not in known_commands(agent.pm, agent.handle):
+                return False
+            self.note(f"dsh: /{found[0]} waits for the turn to end; type it then")
+            return True
+        try:
+            expansion = expand(agent.pm, agent.handle, *found)
+        except errors.UsageError:
+            return False
+        except errors.DshError as exc:
+            self.note(f"dsh: /{found[0]}: {exc}")
+            return True
+        if expansion.model or expansion.tools is not None:
+            self.note(f"dsh: /{found[0]}: its model and tools apply in dsh run only; here "
+                      "the chat's agent answers (/model switches it)")
+        self.turn(expansion.prompt)
+        return True
 
     def turn(self, text: str) -> None:
         """One turn, exactly as ``dsh run`` runs it, with typeahead while it runs."""

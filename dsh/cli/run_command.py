@@ -134,6 +134,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     try:
         app = state.app
         assembled, overrides = assemble_agent(app, agent, overrides, tools)
+        text, assembled = expand_command(state, assembled, overrides, tools,
+                                         prompt if prompt else text, text)
         resume = session_to_resume(app, assembled, continue_, session_id)
         if attach:  # read (and download) before a session exists: a bad one creates nothing
             from dsh.llm.attachments import load as load_attachment
@@ -165,6 +167,32 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
                 pass
         os._exit(code)
     click.get_current_context().exit(code)
+
+
+def expand_command(state: State, assembled: Any, overrides: dict[str, Any],
+                   tools: tuple[str, ...], head: str, text: str) -> tuple[str, Any]:
+    """A prompt starting with ``/NAME ARGS…`` expanded by the agent's plugins (the
+    ``expand_command`` hook; stdin, when given, stays appended after the expansion), and the
+    agent to run it: with the command's ``model`` unless ``-m`` chose one, and its ``tools``
+    unless ``-T`` did. ``//…`` sends ``/…``; an unknown command is a usage error (exit 2)."""
+    state.warn_plugin_errors()  # notes of plugins' agents, now that the plugins are loaded
+    from dsh.run import commands
+
+    found = commands.split_command(head)
+    if found is None:
+        if head.startswith("//"):
+            return commands.unescape(head) + text[len(head):], assembled
+        return text, assembled
+    name, arguments = found
+    expansion = commands.expand(assembled.pm, assembled.handle, name, arguments)
+    extra: dict[str, Any] = {}
+    if expansion.model and "model" not in overrides:
+        extra["model"] = expansion.model
+    if expansion.tools is not None and not tools:
+        extra["tools"] = list(expansion.tools)
+    if extra:
+        assembled, _ = assemble_agent(state.app, assembled.name, {**overrides, **extra}, ())
+    return expansion.prompt + text[len(head):], assembled
 
 
 def _send(session: Any, text: str, output: Any, *, timeout: float | None,

@@ -32,7 +32,7 @@ class State:
         self.config_path = config_path
         self._app: App | None = None
         self._commands: dict[str, tuple[str, click.Command]] | None = None
-        self._warned: set[str] = set()
+        self._warned: set[Any] = set()
 
     @property
     def app(self) -> App:
@@ -49,6 +49,10 @@ class State:
             if rec.error and rec.name not in self._warned:
                 self._warned.add(rec.name)
                 warn(f"warning: plugin {rec.label} failed to load: {rec.error}")
+        for note in self.app.notes:  # e.g. a plugin's agent the config overrides
+            if ("note", note) not in self._warned:
+                self._warned.add(("note", note))
+                warn(f"note: {note}")
 
     def config_file(self) -> Path:
         from dsh.config.loader import default_config_path

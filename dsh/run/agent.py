@@ -32,6 +32,7 @@ from dsh.host.scope import AgentHandle
 from dsh.llm import record
 from dsh.llm.base import Model
 from dsh.run.prompt import collect_prompt
+from dsh.run.subagent import INHERIT
 from dsh.run.subagent import check_subagent
 from dsh.run.subagent import subagent_tool
 from dsh.tools.registry import ToolDef
@@ -58,7 +59,8 @@ class Agent:
         acfg = cfg.agent_config(name)
         self.app = app
         self.name = name
-        self.model_id = model or acfg.model or app.default_model.id
+        own = None if acfg.model == INHERIT else acfg.model  # inherit: the parent's, if any
+        self.model_id = model or own or app.default_model.id
         self.max_steps = max_steps if max_steps is not None else (
             acfg.max_steps if acfg.max_steps is not None else cfg.max_steps)
         if options:
@@ -124,7 +126,7 @@ class Agent:
         self.tools: dict[str, ToolDef] = collect_tools(self.pm, self.info)
         for child in acfg.subagents:
             check_subagent(app, name, child)
-            sub_tool = subagent_tool(app, child)
+            sub_tool = subagent_tool(app, child, parent_model=self.model_id)
             self.tools[sub_tool.name] = sub_tool
         if allow is not None:
             check_tool_names(app, name, allow, self.tools, override=tools is not None)
@@ -213,5 +215,5 @@ def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[
                 raise UsageError(f"agent {agent!r}: tools: {message}")
             from dsh.core.errors import ConfigError
 
-            raise ConfigError(f"{app.config.source or 'config'}: key 'agents.{agent}.tools': "
-                              f"{message}")
+            where = app.agent_sources.get(agent) or app.config.source or "config"
+            raise ConfigError(f"{where}: key 'agents.{agent}.tools': {message}")

@@ -141,6 +141,11 @@ class App:
         #: App scope for plugins (``handle.app_stash``): as long as this object lives.
         self.stash = Stash()
         self._agent_stashes: dict[str, Stash] = {}
+        #: Notes for the user (an agent a plugin registers that the config overrides), which
+        #: the command line prints on stderr as ``dsh: note: …``.
+        self.notes: list[str] = []
+        #: Where each agent a plugin registered comes from (a file), for error messages.
+        self.agent_sources: dict[str, str] = {}
 
     def agent_stash(self, name: str) -> Stash:
         """The agent-scope stash of agent ``name`` in this app (``handle.stash``): shared by
@@ -185,6 +190,11 @@ class App:
                                            complete=True, where=cfg.source or "config")
             try:
                 configure(self._pm, self)  # a plugin's configure may already use app.pm
+                if self._pm.hook.register_agents.get_hookimpls():
+                    from dsh.run.commands import merge_agents
+
+                    self.config, notes = merge_agents(self.config, self._pm, self)
+                    self.notes.extend(notes)
             except BaseException:
                 self._pm = None  # half-configured: the next use fails the same way
                 raise
@@ -248,6 +258,7 @@ class App:
 
     def agent(self, name: str | None = None, **overrides: Any) -> Agent:
         """The assembled agent ``name`` (default: the config's ``agent``), memoised."""
+        _ = self.pm  # plugins may register agents (register_agents): merged into the config
         name = name or self.config.agent
         if name not in self.config.agent_names():
             known = ", ".join(self.config.agent_names())

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from dsh.run.app import App
 
 MAX_DEPTH = 8
+#: ``model = "inherit"``: as a sub-agent, the parent agent's model (else the default model).
+INHERIT = "inherit"
 
 
 def _parent_link(parent: RunContext | None, turn: int) -> dict[str, Any]:
@@ -47,12 +49,14 @@ def check_subagent(app: App, agent: str, child: str) -> None:
                           + unknown_name("agent", child, names, "configured"))
 
 
-def subagent_tool(app: App, child: str) -> ToolDef:
-    """The ``ask_CHILD`` tool: runs agent ``child`` in a nested run with a chained budget."""
+def subagent_tool(app: App, child: str, parent_model: str | None = None) -> ToolDef:
+    """The ``ask_CHILD`` tool: runs agent ``child`` in a nested run with a chained budget;
+    a child whose ``model`` is ``"inherit"`` runs on ``parent_model``."""
     if child not in app.config.agent_names():
         raise UsageError(f"sub-agent {child!r} is not a configured agent "
                          f"(configured: {', '.join(app.config.agent_names())})")
     description = app.config.agent_config(child).description or f"Ask the {child} agent."
+    inherit = app.config.agent_config(child).model == INHERIT and parent_model is not None
 
     def ask(prompt: str) -> str:
         from dsh.core.errors import ToolError
@@ -60,7 +64,7 @@ def subagent_tool(app: App, child: str) -> ToolDef:
         from dsh.tools.registry import current_call
 
         parent = context()
-        agent = app.agent(child)
+        agent = app.agent(child, model=parent_model) if inherit else app.agent(child)
         with app.open_session(agent, current_call().child_session, create=True) as session:
             result = session.send(prompt, parent=parent, cancel=parent.cancel,
                                   approve=parent.approve_all)

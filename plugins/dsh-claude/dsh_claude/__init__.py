@@ -149,3 +149,65 @@ def pre_execute(call: Any) -> None:
     why = refusal(SKILLS.read(projection), projection.turn, call.call.name)
     if why:
         call.block(why)
+
+
+# i24b: custom commands, sub-agent files, Claude Code plugin folders. Thin hooks: the modules
+# doing the work (dsh_claude.commands / agents / folders / cli) are imported only when used.
+
+
+def _agent_files_may_exist(settings: Any) -> bool:
+    """Whether any folder of sub-agent files may exist (``os.path`` only, no import): the
+    project's and the user's ``.claude/agents``, or an enabled plugin folder."""
+    import os
+
+    if settings.get("agents") is False or settings.get("enabled") is False:
+        return False
+    if settings.get("plugins"):
+        return True
+    root = settings.get("root")
+    if isinstance(root, str) and root:
+        folders = [os.path.expanduser(root)]
+    else:
+        here = os.path.realpath(os.getcwd())
+        folders = [here]
+        while not os.path.exists(os.path.join(folders[-1], ".git")):
+            up = os.path.dirname(folders[-1])
+            if up == folders[-1]:
+                folders = [here]
+                break
+            folders.append(up)
+        folders = folders[-1:]
+    folders.append(os.path.expanduser("~"))
+    return any(os.path.isdir(os.path.join(f, ".claude", "agents")) for f in folders)
+
+
+@hookimpl
+def register_agents(register: Callable[..., None], app: Any) -> None:
+    """Sub-agent files become agents (dsh_claude.agents)."""
+    if _agent_files_may_exist(app.config.plugin_settings("claude")):
+        from dsh_claude import agents
+
+        agents.register_agents(register=register, app=app)
+
+
+@hookimpl
+def expand_command(name: str, arguments: str, agent: Any) -> Any:
+    """``/NAME ARGS…`` from a command file (dsh_claude.commands)."""
+    from dsh_claude import commands
+
+    return commands.expand_command(name=name, arguments=arguments, agent=agent)
+
+
+@hookimpl
+def list_commands(agent: Any) -> dict[str, str] | None:
+    from dsh_claude import commands
+
+    return commands.list_commands(agent=agent)
+
+
+@hookimpl
+def register_commands(cli: Any) -> None:
+    """``dsh claude`` (dsh_claude.cli)."""
+    from dsh_claude import cli as claude_cli
+
+    cli.add_command(claude_cli.claude)

@@ -20,7 +20,9 @@ from dsh.core.errors import ConfigError
 
 PLUGIN = "claude"
 KEYS = ("instructions", "agents_md", "claude_md", "user_agents_md", "user_claude_md",
-        "agent_skills", "skills", "user_skills", "root")
+        "agent_skills", "skills", "user_skills", "root",
+        # i24b's (dsh_claude.commands / agents / folders check their own values):
+        "commands", "command_shell", "agents", "plugins", "models", "tools")
 
 
 @attrs.frozen
