@@ -52,7 +52,8 @@ class Project:
 
     def env(self) -> dict[str, str]:
         e = {k: v for k, v in os.environ.items()
-             if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS", "DSH_CONFIG")}
+             if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS", "DSH_CONFIG", "CLAUDE_CONFIG_DIR",
+                          "CODEX_HOME")}  # ~/.claude and ~/.codex: under this HOME
         e.update(OPENAI_API_KEY="sk-test-claude", PYTHONPATH=str(REPO), HOME=str(self.home),
                  DSH_HOME=str(self.tmp / "dsh-home"),
                  XDG_CONFIG_HOME=str(self.tmp / "xdg"))

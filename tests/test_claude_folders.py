@@ -65,7 +65,10 @@ def test_add_enables_the_folder_and_its_commands_and_agents_appear(
     assert project.user_messages(json.loads(run.stdout)["session"]) == ["Lint main.py now."]
     run = project.dsh("run", "-a", "linter", "go")
     assert run.returncode == 0, run.stderr
-    assert project.server.received[1].body["messages"][0]["content"] == "You lint code."
+    system = project.server.received[1].body["messages"][0]["content"]
+    # the agent file's body, then the catalogue, which holds the folder's skill
+    assert system.startswith("You lint code.\n\n# Skills")
+    assert "style" in system and "The house style." in system
 
 
 def test_plugin_skills_reach_the_skills_module(tmp_path: Path) -> None:

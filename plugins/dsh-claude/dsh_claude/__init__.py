@@ -31,10 +31,12 @@ __all__ = ["__version__", "skill_roots"]
 _SKILLS_INDEX = ("claude", "skills")
 
 
-def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path) -> list[SkillRoot]:
+def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path,
+                raw: Any = None) -> list[SkillRoot]:
     """Where skills are discovered, in precedence order (the first of a name wins): the
     project's ``.claude/skills`` from the root down to the working directory, the folders of
-    the ``skills`` setting, then ``~/.claude/skills``."""
+    the ``skills`` setting, ``~/.claude/skills``, then the ``skills/`` of the enabled plugin
+    folders (``raw``: the agent's ``[plugins.claude]`` table, its ``plugins`` list)."""
     from dsh_claude.settings import expand
     from dsh_claude.skills import SkillRoot
 
@@ -56,6 +58,10 @@ def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path) -> list[S
         user = claude_dir().resolve()
         roots.append(SkillRoot(user / "skills", "user", home if user.is_relative_to(home)
                                else user))
+    if raw and raw.get("plugins"):
+        from dsh_claude.folders import plugin_skill_roots
+
+        roots += plugin_skill_roots(raw)
     return roots
 
 
@@ -83,7 +89,8 @@ def register_tools(register: Callable[..., None], agent: Any) -> None:
         return
     from dsh_claude import skills
 
-    if not any(skills._candidates(r) for r in skill_roots(settings, root, cwd, home)):
+    roots = skill_roots(settings, root, cwd, home, agent.plugin_settings("claude"))
+    if not any(skills._candidates(r) for r in roots):
         return
 
     def skill(name: str) -> str:
@@ -124,7 +131,8 @@ def turn_prompt(register: Callable[..., None], agent: Any, session: Any) -> None
     if settings.agent_skills:
         from dsh_claude import skills
 
-        catalogue = skills.discover_skills(skill_roots(settings, root, cwd, home))
+        catalogue = skills.discover_skills(
+            skill_roots(settings, root, cwd, home, agent.plugin_settings("claude")))
         _warn(skills.refresh(session, catalogue))
         text = skills.render(session.state(skills.SKILLS))
         if text:

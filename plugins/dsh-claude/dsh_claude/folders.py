@@ -52,22 +52,19 @@ class ClaudePlugin:
 
 
 def project_root(settings: Mapping[str, Any] | None = None) -> Path:
-    """``[plugins.claude] root`` when set, else the nearest folder above the working
-    directory that holds ``.git``, else the working directory itself (as
-    :func:`dsh_claude.settings.project_root`)."""
+    """:func:`dsh_claude.settings.project_root` for a raw ``[plugins.claude]`` table."""
+    from dsh_claude.settings import Settings
+    from dsh_claude.settings import project_root as root_of
+
     given = (settings or {}).get("root")
-    if isinstance(given, str) and given:
-        return Path(os.path.expanduser(given)).resolve()
-    cwd = Path.cwd().resolve()
-    for folder in (cwd, *cwd.parents):
-        if (folder / ".git").exists():
-            return folder
-    return cwd
+    return root_of(Settings(root=given if isinstance(given, str) else ""))
 
 
 def user_dir() -> Path:
-    """``~/.claude`` (``$HOME``)."""
-    return Path(os.path.expanduser("~")) / ".claude"
+    """``~/.claude``: ``$CLAUDE_CONFIG_DIR`` when set (:func:`dsh_claude.settings.claude_dir`)."""
+    from dsh_claude.settings import claude_dir
+
+    return claude_dir()
 
 
 def _json(path: Path, root: Path) -> Any:
