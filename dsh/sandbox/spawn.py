@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsh.core.errors import DshError
+from dsh.sandbox.policy import Plan
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.policy import build_plan
 from dsh.sandbox.policy import protected_paths
@@ -73,7 +74,8 @@ class Popen(subprocess.Popen[bytes]):
     """
 
     def __init__(self, args: Sequence[str], policy: Policy, *, workspace: str,
-                 protected: Iterable[str | None] = (), **kwargs: Any) -> None:
+                 protected: Iterable[str | None] = (), launcher: bool = False,
+                 **kwargs: Any) -> None:
         argv = [os.fspath(a) for a in args]
         kwargs.setdefault("cwd", workspace)
         kwargs["close_fds"] = True
@@ -87,7 +89,7 @@ class Popen(subprocess.Popen[bytes]):
             raise SandboxUnavailable(_refusal(policy, f"no sandbox backend on {sys.platform}"))
         protect = protected_paths([*protected, *run_protected()])
         self._tmp = tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
-        self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, True)
+        self._cleanup = weakref.finalize(self, _remove, tmp)
         try:
             plan = build_plan(policy, workspace, tmp, protect)
         except Exception:
@@ -95,6 +97,68 @@ class Popen(subprocess.Popen[bytes]):
             raise
         env = dict(kwargs.pop("env", None) or os.environ)
         env["TMPDIR"] = tmp
+        if not launcher:
+            try:
+                self._confine_in_child(argv, policy, plan, env, kwargs)
+                return
+            except _NoPreexec:  # a subinterpreter: subprocess refuses preexec_fn there
+                pass
+        self._launch(argv, policy, plan, env, kwargs)
+
+    def _confine_in_child(self, argv: list[str], policy: Policy, plan: Plan,
+                          env: dict[str, str], kwargs: dict[str, Any]) -> None:
+        """The default path: the forked child confines itself by system calls prepared here
+        (:mod:`dsh.sandbox.child`) and ``subprocess`` exec's the command."""
+        from dsh.sandbox.child import Confinement
+        from dsh.sandbox.exec import Refused
+
+        kwargs = dict(kwargs)  # preexec_fn is set here; a fallback to the launcher is clean
+        try:
+            confinement = Confinement(plan.network, plan.rules)
+        except (Refused, OSError) as exc:
+            self._cleanup()
+            why = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
+            raise SandboxUnavailable(_refusal(policy, why)) from None
+        own = kwargs.get("preexec_fn")
+        if own is not None:  # the caller's runs first (unconfined, as it always did)
+            def child() -> None:
+                own()
+                confinement()
+            kwargs["preexec_fn"] = child
+        else:
+            kwargs["preexec_fn"] = confinement
+        try:
+            super().__init__(argv, env=env, **kwargs)
+        except subprocess.SubprocessError:  # the child raised before exec: the caller's
+            failed = confinement.outcome()   # preexec_fn, or a signal handler in ours
+            self._cleanup()
+            if failed is None and own is not None:
+                raise
+            why = failed or "the child failed before exec"
+            raise SandboxUnavailable(_refusal(policy, why)) from None
+        except RuntimeError as exc:
+            confinement.close()
+            if "subinterpreter" in str(exc):  # refused before any fork
+                # subprocess keeps the /dev/null it opened (and closed) for a retry: drop it
+                self.__dict__.pop("_devnull", None)
+                raise _NoPreexec from None
+            self._cleanup()
+            raise
+        except BaseException:  # FileNotFoundError, PermissionError: exec failed, confined
+            confinement.close()
+            self._cleanup()
+            raise
+        failure = confinement.outcome()
+        self.sandbox.update(backend="landlock")
+        if failure is not None:
+            self._abandon()
+            raise SandboxUnavailable(_refusal(policy, failure))
+        self.sandbox["abi"] = confinement.abi
+
+    def _launch(self, argv: list[str], policy: Policy, plan: Plan, env: dict[str, str],
+                kwargs: dict[str, Any]) -> None:
+        """The launcher path: a second interpreter (:mod:`dsh.sandbox.exec`) confines itself
+        and exec's the command."""
         spec = os.memfd_create("dsh-sandbox-policy", os.MFD_CLOEXEC)
         status_r, status_w = os.pipe()
         try:
@@ -143,6 +207,10 @@ class Popen(subprocess.Popen[bytes]):
         return code
 
 
+class _NoPreexec(Exception):
+    """``subprocess`` cannot run a ``preexec_fn`` here: use the launcher."""
+
+
 def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
          protected: Iterable[str | None] = ()) -> tuple[list[str], dict[str, str], Any]:
     """For code that starts the process itself (the MCP SDK's ``stdio_client``): the argv
@@ -163,11 +231,19 @@ def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     holder = type("SandboxTemp", (), {})()
-    cleanup = weakref.finalize(holder, shutil.rmtree, tmp, True)
+    cleanup = weakref.finalize(holder, _remove, tmp)
     cleanup.atexit = True
     launcher = [INTERPRETER, *LAUNCH, "--inline",
                 base64.b64encode(plan.encode()).decode(), "--", *argv]
     return launcher, {"TMPDIR": tmp}, (holder, cleanup)
+
+
+def _remove(tmp: str) -> None:
+    """Remove a command's temp directory: usually empty (``rmdir``, a tenth of ``rmtree``)."""
+    try:
+        os.rmdir(tmp)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _refusal(policy: Policy, why: str) -> str:
