@@ -1,6 +1,6 @@
 """What the kernel sandbox costs per command: a paired figure, sandboxed vs unconfined.
 
-    python benchmarks/sandbox.py [--runs 40] [--command true]
+    python benchmarks/sandbox.py [--runs 40] [--command true] [--ballast-mb 0]
 
 Each round spawns the trivial command three times, in an order that rotates from round to
 round, and waits for each: through ``subprocess.Popen`` (unconfined), through
@@ -13,7 +13,10 @@ Printed per path: the median and best wall time, the median of the paired differ
 against the unconfined spawn of the same round (the overhead per command: the issue-22
 figure, target at most +15 ms on this machine), and the CPU per spawn — dsh's own (building
 the plan, the ruleset, the fork) and the children's — which load does not inflate the way it
-does wall time. The machine is shared: compare the columns of one run.
+does wall time. The machine is shared: compare the columns of one run. ``--ballast-mb N``
+first fills N MiB of this process's memory (a dsh with many plugins and a long session is
+bigger than this script): the confined path forks this process, whose cost grows with its
+size, where ``subprocess`` alone uses ``vfork``.
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--command", default="true")
+    parser.add_argument("--ballast-mb", type=int, default=0)
     args = parser.parse_args()
+    ballast = bytearray(os.urandom(1 << 20) * args.ballast_mb)  # touched, resident  # noqa: F841
     argv = args.command.split()
     got: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PATHS}
     with tempfile.TemporaryDirectory(prefix="dsh-bench-sandbox-") as ws:
@@ -68,8 +73,10 @@ def main() -> None:
             for path in PATHS[i % 3:] + PATHS[:i % 3]:
                 got[path].append(once(path, argv, ws))
     load = os.getloadavg()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"spawn of {args.command!r}, {args.runs} rounds, load {load[0]:.2f} {load[1]:.2f} "
-          f"{load[2]:.2f} ({os.cpu_count()} cores), python {sys.version.split()[0]}")
+          f"{load[2]:.2f} ({os.cpu_count()} cores), python {sys.version.split()[0]}, "
+          f"this process {rss:.0f} MiB")
     bare = got["unconfined"]
     for path in PATHS:
         rows = got[path]

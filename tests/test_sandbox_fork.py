@@ -17,6 +17,7 @@ import pytest
 
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.spawn import Popen
+from dsh.sandbox.spawn import SandboxUnavailable
 from dsh.sandbox.spawn import check
 
 _CHECK = check()
@@ -186,6 +187,20 @@ def test_a_callers_preexec_fn_runs_before_the_confinement(tmp_path: Path) -> Non
     assert marker.exists()  # the caller's code ran in the child, unconfined, as before
     assert not Path(f"{marker}.by-command").exists()  # the command did not
     assert out.split() == [b"Seccomp:", b"2"]
+
+
+def test_a_callers_preexec_fn_that_raises_is_subprocess_own_error(tmp_path: Path) -> None:
+    """Not a sandbox refusal: the caller's code failed, as subprocess reports it."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    def fail() -> None:
+        raise ValueError("the caller's own")
+
+    with pytest.raises(subprocess.SubprocessError, match="preexec_fn") as info:
+        Popen(["touch", "ran"], Policy(), workspace=str(ws), preexec_fn=fail)
+    assert not isinstance(info.value, SandboxUnavailable)
+    assert not (ws / "ran").exists()
 
 
 @needs_sandbox

@@ -2,10 +2,13 @@
 
 Started by :class:`dsh.sandbox.spawn.Popen` as ``python -I -S -c "…import exec…" POLICY_FD
 STATUS_FD -- CMD ARGS…`` (imported by a one-line ``-c`` so its bytecode is cached; running
-it by path or as ``python -m dsh.sandbox.exec`` works too). It is a separate program so that
-nothing of dsh runs in the child between ``fork`` and ``exec`` (a ``preexec_fn`` is not safe
-in a process with threads), and it imports only the standard library (no ``dsh``, no
-site-packages: ``-S``; ``_ctypes``, not ``ctypes``) so that it starts as fast as Python can.
+it by path or as ``python -m dsh.sandbox.exec`` works too). ``Popen`` confines its forked
+child directly (:mod:`dsh.sandbox.child`, which reuses :func:`precheck`,
+:func:`build_ruleset` and :func:`seccomp_program` from here); this separate program serves
+what a ``preexec_fn`` cannot: :func:`dsh.sandbox.spawn.wrap` (a process someone else starts),
+subinterpreters and ``Popen(…, launcher=True)``. It imports only the standard library (no
+``dsh``, no site-packages: ``-S``; ``_ctypes``, not ``ctypes``) so that it starts as fast as
+Python can.
 
 What it does, in order:
 

@@ -1,9 +1,12 @@
 """Starting a confined process: :class:`Popen`, the public way for any tool plugin.
 
-``Popen(argv, policy, workspace=…)`` is :class:`subprocess.Popen` run through the launcher
-(:mod:`dsh.sandbox.exec`): the launcher applies the policy to itself and ``execve``'s the
-command, so the command is confined from its first instruction and nothing of dsh runs in
-the child after ``fork``. The constructor returns once the command has been exec'd: a policy
+``Popen(argv, policy, workspace=…)`` is :class:`subprocess.Popen` whose forked child confines
+itself before ``execve`` (:mod:`dsh.sandbox.child`: a ``preexec_fn`` of system calls prepared
+here — the Landlock ruleset is built in this process — and nothing else of dsh), so the
+command is confined from its first instruction. ``launcher=True``, a subinterpreter (where
+``subprocess`` refuses a ``preexec_fn``) and :func:`wrap` use the launcher instead
+(:mod:`dsh.sandbox.exec`, a second interpreter that applies the same policy to itself and
+``execve``'s the command). The constructor returns once the command has been exec'd: a policy
 the kernel cannot apply raises :class:`SandboxUnavailable` (fail closed) and the command never
 runs; a program that is not found raises :class:`FileNotFoundError`, as ``subprocess`` does.
 """
@@ -69,7 +72,9 @@ class Popen(subprocess.Popen[bytes]):
 
     Keyword arguments are :class:`subprocess.Popen`'s (``cwd`` defaults to the workspace;
     ``close_fds`` is always true; ``env`` is passed as given, with ``TMPDIR`` set to the
-    command's private temp directory). ``self.sandbox`` is the record of what was applied:
+    command's private temp directory; a ``preexec_fn`` runs first, unconfined).
+    ``launcher=True`` confines through the launcher rather than in the forked child (same
+    confinement, errors and record). ``self.sandbox`` is the record of what was applied:
     the policy, ``backend`` (``landlock`` or ``none``) and the kernel's ``abi``.
     """
 
