@@ -334,3 +334,23 @@ def test_many_threads_spawning_confined_commands_never_hang() -> None:
     assert confined == ["2"] * (threads * per // 10)  # Seccomp: 2 in every probed command
     assert out["results"].count("0") == threads * per - threads * per // 10
 
+
+
+@needs_sandbox
+def test_dsh_sandbox_check_trials_both_paths(tmp_path: Path) -> None:
+    import json
+
+    ok = subprocess.run([sys.executable, "-m", "dsh", "sandbox", "check"], capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "backend: landlock — commands are confined" in ok.stdout
+    assert "launcher (MCP stdio servers): ok" in ok.stdout
+    # landlock_restrict_self refused in the child: both trials fail, the reason is said
+    broken = subprocess.run([sys.executable, "-c", textwrap.dedent(NO_RESTRICT.format(src=SRC)),
+                             "-m", "dsh", "sandbox", "check", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert broken.returncode == 126, broken.stderr
+    info = json.loads(broken.stdout)
+    assert info["backend"] is None and info["landlock_abi"] >= 6
+    for why in (info["why"], info["launcher"]):
+        assert "landlock_restrict_self failed: Operation not permitted" in why

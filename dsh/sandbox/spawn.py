@@ -258,7 +258,8 @@ def _refusal(policy: Policy, why: str) -> str:
 
 def check() -> dict[str, Any]:
     """What this machine supports (the launcher's ``--probe``, run as a child, the way a
-    command would be started) and which backend a policy would use."""
+    command would be started) and which backend a policy would use; ``launcher`` is ``ok``
+    or why the launcher (:func:`wrap`) could not confine a trial command."""
     info: dict[str, Any] = {"platform": sys.platform}
     if not sys.platform.startswith("linux"):
         return {**info, "backend": None, "why": f"no sandbox backend on {sys.platform}"}
@@ -276,13 +277,19 @@ def check() -> dict[str, Any]:
     elif not info.get("seccomp_filter"):
         info.update(backend=None, why=f"no seccomp filter for {info.get('machine')}")
     else:
-        # A trial: confine `true` under the default policy, as a command would be.
+        # A trial: confine `true` under the default policy, as a command would be — in the
+        # forked child (Popen) and through the launcher (wrap: MCP stdio servers).
         with tempfile.TemporaryDirectory(prefix="dsh-sandbox-check-") as ws:
-            try:
-                proc = Popen(["true"], Policy(), workspace=ws, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL)
-                proc.wait()
-                info.update(backend="landlock", why="")
-            except (SandboxUnavailable, OSError) as exc:
-                info.update(backend=None, why=str(exc))
+            for launcher in (False, True):
+                try:
+                    proc = Popen(["true"], Policy(), workspace=ws, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, launcher=launcher)
+                    proc.wait()
+                    why = ""
+                except (SandboxUnavailable, OSError) as exc:
+                    why = str(exc)
+                if launcher:
+                    info["launcher"] = why or "ok"
+                else:
+                    info.update(backend="landlock" if not why else None, why=why)
     return info
