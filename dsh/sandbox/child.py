@@ -7,7 +7,7 @@ the kernel checks (:func:`dsh.sandbox.exec.precheck`), the Landlock ruleset — 
 path opened ``O_PATH|O_NOFOLLOW``, checked and added, so the child only has to restrict itself
 with the ruleset's descriptor — the seccomp program and its ``struct sock_fprog``, the
 capability structures, and every system call's arguments as C ``long`` objects. What the
-child runs, :meth:`Confinement.__call__`, is then one loop over about fifty prepared calls
+child runs, :meth:`Confinement.__call__`, is then one loop over about 45 prepared calls
 through ``ctypes`` function pointers resolved in the parent (``syscall(2)``, ``prctl(2)``): no
 import, no lookup of a symbol, no lock, no file opened, no Python object built but the ones a
 foreign call makes. A call that fails writes two bytes (which call, ``errno``) on a pipe and
@@ -76,10 +76,11 @@ def _seccomp_code(machine: str, network: bool) -> bytes:
 
 
 class Confinement:
-    """The confinement of one command under ``plan`` (a :class:`dsh.sandbox.policy.Plan`),
-    built in the parent; raises :class:`dsh.sandbox.exec.Refused` when the kernel cannot
-    apply it (the launcher's reasons). Call it in the child (``preexec_fn``); afterwards call
-    :meth:`outcome` in the parent, which also releases what it holds."""
+    """The confinement of one command by a plan's ``network`` and ``rules``
+    (:class:`dsh.sandbox.policy.Plan`), built in the parent; raises
+    :class:`dsh.sandbox.exec.Refused` when the kernel cannot apply it (the launcher's
+    reasons). Call it in the child (``preexec_fn``); afterwards call :meth:`outcome` in the
+    parent, which also releases what it holds."""
 
     def __init__(self, network: bool, rules: tuple[tuple[str, str], ...]) -> None:
         libc = _libc()
