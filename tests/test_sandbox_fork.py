@@ -354,3 +354,49 @@ def test_dsh_sandbox_check_trials_both_paths(tmp_path: Path) -> None:
     assert info["backend"] is None and info["landlock_abi"] >= 6
     for why in (info["why"], info["launcher"]):
         assert "landlock_restrict_self failed: Operation not permitted" in why
+
+
+INTERRUPTED = """
+    import json, os, signal, sys, time
+    sys.path.insert(0, {src!r})
+    from dsh.sandbox.policy import Policy
+    from dsh.sandbox.spawn import Popen
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGALRM, interrupt)
+    ws = sys.argv[1]
+    out = {{}}
+    for launcher in (False, True):
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:  # the caller's preexec_fn holds the child before exec: the interrupt lands
+            Popen(["sh", "-c", "touch ran-" + str(launcher)], Policy(), workspace=ws,
+                  start_new_session=True, preexec_fn=lambda: time.sleep(1.5))
+            out[str(launcher)] = "returned"
+        except KeyboardInterrupt:
+            out[str(launcher)] = "interrupted"
+    time.sleep(2)
+    try:
+        os.waitpid(-1, os.WNOHANG)
+        out["children"] = "some left"
+    except ChildProcessError:
+        out["children"] = "none"
+    print(json.dumps(out))
+"""
+
+
+@needs_sandbox
+def test_an_interrupt_after_the_fork_leaves_no_process_behind(tmp_path: Path) -> None:
+    """SIGTERM (KeyboardInterrupt in dsh) while Popen waits for the exec: the caller gets no
+    handle, so Popen kills and reaps the child rather than leave the command running."""
+    import json
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.run([sys.executable, "-c",
+                           textwrap.dedent(INTERRUPTED.format(src=SRC)), str(ws)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"False": "interrupted", "True": "interrupted",
+                                       "children": "none"}
+    assert sorted(p.name for p in ws.iterdir()) == []  # no command ran

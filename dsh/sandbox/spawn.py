@@ -149,8 +149,9 @@ class Popen(subprocess.Popen[bytes]):
                 raise _NoPreexec from None
             self._cleanup()
             raise
-        except BaseException:  # FileNotFoundError, PermissionError: exec failed, confined
-            confinement.close()
+        except BaseException:  # FileNotFoundError, PermissionError: exec failed, confined;
+            confinement.close()  # or a signal's KeyboardInterrupt after the fork
+            self._kill_orphan()
             self._cleanup()
             raise
         failure = confinement.outcome()
@@ -174,13 +175,19 @@ class Popen(subprocess.Popen[bytes]):
             super().__init__(launcher, env=env, **kwargs)
         except BaseException:
             os.close(status_r)
+            self._kill_orphan()
             self._cleanup()
             raise
         finally:
             os.close(spec)
             os.close(status_w)
-        with os.fdopen(status_r, "rb") as f:
-            status = f.read(65536).decode(errors="replace").splitlines()
+        try:
+            with os.fdopen(status_r, "rb") as f:
+                status = f.read(65536).decode(errors="replace").splitlines()
+        except BaseException:  # a signal's KeyboardInterrupt: nobody would own the process
+            self._kill_orphan()
+            self._cleanup()
+            raise
         self.sandbox.update(backend="landlock")
         for line in status:
             tag, _, text = line.partition(" ")
@@ -196,6 +203,28 @@ class Popen(subprocess.Popen[bytes]):
         if "abi" not in self.sandbox:  # the launcher died before saying anything
             self._abandon()
             raise SandboxUnavailable(_refusal(policy, "the sandbox launcher failed"))
+
+    def _kill_orphan(self) -> None:
+        """The constructor is failing after the fork (an interrupt): the caller gets no
+        handle, so the child — maybe the command already, with its group — must not be left
+        running. A child ``subprocess`` has reaped (exec failed) is left alone."""
+        pid = getattr(self, "pid", None)
+        if not getattr(self, "_child_created", False) or pid is None or \
+                self.returncode is not None:
+            return
+        import signal
+
+        try:
+            if os.getpgid(pid) == pid:  # its own group (start_new_session, process_group=0)
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        except ProcessLookupError:
+            pass
+        self.returncode = -signal.SIGKILL
 
     def _abandon(self) -> None:
         """The command did not start: reap the launcher, close our ends, drop the temp dir."""
