@@ -1,20 +1,29 @@
 """What the kernel sandbox costs per command: a paired figure, sandboxed vs unconfined.
 
-    python benchmarks/sandbox.py [--runs 40] [--command true]
+    python benchmarks/sandbox.py [--runs 40] [--command true] [--ballast-mb 0]
 
-Each round spawns the trivial command twice — once through ``dsh.sandbox.Popen`` under the
-default policy (the launcher: an interpreter start with ``-I -S``, Landlock, seccomp, then
-``execve``) and once through ``subprocess.Popen`` with the same arguments, in alternating
-order — and waits for each. Printed: the median and best of each, and the median of the
-paired differences (the overhead per command), and the children's CPU time per spawn (which
-load does not inflate the way it does wall time). Target (issue 22): at most +15 ms on this
-machine. The machine is shared: compare the columns of one run.
+Each round spawns the trivial command three times, in an order that rotates from round to
+round, and waits for each: through ``subprocess.Popen`` (unconfined), through
+``dsh.sandbox.Popen`` under the default policy on the path it uses (the forked child confines
+itself by system calls prepared in the parent: ``dsh/sandbox/child.py``), and through the
+same ``Popen`` with ``launcher=True`` (the old path, still used by ``dsh.sandbox.wrap``: a
+second interpreter started with ``-I -S`` applies Landlock and seccomp, then ``execve``'s).
+
+Printed per path: the median and best wall time, the median of the paired differences
+against the unconfined spawn of the same round (the overhead per command: the issue-22
+figure, target at most +15 ms on this machine), and the CPU per spawn — dsh's own (building
+the plan, the ruleset, the fork) and the children's — which load does not inflate the way it
+does wall time. The machine is shared: compare the columns of one run. ``--ballast-mb N``
+first fills N MiB of this process's memory (a dsh with many plugins and a long session is
+bigger than this script): the confined path forks this process, whose cost grows with its
+size, where ``subprocess`` alone uses ``vfork``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,30 +33,27 @@ import time
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.spawn import Popen
 
+PATHS = ("unconfined", "sandboxed", "launcher")
 
-def once(confined: bool, argv: list[str], ws: str) -> float:
-    """Wall ms of one spawn-and-wait; the children's CPU goes to :data:`CPU`."""
-    before = _children_cpu()
+
+def once(path: str, argv: list[str], ws: str) -> tuple[float, float, float]:
+    """``(wall ms, dsh CPU ms, children CPU ms)`` of one spawn-and-wait by ``path``."""
+    before_children, before_self = _cpu(resource.RUSAGE_CHILDREN), time.process_time()
     start = time.perf_counter()
-    if confined:
-        proc: subprocess.Popen[bytes] = Popen(argv, Policy(), workspace=ws,
-                                              stdin=subprocess.DEVNULL)
+    if path == "unconfined":
+        proc: subprocess.Popen[bytes] = subprocess.Popen(argv, cwd=ws, stdin=subprocess.DEVNULL,
+                                                         close_fds=True)
     else:
-        proc = subprocess.Popen(argv, cwd=ws, stdin=subprocess.DEVNULL, close_fds=True)
+        proc = Popen(argv, Policy(), workspace=ws, stdin=subprocess.DEVNULL,
+                     launcher=path == "launcher")
     proc.wait()
     wall = (time.perf_counter() - start) * 1000
-    CPU[confined].append(_children_cpu() - before)
-    return wall
+    return (wall, (time.process_time() - before_self) * 1000,
+            _cpu(resource.RUSAGE_CHILDREN) - before_children)
 
 
-#: CPU ms (user + system) of the spawned processes, per spawn: stable under load, unlike wall.
-CPU: dict[bool, list[float]] = {True: [], False: []}
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
     return (usage.ru_utime + usage.ru_stime) * 1000
 
 
@@ -55,31 +61,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--command", default="true")
+    parser.add_argument("--ballast-mb", type=int, default=0)
     args = parser.parse_args()
+    ballast = bytearray(os.urandom(1 << 20) * args.ballast_mb)  # touched, resident  # noqa: F841
     argv = args.command.split()
+    got: dict[str, list[tuple[float, float, float]]] = {p: [] for p in PATHS}
     with tempfile.TemporaryDirectory(prefix="dsh-bench-sandbox-") as ws:
-        once(True, argv, ws)  # warm the page cache
-        confined, bare, diffs = [], [], []
+        for path in PATHS:  # warm the page cache and the caches of each path
+            once(path, argv, ws)
         for i in range(args.runs):
-            if i % 2:
-                b, c = once(False, argv, ws), once(True, argv, ws)
-            else:
-                c, b = once(True, argv, ws), once(False, argv, ws)
-            confined.append(c)
-            bare.append(b)
-            diffs.append(c - b)
-    load = os.getloadavg()[0]
-    print(f"spawn of {args.command!r}, {args.runs} pairs, load {load:.2f} "
-          f"({os.cpu_count()} cores), python {sys.version.split()[0]}")
-    print(f"  unconfined  median {statistics.median(bare):7.2f} ms  best {min(bare):7.2f} ms")
-    print(f"  sandboxed   median {statistics.median(confined):7.2f} ms  "
-          f"best {min(confined):7.2f} ms")
-    print(f"  overhead    median {statistics.median(diffs):+7.2f} ms per command "
-          f"(best pair {min(diffs):+.2f} ms; target <= +15 ms)")
-    cpu_c, cpu_b = statistics.median(CPU[True]), statistics.median(CPU[False])
-    print(f"  child CPU   median {cpu_b:7.2f} ms unconfined, {cpu_c:7.2f} ms sandboxed "
-          f"({cpu_c - cpu_b:+.2f} ms: the launcher's interpreter start, ctypes, Landlock, "
-          "seccomp)")
+            for path in PATHS[i % 3:] + PATHS[:i % 3]:
+                got[path].append(once(path, argv, ws))
+    load = os.getloadavg()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"spawn of {args.command!r}, {args.runs} rounds, load {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f} ({os.cpu_count()} cores), python {sys.version.split()[0]}, "
+          f"this process {rss:.0f} MiB")
+    bare = got["unconfined"]
+    for path in PATHS:
+        rows = got[path]
+        walls = [r[0] for r in rows]
+        own, kids = statistics.median(r[1] for r in rows), statistics.median(r[2] for r in rows)
+        line = (f"  {path:<10}  wall median {statistics.median(walls):7.2f} ms  best "
+                f"{min(walls):7.2f} ms  CPU dsh {own:5.2f} + children {kids:5.2f} ms")
+        print(line)
+    print("  paired overhead per command (median of round-by-round differences):")
+    for path in PATHS[1:]:
+        rows = got[path]
+        wall = [r[0] - b[0] for r, b in zip(rows, bare, strict=True)]
+        cpu = [r[1] + r[2] - b[1] - b[2] for r, b in zip(rows, bare, strict=True)]
+        note = "  <- the path Popen uses" if path == "sandboxed" else "  (old path, wrap())"
+        print(f"  {path:<10}  wall {statistics.median(wall):+7.2f} ms  CPU "
+              f"{statistics.median(cpu):+7.2f} ms  (target <= +15 ms){note}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ Public API, for dsh-shell and any third-party tool plugin that starts a program:
 * :mod:`dsh.sandbox.policy` — the ``[sandbox]`` settings (:func:`parse_policy`), dsh's own
   paths (:func:`protected_paths`) and the plan of one command;
 * :mod:`dsh.sandbox.spawn` — :class:`Popen`, :class:`SandboxUnavailable`, :func:`check`;
-* :mod:`dsh.sandbox.exec` — the launcher (Landlock, seccomp, no capabilities, then execve).
+* :mod:`dsh.sandbox.child` — what ``Popen``'s forked child runs before execve, prepared in
+  the parent (Landlock ruleset, seccomp program, the system calls);
+* :mod:`dsh.sandbox.exec` — the launcher (Landlock, seccomp, no capabilities, then execve),
+  for :func:`~dsh.sandbox.spawn.wrap`, subinterpreters and ``launcher=True``.
 
 May import ``dsh.config``, ``dsh.ledger`` (where dsh's data lives), ``dsh.host`` and
 ``dsh.core`` (it sits beside ``dsh.tools`` and ``dsh.llm``, below ``dsh.run``); this module

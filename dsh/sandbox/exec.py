@@ -2,10 +2,13 @@
 
 Started by :class:`dsh.sandbox.spawn.Popen` as ``python -I -S -c "…import exec…" POLICY_FD
 STATUS_FD -- CMD ARGS…`` (imported by a one-line ``-c`` so its bytecode is cached; running
-it by path or as ``python -m dsh.sandbox.exec`` works too). It is a separate program so that
-nothing of dsh runs in the child between ``fork`` and ``exec`` (a ``preexec_fn`` is not safe
-in a process with threads), and it imports only the standard library (no ``dsh``, no
-site-packages: ``-S``; ``_ctypes``, not ``ctypes``) so that it starts as fast as Python can.
+it by path or as ``python -m dsh.sandbox.exec`` works too). ``Popen`` confines its forked
+child directly (:mod:`dsh.sandbox.child`, which reuses :func:`precheck`,
+:func:`build_ruleset` and :func:`seccomp_program` from here); this separate program serves
+what a ``preexec_fn`` cannot: :func:`dsh.sandbox.spawn.wrap` (a process someone else starts),
+subinterpreters and ``Popen(…, launcher=True)``. It imports only the standard library (no
+``dsh``, no site-packages: ``-S``; ``_ctypes``, not ``ctypes``) so that it starts as fast as
+Python can.
 
 What it does, in order:
 
@@ -115,19 +118,24 @@ class _Libc:
             _handle = c.dlopen(None, c.RTLD_LOCAL)
 
         self._c: Any = c
+        self._arrays: dict[int, Any] = {}
         self._long, self._char = Long, Char
         self._syscall = Fn(("syscall", Lib))
         self._prctl = Fn(("prctl", Lib))
 
     def buffer(self, data: bytes) -> Any:
         """A C array holding a copy of ``data`` (passed as a pointer)."""
-        array: Any = self._c.Array
+        size = max(len(data), 1)
+        buf = self._arrays.get(size)
+        if buf is None:  # one class per size: building a class costs more than the call
+            array: Any = self._c.Array
 
-        class Buf(array):
-            _type_ = self._char
-            _length_ = max(len(data), 1)
+            class Buf(array):
+                _type_ = self._char
+                _length_ = size
 
-        return Buf.from_buffer_copy(data or b"\0")
+            buf = self._arrays[size] = Buf
+        return buf.from_buffer_copy(data or b"\0")
 
     def address(self, buf: Any) -> int:
         return int(self._c.addressof(buf))
@@ -145,9 +153,9 @@ class _Libc:
         return int(self._c.get_errno())
 
 
-def landlock_abi() -> tuple[int, str]:
+def landlock_abi(libc: _Libc | None = None) -> tuple[int, str]:
     """``(abi, why)``: the kernel's Landlock ABI version (0 when none, with the reason)."""
-    libc = _Libc()
+    libc = libc or _Libc()
     abi = libc.syscall(SYS_CREATE_RULESET, 0, 0, CREATE_RULESET_VERSION)
     if abi < 0:
         err = libc.errno()
@@ -166,20 +174,31 @@ def _check(libc: _Libc, result: int, what: str) -> None:
 def apply(policy: dict[str, Any]) -> int:
     """Confine this process by ``policy``; return the Landlock ABI used."""
     libc = _Libc()
+    machine, abi = precheck(libc)
+    _check(libc, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _drop_capabilities(libc, ARCHES[machine][2])
+    ruleset = build_ruleset(libc, abi, policy)
+    try:
+        _check(libc, libc.syscall(SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    _seccomp(libc, machine, bool(policy.get("network")))
+    return abi
+
+
+def precheck(libc: _Libc | None = None) -> tuple[str, int]:
+    """``(machine, abi)`` when this kernel can apply a policy, else :class:`Refused` saying
+    why (no seccomp filter for the architecture, no Landlock, too old an ABI)."""
     machine = os.uname().machine
     if machine not in ARCHES:
         raise Refused(f"no seccomp filter for this architecture ({machine})")
-    abi, why = landlock_abi()
+    abi, why = landlock_abi(libc)
     if abi == 0:
         raise Refused(why)
     if abi < MIN_ABI:
         raise Refused(f"the kernel's Landlock ABI is {abi}; dsh needs {MIN_ABI} or newer "
                       "(signal and abstract-socket scoping)")
-    _check(libc, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _drop_capabilities(libc, ARCHES[machine][2])
-    _landlock(libc, abi, policy)
-    _seccomp(libc, machine, bool(policy.get("network")))
-    return abi
+    return machine, abi
 
 
 def _drop_capabilities(libc: _Libc, sys_capset: int) -> None:
@@ -195,7 +214,9 @@ def _drop_capabilities(libc: _Libc, sys_capset: int) -> None:
     _check(libc, libc.syscall(sys_capset, header, data), "capset")
 
 
-def _landlock(libc: _Libc, abi: int, policy: dict[str, Any]) -> None:
+def build_ruleset(libc: _Libc, abi: int, policy: dict[str, Any]) -> int:
+    """A Landlock ruleset (a close-on-exec descriptor) holding ``policy``'s rules, every
+    path opened and checked now; the caller restricts itself with it and closes it."""
     fs = FS_BY_ABI.get(abi, FS_BY_ABI[5])
     net = 0 if policy.get("network") else NET_BIND_TCP | NET_CONNECT_TCP
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
@@ -207,9 +228,10 @@ def _landlock(libc: _Libc, abi: int, policy: dict[str, Any]) -> None:
             rights = {"read": READ_RIGHTS, "write": fs, "device": DEVICE_RIGHTS,
                       "list": FS_READ_DIR}[kind]
             _add_path(libc, ruleset, path, rights & fs)
-        _check(libc, libc.syscall(SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
-    finally:
+    except BaseException:
         os.close(ruleset)
+        raise
+    return ruleset
 
 
 def _add_path(libc: _Libc, ruleset: int, path: str, rights: int) -> None:

@@ -1,9 +1,12 @@
 """Starting a confined process: :class:`Popen`, the public way for any tool plugin.
 
-``Popen(argv, policy, workspace=…)`` is :class:`subprocess.Popen` run through the launcher
-(:mod:`dsh.sandbox.exec`): the launcher applies the policy to itself and ``execve``'s the
-command, so the command is confined from its first instruction and nothing of dsh runs in
-the child after ``fork``. The constructor returns once the command has been exec'd: a policy
+``Popen(argv, policy, workspace=…)`` is :class:`subprocess.Popen` whose forked child confines
+itself before ``execve`` (:mod:`dsh.sandbox.child`: a ``preexec_fn`` of system calls prepared
+here — the Landlock ruleset is built in this process — and nothing else of dsh), so the
+command is confined from its first instruction. ``launcher=True``, a subinterpreter (where
+``subprocess`` refuses a ``preexec_fn``) and :func:`wrap` use the launcher instead
+(:mod:`dsh.sandbox.exec`, a second interpreter that applies the same policy to itself and
+``execve``'s the command). The constructor returns once the command has been exec'd: a policy
 the kernel cannot apply raises :class:`SandboxUnavailable` (fail closed) and the command never
 runs; a program that is not found raises :class:`FileNotFoundError`, as ``subprocess`` does.
 """
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsh.core.errors import DshError
+from dsh.sandbox.policy import Plan
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.policy import build_plan
 from dsh.sandbox.policy import protected_paths
@@ -68,12 +72,15 @@ class Popen(subprocess.Popen[bytes]):
 
     Keyword arguments are :class:`subprocess.Popen`'s (``cwd`` defaults to the workspace;
     ``close_fds`` is always true; ``env`` is passed as given, with ``TMPDIR`` set to the
-    command's private temp directory). ``self.sandbox`` is the record of what was applied:
+    command's private temp directory; a ``preexec_fn`` runs first, unconfined).
+    ``launcher=True`` confines through the launcher rather than in the forked child (same
+    confinement, errors and record). ``self.sandbox`` is the record of what was applied:
     the policy, ``backend`` (``landlock`` or ``none``) and the kernel's ``abi``.
     """
 
     def __init__(self, args: Sequence[str], policy: Policy, *, workspace: str,
-                 protected: Iterable[str | None] = (), **kwargs: Any) -> None:
+                 protected: Iterable[str | None] = (), launcher: bool = False,
+                 **kwargs: Any) -> None:
         argv = [os.fspath(a) for a in args]
         kwargs.setdefault("cwd", workspace)
         kwargs["close_fds"] = True
@@ -87,7 +94,7 @@ class Popen(subprocess.Popen[bytes]):
             raise SandboxUnavailable(_refusal(policy, f"no sandbox backend on {sys.platform}"))
         protect = protected_paths([*protected, *run_protected()])
         self._tmp = tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
-        self._cleanup = weakref.finalize(self, shutil.rmtree, tmp, True)
+        self._cleanup = weakref.finalize(self, _remove, tmp)
         try:
             plan = build_plan(policy, workspace, tmp, protect)
         except Exception:
@@ -95,6 +102,69 @@ class Popen(subprocess.Popen[bytes]):
             raise
         env = dict(kwargs.pop("env", None) or os.environ)
         env["TMPDIR"] = tmp
+        if not launcher:
+            try:
+                self._confine_in_child(argv, policy, plan, env, kwargs)
+                return
+            except _NoPreexec:  # a subinterpreter: subprocess refuses preexec_fn there
+                pass
+        self._launch(argv, policy, plan, env, kwargs)
+
+    def _confine_in_child(self, argv: list[str], policy: Policy, plan: Plan,
+                          env: dict[str, str], kwargs: dict[str, Any]) -> None:
+        """The default path: the forked child confines itself by system calls prepared here
+        (:mod:`dsh.sandbox.child`) and ``subprocess`` exec's the command."""
+        from dsh.sandbox.child import Confinement
+        from dsh.sandbox.exec import Refused
+
+        kwargs = dict(kwargs)  # preexec_fn is set here; a fallback to the launcher is clean
+        try:
+            confinement = Confinement(plan.network, plan.rules)
+        except (Refused, OSError) as exc:
+            self._cleanup()
+            why = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
+            raise SandboxUnavailable(_refusal(policy, why)) from None
+        own = kwargs.get("preexec_fn")
+        if own is not None:  # the caller's runs first (unconfined, as it always did)
+            def child() -> None:
+                own()
+                confinement()
+            kwargs["preexec_fn"] = child
+        else:
+            kwargs["preexec_fn"] = confinement
+        try:
+            super().__init__(argv, env=env, **kwargs)
+        except subprocess.SubprocessError:  # the child raised before exec: the caller's
+            failed = confinement.outcome()   # preexec_fn, or a signal handler in ours
+            self._cleanup()
+            if failed is None and own is not None:
+                raise
+            why = failed or "the child failed before exec"
+            raise SandboxUnavailable(_refusal(policy, why)) from None
+        except RuntimeError as exc:
+            confinement.close()
+            if "subinterpreter" in str(exc):  # refused before any fork
+                # subprocess keeps the /dev/null it opened (and closed) for a retry: drop it
+                self.__dict__.pop("_devnull", None)
+                raise _NoPreexec from None
+            self._cleanup()
+            raise
+        except BaseException:  # FileNotFoundError, PermissionError: exec failed, confined;
+            confinement.close()  # or a signal's KeyboardInterrupt after the fork
+            self._kill_orphan()
+            self._cleanup()
+            raise
+        failure = confinement.outcome()
+        self.sandbox.update(backend="landlock")
+        if failure is not None:
+            self._abandon()
+            raise SandboxUnavailable(_refusal(policy, failure))
+        self.sandbox["abi"] = confinement.abi
+
+    def _launch(self, argv: list[str], policy: Policy, plan: Plan, env: dict[str, str],
+                kwargs: dict[str, Any]) -> None:
+        """The launcher path: a second interpreter (:mod:`dsh.sandbox.exec`) confines itself
+        and exec's the command."""
         spec = os.memfd_create("dsh-sandbox-policy", os.MFD_CLOEXEC)
         status_r, status_w = os.pipe()
         try:
@@ -105,13 +175,19 @@ class Popen(subprocess.Popen[bytes]):
             super().__init__(launcher, env=env, **kwargs)
         except BaseException:
             os.close(status_r)
+            self._kill_orphan()
             self._cleanup()
             raise
         finally:
             os.close(spec)
             os.close(status_w)
-        with os.fdopen(status_r, "rb") as f:
-            status = f.read(65536).decode(errors="replace").splitlines()
+        try:
+            with os.fdopen(status_r, "rb") as f:
+                status = f.read(65536).decode(errors="replace").splitlines()
+        except BaseException:  # a signal's KeyboardInterrupt: nobody would own the process
+            self._kill_orphan()
+            self._cleanup()
+            raise
         self.sandbox.update(backend="landlock")
         for line in status:
             tag, _, text = line.partition(" ")
@@ -128,6 +204,28 @@ class Popen(subprocess.Popen[bytes]):
             self._abandon()
             raise SandboxUnavailable(_refusal(policy, "the sandbox launcher failed"))
 
+    def _kill_orphan(self) -> None:
+        """The constructor is failing after the fork (an interrupt): the caller gets no
+        handle, so the child — maybe the command already, with its group — must not be left
+        running. A child ``subprocess`` has reaped (exec failed) is left alone."""
+        pid = getattr(self, "pid", None)
+        if not getattr(self, "_child_created", False) or pid is None or \
+                self.returncode is not None:
+            return
+        import signal
+
+        try:
+            if os.getpgid(pid) == pid:  # its own group (start_new_session, process_group=0)
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        except ProcessLookupError:
+            pass
+        self.returncode = -signal.SIGKILL
+
     def _abandon(self) -> None:
         """The command did not start: reap the launcher, close our ends, drop the temp dir."""
         super().wait()
@@ -141,6 +239,10 @@ class Popen(subprocess.Popen[bytes]):
         if self._tmp is not None:
             self._cleanup()
         return code
+
+
+class _NoPreexec(Exception):
+    """``subprocess`` cannot run a ``preexec_fn`` here: use the launcher."""
 
 
 def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
@@ -163,11 +265,19 @@ def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     holder = type("SandboxTemp", (), {})()
-    cleanup = weakref.finalize(holder, shutil.rmtree, tmp, True)
+    cleanup = weakref.finalize(holder, _remove, tmp)
     cleanup.atexit = True
     launcher = [INTERPRETER, *LAUNCH, "--inline",
                 base64.b64encode(plan.encode()).decode(), "--", *argv]
     return launcher, {"TMPDIR": tmp}, (holder, cleanup)
+
+
+def _remove(tmp: str) -> None:
+    """Remove a command's temp directory: usually empty (``rmdir``, a tenth of ``rmtree``)."""
+    try:
+        os.rmdir(tmp)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _refusal(policy: Policy, why: str) -> str:
@@ -177,7 +287,8 @@ def _refusal(policy: Policy, why: str) -> str:
 
 def check() -> dict[str, Any]:
     """What this machine supports (the launcher's ``--probe``, run as a child, the way a
-    command would be started) and which backend a policy would use."""
+    command would be started) and which backend a policy would use; ``launcher`` is ``ok``
+    or why the launcher (:func:`wrap`) could not confine a trial command."""
     info: dict[str, Any] = {"platform": sys.platform}
     if not sys.platform.startswith("linux"):
         return {**info, "backend": None, "why": f"no sandbox backend on {sys.platform}"}
@@ -195,13 +306,19 @@ def check() -> dict[str, Any]:
     elif not info.get("seccomp_filter"):
         info.update(backend=None, why=f"no seccomp filter for {info.get('machine')}")
     else:
-        # A trial: confine `true` under the default policy, as a command would be.
+        # A trial: confine `true` under the default policy, as a command would be — in the
+        # forked child (Popen) and through the launcher (wrap: MCP stdio servers).
         with tempfile.TemporaryDirectory(prefix="dsh-sandbox-check-") as ws:
-            try:
-                proc = Popen(["true"], Policy(), workspace=ws, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL)
-                proc.wait()
-                info.update(backend="landlock", why="")
-            except (SandboxUnavailable, OSError) as exc:
-                info.update(backend=None, why=str(exc))
+            for launcher in (False, True):
+                try:
+                    proc = Popen(["true"], Policy(), workspace=ws, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, launcher=launcher)
+                    proc.wait()
+                    why = ""
+                except (SandboxUnavailable, OSError) as exc:
+                    why = str(exc)
+                if launcher:
+                    info["launcher"] = why or "ok"
+                else:
+                    info.update(backend="landlock" if not why else None, why=why)
     return info

@@ -45,6 +45,7 @@ def sandbox_check(as_json: bool) -> None:
             click.echo(f"seccomp filter: {'yes' if info.get('seccomp_filter') else 'no'}")
         if info.get("backend"):
             click.echo(f"backend: {info['backend']} — commands are confined")
+            click.echo(f"launcher (MCP stdio servers): {info.get('launcher')}")
         else:
             click.echo(f"backend: none — {info.get('why')}; sandboxed tools refuse to run "
                        "(policy = \"off\" runs them unconfined)")

@@ -211,14 +211,21 @@ def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy
         raise ToolError(f"permission denied: cannot execute {argv[0]!r}") from None
     except OSError as exc:
         raise ToolError(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
-    process.record_sandbox(proc.sandbox)
+    ctx = current_or_none()
+    try:
+        process.record_sandbox(proc.sandbox)
+        # Aborting the run (Ctrl-C, SIGTERM, RunHandle.abort) kills the command instead of
+        # waiting (at once if it has fired already).
+        forget = (ctx.cancel.on_cancel(lambda: process.kill_group(proc)) if ctx is not None
+                  else None)
+    except BaseException:  # SIGTERM's KeyboardInterrupt before the kill was registered
+        process.kill_group(proc)
+        proc.wait()
+        raise
     assert proc.stdout is not None and proc.stderr is not None
     out = process.Stream(settings.max_output)
     err = process.Stream(settings.max_output)
     limit = process.drain_limit(settings.max_output)
-    ctx = current_or_none()
-    # Aborting the run (Ctrl-C, SIGTERM, RunHandle.abort) kills the command instead of waiting.
-    forget = ctx.cancel.on_cancel(lambda: process.kill_group(proc)) if ctx is not None else None
     deadline = time.monotonic() + settings.timeout
     try:
         stop = process.pump(proc, {proc.stdout.fileno(): out, proc.stderr.fileno(): err},
