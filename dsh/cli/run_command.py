@@ -176,6 +176,8 @@ def expand_command(state: State, assembled: Any, overrides: dict[str, Any],
     agent to run it: with the command's ``model`` unless ``-m`` chose one, and its ``tools``
     unless ``-T`` did. ``//…`` sends ``/…``; an unknown command is a usage error (exit 2)."""
     state.warn_plugin_errors()  # notes of plugins' agents, now that the plugins are loaded
+    if not head.startswith("/"):
+        return text, assembled  # the plain path imports nothing of commands
     from dsh.run import commands
 
     found = commands.split_command(head)
