@@ -212,11 +212,13 @@ class SessionIndex:
             names = os.listdir(directory)
         except OSError as exc:
             raise LedgerError(f"cannot list sessions in {directory}: {_reason(exc)}") from None
+        # racy: a file made in the clock tick of the mtime, after this listing, would not
+        # move it; such a signature is not kept (judged now, not after the reading below)
+        racy = time.time() - st.st_mtime_ns / 1e9 < RACY
         ids = {n[:-6] for n in names if n.endswith(".jsonl")}
         known = {r[0] for r in conn.execute("SELECT id FROM sessions")}
         gone = known - ids - {_escaped(i) for i in ids}
         rows = [self._summarise(sid) for sid in ids - known]
-        racy = time.time() - st.st_mtime_ns / 1e9 < RACY
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("DELETE FROM sessions WHERE id = ?", ((g,) for g in gone))
