@@ -109,8 +109,8 @@ def main() -> None:
         _dsh(seed, "run", "-m", "echo", "list the files here, then summarise them")
         (path,) = [p for p in os.listdir(os.path.join(seed, "sessions")) if p.endswith(".jsonl")]
         old_id = path[:-len(".jsonl")]
-        with open(os.path.join(seed, "sessions", path), "rb") as f:
-            template = f.read()
+        with open(os.path.join(seed, "sessions", path), "rb") as seed_file:
+            template = seed_file.read()
         homes = {}
         figures: dict[int, dict[str, float]] = {}
         for n in sizes:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -338,9 +339,13 @@ def test_writers_in_threads_and_processes_leave_a_consistent_index(env: dict[str
     assert warnings == [] and [r["id"] for r in rows] == store.ids()
 
 
+def _note(out: list[str], path: Path, why: str) -> None:
+    out.append(why)
+
+
 NAMES = st.one_of(
     st.sampled_from(IDS),
-    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+    st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=12),
     st.binary(min_size=1, max_size=12).map(os.fsdecode),
 )
 CONTENT = st.sampled_from(["session", "empty", "garbage", "torn", "folder", "no prompt"])
@@ -381,8 +386,8 @@ def test_the_index_lists_what_reading_every_ledger_lists(tmp_path_factory: Any,
     for _ in range(2):  # built, then answered from the index
         want_skips: list[str] = []
         got_skips: list[str] = []
-        want = list(store._scan(lambda p, why, out=want_skips: out.append(why)))
-        got = list(JsonlStore(base).sessions(lambda p, why, out=got_skips: out.append(why)))
+        want = list(store._scan(partial(_note, want_skips)))
+        got = list(JsonlStore(base).sessions(partial(_note, got_skips)))
         assert got == want
         assert sorted(got_skips) == sorted(want_skips)
     index = SessionIndex(store)
