@@ -393,3 +393,42 @@ def test_the_index_lists_what_reading_every_ledger_lists(tmp_path_factory: Any,
     index = SessionIndex(store)
     rows = index_rows(index.path)
     assert all(r[1] == PERMANENT or r[0] in store.ids() for r in rows.values())
+
+
+def test_threads_sharing_one_store_never_interleave_its_transactions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import dsh.ledger.index as index_module
+
+    index_module._warned.clear()
+    store = JsonlStore(tmp_path)
+    for sid in IDS:
+        make_session(store, sid)
+    assert [s.id for s in store.sessions()] == IDS[::-1]
+    inode = os.stat(SessionIndex(store).path).st_ino
+    failures: list[BaseException] = []
+
+    def lister() -> None:
+        try:
+            for _ in range(15):
+                got = [s.id for s in store.sessions()]  # the one shared store
+                assert set(IDS) <= set(got)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    def maker() -> None:
+        try:
+            for i in range(10):
+                make_session(JsonlStore(tmp_path), f"20260501-000000.{i:03d}-shared", turns=2)
+        except BaseException as exc:  # noqa: BLE001
+            failures.append(exc)
+
+    threads = [threading.Thread(target=lister) for _ in range(4)] + [threading.Thread(
+        target=maker)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert "session index" not in capsys.readouterr().err  # never passed over
+    assert os.stat(SessionIndex(store).path).st_ino == inode  # never taken for damaged
+    assert_consistent(store)

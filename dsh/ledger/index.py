@@ -36,6 +36,7 @@ import contextlib
 import os
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -112,6 +113,9 @@ class SessionIndex:
         self.folder = store.directory / ".index"
         self.path = self.folder / "sessions.sqlite3"
         self._conn: sqlite3.Connection | None = None
+        # one store may be listed from several threads: its connection's transactions must
+        # not interleave (another store object, like another process, has its own)
+        self._lock = threading.RLock()
 
     # --- connection, schema, damage ------------------------------------------------------
 
@@ -158,6 +162,10 @@ class SessionIndex:
     def _guarded(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run ``work`` on the index; a damaged index is rebuilt once, a locked or still
         damaged one raises :class:`IndexUnusable`."""
+        with self._lock:
+            return self._guarded_locked(work)
+
+    def _guarded_locked(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         for attempt in (1, 2):
             try:
                 conn = self._connect()
@@ -284,7 +292,8 @@ class SessionIndex:
 
     def rebuild(self) -> int:
         """Delete the index and make it again from every ledger; the number of rows."""
-        self._discard()
+        with self._lock:
+            self._discard()
         self.refresh()
         return int(self._guarded(lambda c: c.execute("SELECT count(*) FROM sessions")
                                  .fetchone()[0]))
