@@ -14,8 +14,9 @@ make. For each size it times, in fresh processes:
   index's own cost, without the start-up noise of a loaded machine);
 * ``after new``: the same right after one more ledger appeared in the folder (its names are
   listed again, only the new ledger is read);
-* ``no index``: with the index folder made unusable (a file where its folder would be, so the
-  ledgers are all read, as before the index) — only up to ``--scan-max`` sessions.
+* ``no index`` (not with ``--root``): with the index folder made unusable (a file where its
+  folder would be, so the ledgers are all read, as before the index) — only up to
+  ``--scan-max`` sessions.
 
 Target: ``list`` at 100k within 50 ms of ``list`` at 10.
 """
@@ -101,12 +102,16 @@ def main() -> None:
     parser.add_argument("--scan-max", type=int, default=10000,
                         help="measure the no-index listing up to this many sessions")
     parser.add_argument("--keep", action="store_true", help="keep the session folders")
+    parser.add_argument("--root", help="make the session folders here and keep them; a "
+                        "size already made there is reused (no rebuild is timed for it)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    root = tempfile.mkdtemp(prefix="dsh-bench-sessions-")
+    root = args.root or tempfile.mkdtemp(prefix="dsh-bench-sessions-")
+    args.keep = args.keep or bool(args.root)
     try:
         seed = os.path.join(root, "seed")
-        _dsh(seed, "run", "-m", "echo", "list the files here, then summarise them")
+        if not os.path.isdir(os.path.join(seed, "sessions")):
+            _dsh(seed, "run", "-m", "echo", "list the files here, then summarise them")
         (path,) = [p for p in os.listdir(os.path.join(seed, "sessions")) if p.endswith(".jsonl")]
         old_id = path[:-len(".jsonl")]
         with open(os.path.join(seed, "sessions", path), "rb") as seed_file:
@@ -115,6 +120,9 @@ def main() -> None:
         figures: dict[int, dict[str, float]] = {}
         for n in sizes:
             home = homes[n] = os.path.join(root, f"n{n}")
+            if os.path.isdir(os.path.join(home, "sessions")):
+                figures[n] = {}
+                continue
             t0 = time.perf_counter()
             make_store(home, n, template, old_id)
             made = time.perf_counter() - t0
@@ -134,7 +142,7 @@ def main() -> None:
             shutil.copyfile(os.path.join(seed, "sessions", path),
                             os.path.join(directory, extra + ".jsonl"))
             figures[n]["after new"] = _dsh(homes[n], "sessions", "list", "--limit", "20")
-            if n <= args.scan_max:
+            if n <= args.scan_max and not args.root:
                 index = os.path.join(directory, ".index")
                 shutil.rmtree(index)
                 with open(index, "w"):
@@ -148,7 +156,8 @@ def main() -> None:
               f" {'listing only':>13} {'after new':>10} {'no index':>9}")
         for n in sizes:
             f = figures[n]
-            print(f"{n:>9} {f['made']:>7.2f}s {f['rebuild']:>8.3f}s {f['list'] * 1000:>6.1f}ms "
+            made = f"{f['made']:>7.2f}s {f['rebuild']:>8.3f}s" if "made" in f else f"{'reused':>18}"
+            print(f"{n:>9} {made} {f['list'] * 1000:>6.1f}ms "
                   f"{(f['list'] - base) * 1000:>+10.1f}ms {f['listing only'] * 1000:>11.2f}ms "
                   f"{f['after new'] * 1000:>8.1f}ms "
                   + (f"{f['no index'] * 1000:>7.1f}ms" if "no index" in f else f"{'-':>9}"))
