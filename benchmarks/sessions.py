@@ -156,8 +156,8 @@ def main() -> None:
               f" {'listing only':>13} {'after new':>10} {'no index':>9}")
         for n in sizes:
             f = figures[n]
-            made = f"{f['made']:>7.2f}s {f['rebuild']:>8.3f}s" if "made" in f else f"{'reused':>18}"
-            print(f"{n:>9} {made} {f['list'] * 1000:>6.1f}ms "
+            head = f"{f['made']:>7.2f}s {f['rebuild']:>8.3f}s" if "made" in f else f"{'reused':>18}"
+            print(f"{n:>9} {head} {f['list'] * 1000:>6.1f}ms "
                   f"{(f['list'] - base) * 1000:>+10.1f}ms {f['listing only'] * 1000:>11.2f}ms "
                   f"{f['after new'] * 1000:>8.1f}ms "
                   + (f"{f['no index'] * 1000:>7.1f}ms" if "no index" in f else f"{'-':>9}"))
