@@ -13,9 +13,10 @@ How it stays true, cheaply:
 * **New or removed files** change the sessions folder's mtime. The index keeps the folder's
   signature (device, inode, mtime) from its last full name listing; while the folder still
   has it, no listing is needed. When it differs, the names are listed (no file is opened) and
-  only the new ledgers are summarised. A signature taken within :data:`RACY` seconds of its
-  mtime is not kept (a file made in the same clock tick would not move the mtime: "racy git"),
-  so the next listing looks again.
+  only the new ledgers are summarised. A signature taken within :data:`RACY_FINE` seconds of
+  its mtime (:data:`RACY` where the file system keeps whole seconds) is not kept: a file made
+  in the same clock tick would not move the mtime ("racy git"), so the next listing looks
+  again.
 * **Appended ledgers** (a resumed session, by any dsh or by hand) change their stamp: every
   row about to be shown is ``stat``-ed and summarised again when its stamp moved; a row whose
   file is gone is dropped. Only the rows shown are checked, so ``--limit 20`` costs 20 stats.
@@ -55,8 +56,11 @@ if TYPE_CHECKING:
 
 #: Bumped when the schema changes: an index of another version is rebuilt.
 VERSION = 1
-#: A folder signature is kept only when its mtime is at least this many seconds old.
+#: A folder signature is kept only when its mtime is at least this many seconds old: on a
+#: file system that keeps whole seconds (ext3, some NFS servers), and where it keeps finer
+#: times (ext4, xfs, tmpfs: stamped from a clock that advances every few milliseconds).
 RACY = 2.0
+RACY_FINE = 0.1
 #: How long a writer waits for another's lock before the listing passes the index over.
 BUSY_MS = 2000
 PAGE = 64
@@ -222,11 +226,15 @@ class SessionIndex:
             raise LedgerError(f"cannot list sessions in {directory}: {_reason(exc)}") from None
         # racy: a file made in the clock tick of the mtime, after this listing, would not
         # move it; such a signature is not kept (judged now, not after the reading below)
-        racy = time.time() - st.st_mtime_ns / 1e9 < RACY
-        ids = {n[:-6] for n in names if n.endswith(".jsonl")}
-        known = {r[0] for r in conn.execute("SELECT id FROM sessions")}
-        gone = known - ids - {_escaped(i) for i in ids}
-        rows = [self._summarise(sid) for sid in ids - known]
+        racy = time.time() - st.st_mtime_ns / 1e9 < (RACY if st.st_mtime_ns % 10**9 == 0
+                                                      else RACY_FINE)
+        ids = {n[:-6] for n in names if n[-6:] == ".jsonl"}
+        known = {r for (r,) in conn.execute("SELECT id FROM sessions")}
+        new = ids - known
+        gone = known - ids
+        if gone:  # a name that is not UTF-8 has its escaped form for id: not gone
+            gone -= {_escaped(i) for i in new}
+        rows = [self._summarise(sid) for sid in new]
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("DELETE FROM sessions WHERE id = ?", ((g,) for g in gone))
