@@ -137,7 +137,10 @@ class SessionIndex:
             if version not in (0, VERSION):
                 raise sqlite3.DatabaseError(f"index version {version}, not {VERSION}")
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
+                # readers never wait for a writer; a maker that loses the race to switch it
+                # (busy) works in the default mode this once
+                with contextlib.suppress(sqlite3.OperationalError):
+                    conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             if version == 0:  # new (or emptied): idempotent, so two makers agree
                 conn.executescript(_SCHEMA + f"PRAGMA user_version = {VERSION};")
