@@ -48,6 +48,13 @@ def resolve(store: Any, text: str, agent: str | None = None) -> str:
         for info in newest_sessions(store, agent, roots=True):
             return str(info.id)
         raise UsageError("no sessions yet" + (f" of agent {agent!r}" if agent else ""))
+    exists = getattr(store, "exists", None)
+    if callable(exists):  # a full id: no listing (and no index) needed
+        try:
+            if exists(text):
+                return text
+        except UsageError:  # not an id at all: no prefix of one either (said below)
+            pass
     matching = getattr(store, "matching", None)
     matches = (list(matching(text)) if callable(matching)
                else [i for i in store.ids() if i.startswith(text)])
