@@ -136,9 +136,10 @@ def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
 def latest_session(app: App, agent: str | None = None) -> str | None:
     """The newest session (of ``agent``) that is not a sub-agent's; sessions that cannot be
     read (or are empty) are passed over."""
-    for info in app.store.sessions():
-        if (agent is None or info.agent == agent) and not info.parent:
-            return str(info.id)
+    from dsh.ledger.reader import newest_sessions
+
+    for info in newest_sessions(app.store, agent, roots=True):
+        return str(info.id)
     return None
 
 

@@ -45,19 +45,47 @@ def resolve(store: Any, text: str, agent: str | None = None) -> str:
     if not isinstance(text, str) or not text:
         raise UsageError("a session id, a unique prefix of one, or 'latest' is needed")
     if text == "latest":
-        for info in store.sessions():
-            if (agent is None or info.agent == agent) and not info.parent:
-                return str(info.id)
+        for info in newest_sessions(store, agent, roots=True):
+            return str(info.id)
         raise UsageError("no sessions yet" + (f" of agent {agent!r}" if agent else ""))
-    ids = store.ids()
-    if text in ids:
+    exists = getattr(store, "exists", None)
+    if callable(exists):  # a full id: no listing (and no index) needed
+        try:
+            if exists(text):
+                return text
+        except UsageError:  # not an id at all: no prefix of one either (said below)
+            pass
+    matching = getattr(store, "matching", None)
+    matches = (list(matching(text)) if callable(matching)
+               else [i for i in store.ids() if i.startswith(text)])
+    if text in matches:
         return text
-    matches = [i for i in ids if i.startswith(text)]
     if len(matches) == 1:
         return str(matches[0])
     if matches:
         raise UsageError(f"session id {text!r} is ambiguous: {', '.join(matches[:5])}")
     raise UsageError(f"no session {text!r} (see dsh sessions list)")
+
+
+def newest_sessions(store: Any, agent: str | None = None, *, roots: bool = False,
+                    on_skip: Any = None) -> Iterator[Any]:
+    """``store``'s sessions (of ``agent``; without a parent, with ``roots``), newest first:
+    filtered by the built-in store's index, or here for a plugin's store."""
+    from dsh.ledger.store import JsonlStore
+
+    if isinstance(store, JsonlStore):
+        yield from store.sessions(on_skip, agent=agent, roots=roots)
+        return
+    if on_skip is None:
+        found = store.sessions()
+    else:
+        try:
+            found = store.sessions(on_skip=on_skip)
+        except TypeError:  # a plugin's store without on_skip
+            found = store.sessions()
+    for info in found:
+        if (agent is None or info.agent == agent) and not (roots and info.parent):
+            yield info
 
 
 class SessionReader:

@@ -92,6 +92,7 @@ class JsonlStore(BlobFiles):
         self.directory = directory
         self.fsync = fsync
         self._codec = codec
+        self._session_index: Any = None
 
     @property
     def codec(self) -> EventCodec:
@@ -242,6 +243,13 @@ class JsonlStore(BlobFiles):
         appear unescaped inside a JSON string); the model is the last turn's that named one.
         ``dsh sessions list`` stays quick over many long sessions. An empty file (a run that
         died before its first event) is a :class:`LedgerError`: it is not a session."""
+        return self.summary(session_id)[0]
+
+    def summary(self, session_id: str) -> tuple[SessionInfo, bool]:
+        """:meth:`info`, and whether it is settled: the first user message was read, so
+        appending to the ledger can change only its turns and model (the session index
+        checks an unsettled one again at every listing)."""
+        settled = False
         path = self.path(session_id)
         data = read_ledger_file(path)
         if not data.strip():
@@ -265,6 +273,7 @@ class JsonlStore(BlobFiles):
                     info["model"] = event.model
             elif isinstance(event, UserMessage):
                 info["first_prompt"] = event.text
+                settled = True
                 break
         # The model: the last turn/start that named one (null means unchanged), looking back
         # over at most 64 turns so that a long session stays quick to list.
@@ -279,13 +288,42 @@ class JsonlStore(BlobFiles):
                     and not _SURROGATE_ESCAPE.search(line)):
                 info["model"] = turn.model
                 break
-        return SessionInfo(**info)
+        return SessionInfo(**info), settled
 
-    def sessions(self, on_skip: Callable[[Path, str], None] | None = None
-                 ) -> Iterator[SessionInfo]:
-        """Every readable session, newest first. One that cannot be summarised (unreadable,
-        not a regular file, empty) is skipped — never the ones after it — and, with
-        ``on_skip``, reported as ``on_skip(path, reason)``."""
+    def sessions(self, on_skip: Callable[[Path, str], None] | None = None, *,
+                 agent: str | None = None, roots: bool = False) -> Iterator[SessionInfo]:
+        """Every readable session (of ``agent``; without a parent, with ``roots``), newest
+        first. One that cannot be summarised (unreadable, not a regular file, empty) is
+        skipped — never the ones after it — and, with ``on_skip``, reported as
+        ``on_skip(path, reason)``.
+
+        Answered from the session index (:mod:`dsh.ledger.index`), checked against the
+        ledgers; from the ledgers themselves when the index cannot be used (one warning)."""
+        index = self._index()
+        last: str | None = None
+        if index is not None:
+            from dsh.ledger.index import IndexUnusable
+            from dsh.ledger.index import warn_once
+
+            try:
+                for info in index.sessions(on_skip, agent=agent, roots=roots):
+                    last = info.id
+                    yield info
+                return
+            except IndexUnusable as exc:
+                warn_once(f"session index not used ({exc}); listing from the ledgers")
+                index.close()
+                if last is not None:  # what was yielded stays; the rest from the ledgers
+                    on_skip = None
+        for info in self._scan(on_skip):
+            if last is not None and info.id >= last:
+                continue
+            if (agent is None or info.agent == agent) and not (roots and info.parent):
+                yield info
+
+    def _scan(self, on_skip: Callable[[Path, str], None] | None = None
+              ) -> Iterator[SessionInfo]:
+        """Every readable session, newest first, each ledger read (no index)."""
         for sid in self.ids():
             try:
                 yield self.info(sid)
@@ -294,11 +332,35 @@ class JsonlStore(BlobFiles):
                     on_skip(self.directory / f"{sid}.jsonl", str(exc))
                 continue
 
+    def _index(self) -> Any:
+        """The session index of this folder, or None: no folder yet (nothing to list), or
+        one this user may not write (the ledgers are read directly)."""
+        if self._session_index is None:
+            if not os.access(self.directory, os.W_OK | os.X_OK):
+                return None
+            from dsh.ledger.index import SessionIndex
+
+            self._session_index = SessionIndex(self)
+        return self._session_index
+
+    def matching(self, prefix: str) -> list[str]:
+        """The session ids that start with ``prefix``, newest first (from the index)."""
+        index = self._index()
+        if index is not None:
+            from dsh.ledger.index import IndexUnusable
+            from dsh.ledger.index import warn_once
+
+            try:
+                return list(index.matching(prefix))
+            except IndexUnusable as exc:
+                warn_once(f"session index not used ({exc}); listing from the ledgers")
+                index.close()
+        return [i for i in self.ids() if i.startswith(prefix)]
+
     def latest(self, agent: str | None = None) -> str | None:
         """The newest session (of ``agent``) with at least one readable event."""
-        for info in self.sessions():
-            if agent is None or info.agent == agent:
-                return info.id
+        for info in self.sessions(agent=agent):
+            return info.id
         return None
 
 

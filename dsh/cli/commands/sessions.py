@@ -45,7 +45,7 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
     A ledger that cannot be read (permissions, not a regular file, empty) is skipped with a
     `dsh: warning: skipped: REASON` line on stderr; the others are listed.
     """
-    found = newest(state.app, agent, report=True)[:limit]
+    found = newest(state.app, agent, report=True, limit=limit)
     if as_json:
         _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
                 "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),
@@ -248,17 +248,14 @@ def sessions_rm(state: State, session_ids: tuple[str, ...]) -> None:
         warn(f"removed {path}")
 
 
-def newest(app: App, agent: str | None = None, *, report: bool = False) -> list[Any]:
-    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond). With
+def newest(app: App, agent: str | None = None, *, report: bool = False,
+           limit: int | None = None) -> list[Any]:
+    """Sessions (of ``agent``), newest first (ids sort by creation, to the millisecond), at
+    most ``limit``: the store's session index reads no more ledgers than it shows. With
     ``report``, each ledger that cannot be listed gets a ``dsh: warning: skipped`` line."""
-    return [s for s in _sessions(app, report) if agent is None or s.agent == agent]
+    from itertools import islice
 
+    from dsh.ledger.reader import newest_sessions
 
-def _sessions(app: App, report: bool = False) -> Any:
-    store = app.store
-    if not report:
-        return store.sessions()
-    try:
-        return store.sessions(on_skip=lambda path, reason: warn(f"warning: skipped: {reason}"))
-    except TypeError:  # a plugin's store without on_skip
-        return store.sessions()
+    on_skip = (lambda path, reason: warn(f"warning: skipped: {reason}")) if report else None
+    return list(islice(newest_sessions(app.store, agent, on_skip=on_skip), limit))
