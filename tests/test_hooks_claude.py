@@ -287,3 +287,125 @@ def test_transcript_hostile_text_stays_json_escaped(
         assert got["message"]["content"][0]["text"] == e["text"]
         assert ('"role":"assistant"' in line) is (e["type"] == "assistant/message")
         assert len(line.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ claude_plugins
+
+GUARD = """\
+#!/bin/bash
+INPUT=$(cat)
+echo "root=$CLAUDE_PLUGIN_ROOT" > "$CLAUDE_PROJECT_DIR/plugin-root.txt"
+if echo "$INPUT" | grep -q 'rm -rf'; then
+  echo "blocked by the plugin's guard" >&2
+  exit 2
+fi
+"""
+
+
+def _plugin(base: Path, name: str, *, manifest: dict[str, Any] | None = None,
+            hooks_json: dict[str, Any] | None = None) -> Path:
+    root = base / name
+    (root / ".claude-plugin").mkdir(parents=True)
+    (root / "scripts").mkdir()
+    (root / "scripts" / "guard.sh").write_text(GUARD)
+    (root / "scripts" / "guard.sh").chmod(0o755)
+    (root / ".claude-plugin" / "plugin.json").write_text(json.dumps(
+        manifest if manifest is not None else {"name": name}))
+    if hooks_json is not None:
+        (root / "hooks").mkdir()
+        (root / "hooks" / "hooks.json").write_text(json.dumps(hooks_json))
+    return root
+
+
+PLUGIN_HOOKS = {"description": "a guard", "hooks": hook(
+    "PreToolUse", "${CLAUDE_PLUGIN_ROOT}/scripts/guard.sh", "Bash")}
+
+
+@pytest.mark.parametrize("folder", ["guard-plugin", "odd name (1)"])
+def test_plugin_folder_hooks_block_a_call(tmp_path: Path, proj: Path, folder: str) -> None:
+    root = _plugin(tmp_path, folder, hooks_json=PLUGIN_HOOKS)
+    cfg = write_config(tmp_path, proj, claude_plugins=[str(root)])
+    m = model(tmp_path, _call("run_command", command="rm -rf victim"), {"text": "done"})
+    (proj / "victim").mkdir()
+    r = dsh(tmp_path, proj, cfg, "run", "--yes", "-m", m, "go")
+    assert r.returncode == 0, r.stderr
+    assert (proj / "victim").exists()
+    [res] = of(ledger(tmp_path), "tool/result")
+    assert "blocked by the plugin's guard" in res["output"]
+    assert (proj / "plugin-root.txt").read_text() == f"root={root}\n"
+    r = dsh(tmp_path, proj, cfg, "hooks", "list", "--json")
+    [row] = [json.loads(x) for x in r.stdout.splitlines()]
+    assert row["source"] == f"{root / 'hooks' / 'hooks.json'} hooks"
+    if folder == "guard-plugin":  # a path that needs no quoting is expanded in the text
+        assert row["command"] == f"{root}/scripts/guard.sh"
+
+
+def test_plugin_manifest_names_its_hooks_inline_and_by_path(tmp_path: Path, proj: Path) -> None:
+    root = _plugin(tmp_path, "p", manifest={"name": "p", "hooks": "./config/h.json"})
+    (root / "config").mkdir()
+    (root / "config" / "h.json").write_text(json.dumps(PLUGIN_HOOKS))
+    inline = _plugin(tmp_path, "q", manifest={"name": "q", "hooks": {"hooks": hook(
+        "Stop", "echo ${CLAUDE_PLUGIN_ROOT}")}})
+    cfg = write_config(tmp_path, proj, claude_plugins=[str(root), str(inline)])
+    r = dsh(tmp_path, proj, cfg, "hooks", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["event"], x["source"]) for x in rows] == [
+        ("PreToolUse", f"{root / 'config' / 'h.json'} hooks"),
+        ("Stop", f"{inline / '.claude-plugin' / 'plugin.json'}: hooks")]
+
+
+@pytest.mark.parametrize(("lie", "message"), [
+    ("../outside.json", "leads out of the plugin folder"),
+    ("/etc/passwd", "is an absolute path"),
+    ("link.json", "leads out of the plugin folder"),
+    ("fifo.json", "not a regular file"),
+    ("bad.json", "not valid JSON"),
+    (7, "expected a path, a list of paths or an object"),
+])
+def test_plugin_manifest_lying_about_paths_is_a_clear_error(
+        tmp_path: Path, proj: Path, lie: Any, message: str) -> None:
+    (tmp_path / "outside.json").write_text(json.dumps(PLUGIN_HOOKS))
+    root = _plugin(tmp_path, "liar", manifest={"name": "liar", "hooks": lie})
+    (root / "link.json").symlink_to(tmp_path / "outside.json")
+    os.mkfifo(root / "fifo.json")
+    (root / "bad.json").write_text("{nope")
+    cfg = write_config(tmp_path, proj, claude_plugins=[str(root)])
+    m = model(tmp_path, _call("run_command", command="echo ran > ran.txt"), {"text": "done"})
+    r = dsh(tmp_path, proj, cfg, "run", "--yes", "-m", m, "go", timeout=30)
+    assert r.returncode != 0
+    assert message in r.stderr and str(root) in r.stderr, r.stderr
+    assert "hooks" in r.stderr  # the key
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (proj / "ran.txt").exists()
+
+
+def test_plugin_folders_setting_is_checked(tmp_path: Path, proj: Path) -> None:
+    cfg = write_config(tmp_path, proj, claude_plugins="not-a-list")
+    r = dsh(tmp_path, proj, cfg, "hooks", "list")
+    assert r.returncode != 0 and "claude_plugins: expected a list" in r.stderr
+    cfg = write_config(tmp_path, proj, claude_plugins=[str(tmp_path / "missing")])
+    r = dsh(tmp_path, proj, cfg, "hooks", "list")
+    assert r.returncode != 0 and "claude_plugins[0]" in r.stderr and "not a folder" in r.stderr
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(root=st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\0/"),
+                    min_size=1, max_size=12),
+       template=st.sampled_from(["printf %s ${CLAUDE_PLUGIN_ROOT}/x",
+                                 'printf %s "${CLAUDE_PLUGIN_ROOT}/x"',
+                                 "printf %s '${CLAUDE_PLUGIN_ROOT}/x'",
+                                 'printf %s "$CLAUDE_PLUGIN_ROOT"/x',
+                                 "printf %s $CLAUDE_PLUGIN_ROOT/x"]))
+def test_plugin_root_in_commands_is_one_word_whatever_the_folder_name(
+        root: str, template: str) -> None:
+    """A folder named with spaces, quotes, `$(…)` or `;` is still one word, never code."""
+    import subprocess
+
+    from dsh_hooks.plugin_folders import expand
+
+    path = "/tmp/" + root
+    command = expand(template, path)
+    r = subprocess.run(["bash", "-c", command], capture_output=True, timeout=10,
+                       env={"CLAUDE_PLUGIN_ROOT": path, "PATH": os.environ["PATH"]})
+    assert r.stdout.decode("utf-8", "surrogateescape") == path + "/x", (command, r.stderr)

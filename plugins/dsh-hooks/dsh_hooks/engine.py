@@ -121,11 +121,11 @@ class Engine:
         hooks = self.settings.active(event)
         if event in MATCHED:
             hooks = [h for h in hooks if matches(h.matcher, *names)]
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         unique = []
         for h in hooks:  # identical commands run once, as the protocol does
-            if h.command not in seen:
-                seen.add(h.command)
+            if (h.command, h.plugin_root) not in seen:
+                seen.add((h.command, h.plugin_root))
                 unique.append(h)
         if not unique:
             return []
@@ -136,8 +136,10 @@ class Engine:
         cancel = getattr(self.ctx, "cancel", None) if cancellable else None
 
         def one(h: Hook) -> Answer:
+            env_h = {**child_env, "CLAUDE_PLUGIN_ROOT": h.plugin_root} if h.plugin_root \
+                else child_env
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
-                             env=child_env, max_output=cap, cancel=cancel, policy=h.policy)
+                             env=env_h, max_output=cap, cancel=cancel, policy=h.policy)
             try:
                 return interpret(h, ran, cap)
             except Exception as exc:  # an answer dsh failed to read may be a deny: fail closed
