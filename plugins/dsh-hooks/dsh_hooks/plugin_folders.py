@@ -55,10 +55,10 @@ def _folder(root: str, timeout: float) -> list[Hook]:
     manifest = read_json(manifest_path) if os.path.lexists(manifest_path) else {}
     if not isinstance(manifest, dict):
         raise ConfigError(f"{manifest_path}: expected a JSON object")
-    files: list[str] = []
+    files: dict[str, str] = {}  # path → the manifest key that named it ("" for the default)
     default = os.path.join(root, DEFAULT_HOOKS)
     if os.path.lexists(default):
-        files.append(inside(root, DEFAULT_HOOKS, f"{root}: {DEFAULT_HOOKS}"))
+        files[inside(root, DEFAULT_HOOKS, f"{root}: {DEFAULT_HOOKS}")] = ""
     spec = manifest.get("hooks")
     hooks: list[Hook] = []
     if isinstance(spec, str):
@@ -68,9 +68,7 @@ def _folder(root: str, timeout: float) -> list[Hook]:
             key = f"{manifest_path}: hooks" + (f"[{j}]" if len(spec) > 1 else "")
             if not isinstance(rel, str) or not rel:
                 raise ConfigError(f"{key}: expected a path inside the plugin folder")
-            path = inside(root, rel, key)
-            if path not in files:
-                files.append(path)
+            files.setdefault(inside(root, rel, key), key)
     elif isinstance(spec, dict):  # inline: the hooks object, or {"hooks": {...}}
         obj = spec["hooks"] if isinstance(spec.get("hooks"), dict) else spec
         hooks.extend(parse_hooks(obj, f"{manifest_path}: hooks", strict=False,
@@ -78,8 +76,11 @@ def _folder(root: str, timeout: float) -> list[Hook]:
     elif spec is not None:
         raise ConfigError(f"{manifest_path}: hooks: expected a path, a list of paths or an "
                           f"object, got {type(spec).__name__}")
-    for path in files:
-        data = read_json(path)
+    for path, key in files.items():
+        try:
+            data = read_json(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (named by {key})" if key else str(exc)) from None
         if not isinstance(data, dict) or not isinstance(data.get("hooks"), dict):
             raise ConfigError(f"{path}: hooks: expected {{\"hooks\": {{EVENT: [...]}}}}")
         hooks.extend(parse_hooks(data["hooks"], f"{path} hooks", strict=False,
