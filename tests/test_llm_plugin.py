@@ -397,7 +397,13 @@ def test_a_tool_calling_loop_with_llm_tools(env: Env) -> None:
     assert [r["tool_call_id"] for r in answer["tool_results"]] == ids[:2]
     schema = next(t for t in events[0]["tools"] if t["name"] == "simple_eval")
     assert schema["parameters"]["properties"] == {"expression": {"type": "string"}}
-    assert schema["description"].startswith("Evaluate a simple expression")
+    # exactly what llm sends (issue 24): the docstring as it is, not whitespace-trimmed
+    import llm
+    import llm_tools_simpleeval
+
+    sent = llm.Tool.function(llm_tools_simpleeval.simple_eval).description
+    assert sent != sent.strip()  # the comparison below can tell trimmed from not
+    assert schema["description"] == sent
 
 
 _TC_ID = re.compile(r"tc_[0-9a-z]{26}")
