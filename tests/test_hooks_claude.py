@@ -108,6 +108,21 @@ def test_env_file_reaches_commands_and_is_recorded(tmp_path: Path, proj: Path) -
     assert env["seq"] < of(events, "tool/call")[0]["seq"]
 
 
+def test_env_file_variables_last_for_every_turn_of_a_chat(tmp_path: Path, proj: Path) -> None:
+    """`dsh chat`: SessionStart fires once; the second turn's commands still have them."""
+    cfg = write_config(tmp_path, proj,
+                       hook("SessionStart", _script(proj, "load-context.sh", LOAD_CONTEXT)))
+    m = model(tmp_path, _call("run_command", command="printenv PROJECT_FLAVOUR"),
+              {"text": "one"}, _call("run_command", command="printenv PROJECT_FLAVOUR"),
+              {"text": "two"})
+    r = dsh(tmp_path, proj, cfg, "chat", "--yes", "-m", m, stdin="first\nsecond\n")
+    assert r.returncode == 0, r.stderr
+    events = ledger(tmp_path)
+    outs = [e["output"] for e in of(events, "tool/result")]
+    assert len(outs) == 2 and all("vanilla" in o for o in outs), outs
+    assert len(of(events, "x/dsh-hooks/env")) == 1
+
+
 def test_hooks_test_session_start_has_the_env_file(tmp_path: Path, proj: Path) -> None:
     cfg = write_config(tmp_path, proj,
                        hook("SessionStart", _script(proj, "load-context.sh", LOAD_CONTEXT)))

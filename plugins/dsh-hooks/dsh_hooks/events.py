@@ -29,6 +29,9 @@ from dsh_hooks.engine import _where
 
 #: Ledgers (open sessions) this process has already started: SessionStart fires once each.
 _started: weakref.WeakSet[Any] = weakref.WeakSet()
+#: What SessionStart hooks set through CLAUDE_ENV_FILE, per open session: later runs of the
+#: same session in this process (`dsh chat`'s next turns) give it to their commands too.
+_session_envs: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 _started_lock = threading.Lock()
 
 
@@ -82,6 +85,10 @@ def pre_step(eng: Engine, step: Any) -> None:
         with _started_lock:
             first = ctx.ledger not in _started
             _started.add(ctx.ledger)
+        if not first and ctx.ledger in _session_envs:
+            from dsh_hooks.envfile import SESSION_ENV
+
+            ctx.data[SESSION_ENV] = dict(_session_envs[ctx.ledger])
         if first and eng.settings.active("SessionStart"):
             source = "startup" if ctx.ledger.projection.turn <= 1 else "resume"
             for ans in session_start(eng, source):
@@ -137,6 +144,8 @@ def session_start(eng: Engine, source: str) -> list[Answer]:
         env = dict(eng.ctx.data.get(envfile.SESSION_ENV) or {})
         env.update(found)
         eng.ctx.data[envfile.SESSION_ENV] = env
+        if eng.ctx.ledger is not None:
+            _session_envs[eng.ctx.ledger] = env
     return answers
 
 
