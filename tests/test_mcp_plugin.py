@@ -355,7 +355,7 @@ def test_unused_server_costs_no_import_and_no_process(tmp_path: Path) -> None:
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
     refreshed = dsh("--config", str(cfg), "mcp", "refresh", env=env)
     assert refreshed.returncode == 0, refreshed.stderr
-    assert "t: 11 tools from dsh-test-server 9.9.1" in refreshed.stdout
+    assert "t: 13 tools from dsh-test-server 9.9.1" in refreshed.stdout
     starts = len([e for e in events(marks) if e.startswith("start")])
     assert starts == 1
     probe = ("import sys, runpy\n"
