@@ -80,6 +80,23 @@ def refuse() -> CallToolResult:
 
 
 @server.tool()
+def read_note(name: str) -> CallToolResult:
+    """A file's text, as the official filesystem server answers: structuredContent only wraps
+    the text ({"content": TEXT})."""
+    text = f"note {name}:\nline two"
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content={"content": text})
+
+
+@server.tool()
+def read_note_more(name: str) -> CallToolResult:
+    """Like read_note, but the structured content says more than the text."""
+    text = f"note {name}"
+    return CallToolResult(content=[TextContent(type="text", text=text)],
+                          structured_content={"content": text, "size": len(text)})
+
+
+@server.tool()
 def picture() -> Image:
     """A tiny PNG."""
     return Image(data=PNG, format="png")

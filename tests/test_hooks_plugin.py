@@ -431,7 +431,9 @@ def test_turn_stopping_blocks_once_then_honours_stop_hook_active(tmp_path: Path,
     assert "stop_once.sh" in users[1]["text"]
     assert of(events, "turn/end")[0]["outcome"] == "completed"
     assert inputs[0]["transcript_path"].endswith(".jsonl")
-    assert Path(inputs[0]["transcript_path"]).exists()
+    # the Claude Code-shaped rendering (not the ledger), removed when the run ended
+    assert (tmp_path / "sessions") not in Path(inputs[0]["transcript_path"]).parents
+    assert not Path(inputs[0]["transcript_path"]).exists()
 
 
 def test_continue_false_stops_the_run(tmp_path: Path, proj: Path) -> None:

@@ -158,6 +158,8 @@ def test_importing_the_plugin_does_not_import_llm() -> None:
                                   ("tools",)])
 def test_runs_without_llm_models_or_tools_do_not_import_llm(env: Env, args: tuple[str, ...],
                                                             ) -> None:
+    if args == ("models",):  # the listing of llm's models is cached by the first `dsh models`
+        assert env.dsh("models").returncode == 0
     proc, modules = _modules_after(env, *args)
     assert proc.returncode == 0, proc.stderr
     assert not _has_llm(modules), args
@@ -344,6 +346,39 @@ def test_dsh_llm_models_lists_llms_models_with_their_plugin(env: Env) -> None:
                      tools.stdout, re.M)
 
 
+def test_dsh_models_lists_the_llm_plugins_models_and_caches_the_list(env: Env) -> None:
+    """Issue 14/24: ``dsh models`` lists every model of the installed llm plugins with its
+    plugin; the first run asks llm, later ones read the cache without importing llm; a
+    broken cache file is rewritten, never an error; a changed ``LLM_LOAD_PLUGINS`` is a new
+    answer."""
+    first, modules = _modules_after(env, "models")
+    assert first.returncode == 0, first.stderr
+    assert _has_llm(modules)  # nothing cached yet: llm was asked
+    assert re.search(r"^llm:echo\s+\[llm-echo\]$", first.stdout, re.M)
+    assert re.search(r"^llm:gpt-4o-mini\s+\[llm \(built in\)\]$", first.stdout, re.M)
+    again, modules = _modules_after(env, "models")
+    assert again.stdout == first.stdout and not _has_llm(modules)
+    report = json.loads(env.dsh("models", "--json").stdout)
+    echo = next(m for m in report["models"] if m["id"] == "llm:echo")
+    assert (echo["plugin"], echo["adapter"]) == ("llm-echo", "llm")
+    [cache] = list((env.tmp / "home").rglob("models.json"))
+    assert cache.stat().st_mode & 0o777 == 0o600
+    for junk in (b"\x00\xff not json", b'{"key": 1, "models": "x"}', b"[]"):
+        cache.write_bytes(junk)
+        proc = env.dsh("models")
+        assert proc.returncode == 0 and proc.stdout == first.stdout, proc.stderr
+    only_builtin = env.dsh("models", LLM_LOAD_PLUGINS="")
+    assert "llm:echo" not in only_builtin.stdout and "llm:gpt-4o-mini" in only_builtin.stdout
+
+
+def test_dsh_models_without_dsh_llm_does_not_import_llm(env: Env) -> None:
+    env.env["DSH_LOAD_PLUGINS"] = "shell"  # dsh-llm not loaded: as if not installed
+    proc, modules = _modules_after(env, "models")
+    assert proc.returncode == 0, proc.stderr
+    assert not _has_llm(modules) and "dsh_llm" not in json.loads(modules)
+    assert "llm:" not in proc.stdout
+
+
 def test_an_alias_is_recorded_as_the_model_it_means(env: Env) -> None:
     env.llm("aliases", "set", "parrot", "echo", user=env.llm_user)
     proc = env.dsh("run", "-m", "llm:parrot", "hi")
@@ -397,7 +432,13 @@ def test_a_tool_calling_loop_with_llm_tools(env: Env) -> None:
     assert [r["tool_call_id"] for r in answer["tool_results"]] == ids[:2]
     schema = next(t for t in events[0]["tools"] if t["name"] == "simple_eval")
     assert schema["parameters"]["properties"] == {"expression": {"type": "string"}}
-    assert schema["description"].startswith("Evaluate a simple expression")
+    # exactly what llm sends (issue 24): the docstring as it is, not whitespace-trimmed
+    import llm
+    import llm_tools_simpleeval
+
+    sent = llm.Tool.function(llm_tools_simpleeval.simple_eval).description
+    assert sent != sent.strip()  # the comparison below can tell trimmed from not
+    assert schema["description"] == sent
 
 
 _TC_ID = re.compile(r"tc_[0-9a-z]{26}")

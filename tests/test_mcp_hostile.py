@@ -493,3 +493,27 @@ def test_an_unreadable_tool_list_is_one_line_and_remembered(tmp_path: Path,
     assert events(marks).count("badlist") == 1  # the second run did not ask the server again
     refreshed = dsh("--config", str(cfg), "mcp", "refresh", env=home_env(tmp_path))
     assert refreshed.returncode == 1 and events(marks).count("badlist") == 2
+
+
+@given(text=st.text(max_size=40), key=st.text(max_size=8), extra=st.text(min_size=1, max_size=5))
+@settings(max_examples=200, deadline=None)
+def test_structured_content_wrapping_the_text_is_sent_once(text: str, key: str,
+                                                           extra: str) -> None:
+    """``{KEY: TEXT}`` (the filesystem server's ``{"content": TEXT}``) is the text once; a
+    wrapper that says anything more — one character more, a second key — is still sent, so a
+    server cannot hide data from the model by shaping it like the text."""
+    import mcp_types
+    from dsh_mcp.results import to_output
+
+    def result(structured: Any) -> Any:
+        return mcp_types.CallToolResult(
+            content=[mcp_types.TextContent(type="text", text=text)],
+            structured_content=structured)
+
+    assert to_output(result({key: text})) == text
+    more = {key: text + extra}
+    assert to_output(result(more)) == f"{text}\n{json.dumps(more, ensure_ascii=False)}" \
+        if text else json.dumps(more, ensure_ascii=False)
+    two = {key: text, key + "_": extra}
+    assert json.dumps(two, ensure_ascii=False) in to_output(result(two))
+    assert to_output(result({key: True})) != text or text == "true"

@@ -75,11 +75,31 @@ def tools_text(rows: list[dict[str, Any]]) -> str:
 
 
 def models_report(app: Any) -> dict[str, Any]:
+    """The adapters, the models adapters list (an adapter that registered a listing: dsh-llm
+    lists the models of the installed llm plugins, each with its plugin), the configured
+    ones and the default. A listing that fails is one warning, the rest is still shown."""
+    from dsh.cli.shared import warn
+
+    listed: list[dict[str, Any]] = []
+    for e in app.models.values():
+        if e.listing is None:
+            continue
+        try:
+            rows = e.list_models()
+        except Exception as exc:  # noqa: BLE001 - a plugin's listing: named, not fatal
+            warn(f"cannot list the models of adapter {e.prefix!r} ({e.plugin}): "
+                 f"{type(exc).__name__}: {exc}")
+            continue
+        listed += [{"id": str(r.get("id")), "plugin": str(r.get("plugin", "")),
+                    "adapter": e.prefix, **{k: v for k, v in r.items()
+                                            if k not in ("id", "plugin", "adapter")}}
+                   for r in rows if isinstance(r, dict)]
     return {
         "default": app.default_model.id,
         "default_why": app.default_model.why,
         "adapters": [{"prefix": e.prefix, "plugin": e.plugin, "description": e.description}
                      for e in app.models.values()],
+        "models": listed,
         "configured": [{"id": k, "adapter": v.get("adapter", k.partition(":")[0])}
                        for k, v in app.config.models.items()],
     }
@@ -90,6 +110,10 @@ def models_text(report: dict[str, Any]) -> str:
     width = max((len(a["prefix"]) for a in adapters), default=0)
     lines = [f"{a['prefix'].ljust(width)}  {a['description']}  [{a['plugin']}]"
              for a in adapters]
+    listed = report.get("models", [])
+    if listed:
+        width = max(len(m["id"]) for m in listed)
+        lines += [f"{m['id'].ljust(width)}  [{m['plugin']}]" for m in listed]
     lines += [f"{c['id']}  (configured, adapter {c['adapter']})" for c in report["configured"]]
     lines.append(f"default: {report['default']} ({report['default_why']})")
     return "\n".join(lines)

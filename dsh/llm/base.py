@@ -160,6 +160,22 @@ class ModelEntry:
     factory: ModelFactory | str
     plugin: str
     description: str = ""
+    #: What ``dsh models`` lists under the prefix: a callable (or ``"module:attr"``, imported
+    #: only by ``dsh models``) returning ``[{"id": "PREFIX:NAME", "plugin": …}, …]``; None:
+    #: the adapter takes any name.
+    listing: Callable[[], list[dict[str, Any]]] | str | None = None
+
+    def list_models(self) -> list[dict[str, Any]]:
+        """The models the adapter knows (``[]`` without a listing)."""
+        listing = self.listing
+        if listing is None:
+            return []
+        if isinstance(listing, str):
+            import importlib
+
+            module_name, _, attr = listing.partition(":")
+            listing = getattr(importlib.import_module(module_name), attr)
+        return list(listing())
 
     def build(self, name: str, settings: Mapping[str, Any]) -> Model:
         factory = self.factory

@@ -227,13 +227,13 @@ class App:
                 plugin = impl.plugin_name
 
                 def register(prefix: str, factory: Any, description: str = "",
-                             _plugin: str = plugin) -> None:
+                             models: Any = None, _plugin: str = plugin) -> None:
                     if prefix in table:
                         raise PluginError(
                             f"model prefix {prefix!r} registered twice: by "
                             f"{table[prefix].plugin} and {_plugin}", plugin=_plugin,
                             hook="register_models")
-                    table[prefix] = ModelEntry(prefix, factory, _plugin, description)
+                    table[prefix] = ModelEntry(prefix, factory, _plugin, description, models)
 
                 call_impl(impl, "register_models", register=register)
             self._models = table

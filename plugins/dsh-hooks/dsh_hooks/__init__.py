@@ -123,9 +123,13 @@ def compact_context(request: CompactionRequest) -> Compaction | None:
         from dsh_hooks import events
 
         eng = events.for_compaction(request)
-        if eng is not None and eng.settings.active("PreCompact") and events.pre_compact(
-                eng, request):
-            request.strategy = "off (vetoed by a PreCompact hook)"
+        try:
+            if eng is not None and eng.settings.active("PreCompact") and events.pre_compact(
+                    eng, request):
+                request.strategy = "off (vetoed by a PreCompact hook)"
+        finally:
+            if eng is not None and eng.ctx is None:  # `dsh sessions compact`: no run to end
+                eng.close()
     return None
 
 

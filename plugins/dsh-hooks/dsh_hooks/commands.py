@@ -67,7 +67,8 @@ def test_hooks(event: str, tool: str, input_json: str, agent: str | None) -> Non
     """Run the hooks of EVENT that match on a sample input and print their decisions.
 
     One line per hook: ok, block or error, then what it answered. Exit status 2 when a hook
-    blocked, else 0.
+    blocked (exit 2, or a JSON answer a run reads as a block: ``permissionDecision: deny``,
+    ``decision: block``), else 0.
     """
     from dsh_hooks.engine import Engine
 
@@ -89,14 +90,27 @@ def test_hooks(event: str, tool: str, input_json: str, agent: str | None) -> Non
         names = (name, tool)
     elif event in ("PreCompact", "SessionStart"):
         names = (str(data.get("trigger") or data.get("source") or ""),)
-    answers = eng.fire(event, fields, *names)
+    if event == "SessionStart":
+        from dsh_hooks.events import session_start
+
+        answers = session_start(eng, names[0] or "startup")
+        for name, value in eng.session_env.items():
+            click.echo(_line(f"# CLAUDE_ENV_FILE sets {name}={value}"), err=True)
+    else:
+        answers = eng.fire(event, fields, *names)
     if not answers:
         click.echo(f"no {event} hook matches", err=True)
+    from dsh_hooks.events import blocks
+
     blocked = False
     for ans in answers:
-        blocked = blocked or ans.kind == "block"
+        # As a run reads it: exit 2, a JSON permissionDecision "deny" (PreToolUse) or a
+        # top-level decision "block" (the events that take one) is a block.
         said = json.dumps(ans.json, ensure_ascii=False) if ans.json is not None else ans.text
-        detail = ans.reason or said
-        click.echo(_line(f"{ans.kind}\t{ans.name}\t{detail}"))
+        why = blocks(event, ans)
+        kind = "block" if why is not None else ans.kind
+        blocked = blocked or why is not None
+        detail = why or ans.reason or said
+        click.echo(_line(f"{kind}\t{ans.name}\t{detail}"))
     if blocked:
         raise SystemExit(2)

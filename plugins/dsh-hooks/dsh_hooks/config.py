@@ -29,11 +29,11 @@ EVENTS = ("PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop", "SubagentStop
 MATCHED = frozenset({"PreToolUse", "PostToolUse", "PreCompact", "SessionStart"})
 SOURCES = {"project": ".claude/settings.json", "local": ".claude/settings.local.json",
            "user": "~/.claude/settings.json"}
-KEYS = ("hooks", "claude_settings", "project_dir", "tools", "env_keep", "max_output",
-        "timeout", "sandbox")
+KEYS = ("hooks", "claude_settings", "claude_plugins", "project_dir", "tools", "env_keep",
+        "max_output", "timeout", "sandbox")
 #: The hook sources a ``sandbox`` table names: ``config`` (dsh's own TOML) and each settings
 #: file. Every source is unconfined unless its policy is set (its hooks were written by you).
-SANDBOX_SOURCES = ("config", *SOURCES)
+SANDBOX_SOURCES = ("config", *SOURCES, "claude_plugins")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT = 1024 * 1024
 #: The most bytes of a Claude Code settings file read (it is read whole, then parsed).
@@ -72,6 +72,8 @@ class Hook:
     ignored: str = ""
     #: The kernel sandbox of its process (:class:`dsh.sandbox.Policy`), None: unconfined.
     policy: Any = None
+    #: The Claude Code plugin folder it comes from (``CLAUDE_PLUGIN_ROOT``), else "".
+    plugin_root: str = ""
 
 
 @attrs.frozen
@@ -114,6 +116,10 @@ def check(raw: Mapping[str, Any], where: str) -> None:
                 raise ConfigError(f"[{where}] {key}: expected a positive finite number, "
                                   f"got {v!r}")
     _tools(raw.get("tools", {}), where)
+    if "claude_plugins" in raw:
+        from dsh_hooks import plugin_folders
+
+        plugin_folders.check(raw["claude_plugins"], where)
     policies(raw, where)
     parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
                 default_timeout=float(raw.get("timeout", DEFAULT_TIMEOUT)))
@@ -164,6 +170,12 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSetti
         hooks.extend(attrs.evolve(h, policy=confine.get(name))
                      for h in parse_hooks(data.get("hooks", {}), path, strict=False,
                                           default_timeout=timeout))
+    if raw.get("claude_plugins"):
+        from dsh_hooks import plugin_folders
+
+        hooks.extend(attrs.evolve(h, policy=confine.get("claude_plugins"))
+                     for h in plugin_folders.load(raw["claude_plugins"], where, project,
+                                                  timeout))
     tools = dict(DEFAULT_TOOLS)
     tools.update(_tools(raw.get("tools", {}), where))
     return HookSettings(tuple(hooks), project, tools, tuple(raw.get("env_keep", [])),

@@ -64,6 +64,37 @@ class Engine:
         self.stop_active: set[int] = set()
         #: Tool calls whose approval a hook gave: ``id(call) → approve_all before``.
         self.approved: dict[int, bool] = {}
+        #: The session rendered in Claude Code's transcript shape (:mod:`dsh_hooks.transcript`),
+        #: made at the first hook that gets ``transcript_path``; None before or without a file.
+        self.transcript: Any = None
+        #: What SessionStart hooks set through ``CLAUDE_ENV_FILE`` (:mod:`dsh_hooks.envfile`).
+        self.session_env: dict[str, str] = {}
+        self._transcript_lock = threading.Lock()
+
+    def close(self) -> None:
+        """The run is over: its transcript rendering is removed."""
+        if self.transcript is not None:
+            self.transcript.close()
+            self.transcript = None
+
+    def transcript_path(self) -> str:
+        """The rendering of the session, brought up to date with the ledger; "" without a
+        session file (``--no-save``, ``dsh hooks test``)."""
+        ledger = self.ledger
+        path = getattr(ledger, "path", None) if ledger is not None else None
+        if not path:
+            return ""
+        with self._transcript_lock:
+            if self.transcript is None:
+                from dsh_hooks.transcript import Transcript
+
+                try:
+                    self.transcript = Transcript(str(path), ledger.session_id,
+                                                 self.settings.project_dir)
+                except OSError as exc:
+                    warn(f"cannot render the transcript for hooks: {exc}")
+                    return ""
+        return str(self.transcript.sync())
 
     # ---------------------------------------------------------------- firing
 
@@ -71,7 +102,7 @@ class Engine:
         ctx, ledger = self.ctx, self.ledger
         return {
             "session_id": ledger.session_id if ledger is not None else "",
-            "transcript_path": str(ledger.path) if ledger is not None and ledger.path else "",
+            "transcript_path": self.transcript_path(),
             "cwd": self.settings.project_dir,
             "hook_event_name": event,
             "permission_mode": "bypassPermissions" if getattr(ctx, "approve_all", False)
@@ -79,32 +110,36 @@ class Engine:
         }
 
     def fire(self, event: str, fields: Mapping[str, Any], *names: str,
-             cancellable: bool = True) -> list[Answer]:
+             cancellable: bool = True, env: Mapping[str, str] | None = None) -> list[Answer]:
         """Run every hook of ``event`` whose matcher matches one of ``names`` (all of them
         for events without matchers), in parallel; answers in configuration order.
 
         Each hook's wait is bounded by its ``timeout`` and, when ``cancellable``, by the run's
         cancellation: an abort kills every hook process of the event at once, the answers
-        are recorded, and :class:`~dsh.core.errors.Cancelled` is raised so the run ends now."""
+        are recorded, and :class:`~dsh.core.errors.Cancelled` is raised so the run ends now.
+        ``env``: variables added to these hooks' environment (``CLAUDE_ENV_FILE``)."""
         hooks = self.settings.active(event)
         if event in MATCHED:
             hooks = [h for h in hooks if matches(h.matcher, *names)]
-        seen: set[str] = set()
+        seen: set[tuple[str, str]] = set()
         unique = []
         for h in hooks:  # identical commands run once, as the protocol does
-            if h.command not in seen:
-                seen.add(h.command)
+            if (h.command, h.plugin_root) not in seen:
+                seen.add((h.command, h.plugin_root))
                 unique.append(h)
         if not unique:
             return []
         payload = json.dumps({**self.base(event), **fields}, ensure_ascii=False,
                              default=str).encode()
         cap = self.settings.max_output
+        child_env = {**self.env, **env} if env else self.env
         cancel = getattr(self.ctx, "cancel", None) if cancellable else None
 
         def one(h: Hook) -> Answer:
+            env_h = {**child_env, "CLAUDE_PLUGIN_ROOT": h.plugin_root} if h.plugin_root \
+                else child_env
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
-                             env=self.env, max_output=cap, cancel=cancel, policy=h.policy)
+                             env=env_h, max_output=cap, cancel=cancel, policy=h.policy)
             try:
                 return interpret(h, ran, cap)
             except Exception as exc:  # an answer dsh failed to read may be a deny: fail closed
@@ -194,7 +229,9 @@ class Engine:
         for key, value in arguments.items():
             outer = alias.arguments.get(key, key)
             if outer in alias.paths and isinstance(value, str):
-                value = os.path.normpath(os.path.join(self.workspace, value))
+                # What the model wrote, made absolute but NOT normalised: a hook's own
+                # ``..`` check must see the ``..`` (dsh-shell still refuses the escape).
+                value = os.path.join(self.workspace, value)
             shown_input[outer] = value
         return alias.name, shown_input
 

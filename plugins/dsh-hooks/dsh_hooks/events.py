@@ -29,6 +29,9 @@ from dsh_hooks.engine import _where
 
 #: Ledgers (open sessions) this process has already started: SessionStart fires once each.
 _started: weakref.WeakSet[Any] = weakref.WeakSet()
+#: What SessionStart hooks set through CLAUDE_ENV_FILE, per open session: later runs of the
+#: same session in this process (`dsh chat`'s next turns) give it to their commands too.
+_session_envs: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 _started_lock = threading.Lock()
 
 
@@ -45,6 +48,8 @@ def begin(turn: Any, raw: Mapping[str, Any]) -> Engine | None:
     ws = os.path.realpath(os.path.expanduser(workspace)) if workspace else os.getcwd()
     eng = Engine(settings, turn.ctx, workspace=ws)
     turn.ctx.data[KEY] = eng
+    # Cleanups run last-added first: SessionEnd still gets the transcript, then it goes.
+    turn.ctx.add_cleanup(eng.close)
     if turn.ctx.parent is None and settings.active("SessionEnd"):
         turn.ctx.add_cleanup(lambda: session_end(eng))
     return eng
@@ -80,9 +85,13 @@ def pre_step(eng: Engine, step: Any) -> None:
         with _started_lock:
             first = ctx.ledger not in _started
             _started.add(ctx.ledger)
+        if not first and ctx.ledger in _session_envs:
+            from dsh_hooks.envfile import SESSION_ENV
+
+            ctx.data[SESSION_ENV] = dict(_session_envs[ctx.ledger])
         if first and eng.settings.active("SessionStart"):
             source = "startup" if ctx.ledger.projection.turn <= 1 else "resume"
-            for ans in eng.fire("SessionStart", {"source": source}, source):
+            for ans in session_start(eng, source):
                 if ans.kind == "block":  # nothing to block: shown to the user, as Claude Code does
                     warn(f"{ans.name}: {ans.reason}")
                     eng.decided("SessionStart", "block-ignored", ans, ans.reason)
@@ -108,6 +117,36 @@ def pre_step(eng: Engine, step: Any) -> None:
         text = _context_of(ans)
         if text:
             step.context.append(InboxItem(text, "context", _source(ans)))
+
+
+def session_start(eng: Engine, source: str) -> list[Answer]:
+    """Fire SessionStart with a fresh ``CLAUDE_ENV_FILE``; what its hooks wrote there joins
+    the environment of dsh-shell's commands, recorded first (:mod:`dsh_hooks.envfile`)."""
+    from dsh_hooks import envfile
+
+    try:
+        directory, path = envfile.create()
+    except OSError as exc:
+        warn(f"cannot create CLAUDE_ENV_FILE: {exc}; SessionStart hooks run without it")
+        return eng.fire("SessionStart", {"source": source}, source)
+    try:
+        answers = eng.fire("SessionStart", {"source": source}, source,
+                           env={"CLAUDE_ENV_FILE": path})
+        found, refused = envfile.read(path, dict(eng.env))
+    finally:
+        envfile.remove(directory)
+    for why in refused:
+        warn(f"CLAUDE_ENV_FILE of SessionStart hooks: {why}")
+    if found or refused:
+        eng.record("env", {"source": source, "set": found, "refused": refused})
+    eng.session_env.update(found)
+    if found and eng.ctx is not None:
+        env = dict(eng.ctx.data.get(envfile.SESSION_ENV) or {})
+        env.update(found)
+        eng.ctx.data[envfile.SESSION_ENV] = env
+        if eng.ctx.ledger is not None:
+            _session_envs[eng.ctx.ledger] = env
+    return answers
 
 
 def _context_of(ans: Answer) -> str:
@@ -212,6 +251,21 @@ def _permission(ans: Answer) -> tuple[str, str]:
     if legacy == "approve":
         return "allow", str(ans.field("reason") or "")
     return "", ""
+
+
+def blocks(event: str, ans: Answer) -> str | None:
+    """The reason when a run would read ``ans`` as a block of ``event`` (exit 2; for
+    PreToolUse a ``deny`` decision, JSON or legacy; for the events that take one a
+    top-level ``decision: block``), else None. Used by ``dsh hooks test``."""
+    if ans.kind == "block":
+        return ans.reason or "(no reason given)"
+    if event == "PreToolUse":
+        d, r = _permission(ans)
+        return (r or "(no reason given)") if d == "deny" else None
+    if event in ("PostToolUse", "UserPromptSubmit", "Stop", "SubagentStop", "PreCompact") \
+            and ans.field("decision") == "block":
+        return str(ans.field("reason") or "(no reason given)")
+    return None
 
 
 def ask_user(call: Any, ans: Answer, why: str) -> str | None:

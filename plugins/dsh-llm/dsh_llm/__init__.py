@@ -34,7 +34,8 @@ __all__ = ["__version__", "register_commands", "register_models", "register_tool
 def register_models(register: Callable[..., None]) -> None:
     register("llm", "dsh_llm.model:LLMModel",
              description="any model of the llm CLI and its plugins: llm:MODEL_ID "
-                         "(list them: dsh llm models)")
+                         "(list them: dsh llm models)",
+             models="dsh_llm.listing:list_models")
 
 
 @hookimpl

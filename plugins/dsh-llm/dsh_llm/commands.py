@@ -21,21 +21,11 @@ def llm_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
 def models_command(as_json: bool) -> None:
     """List llm's models as dsh model ids (llm:MODEL_ID), with their plugin and aliases."""
-    from dsh_llm.model import import_llm
-    from dsh_llm.model import plugin_of
+    from dsh_llm import listing
 
-    llm = import_llm()
-    rows: list[dict[str, Any]] = []
-    for entry in llm.get_models_with_aliases():
-        model = entry.model or entry.async_model
-        rows.append({
-            "id": f"llm:{model.model_id}", "plugin": plugin_of(model),
-            "aliases": list(entry.aliases),
-            "tools": bool(getattr(model, "supports_tools", False)),
-            "stream": bool(getattr(model, "can_stream", False)),
-            "sync": entry.model is not None,
-            "key": getattr(model, "needs_key", None),
-        })
+    key = listing.cache_key()
+    rows: list[dict[str, Any]] = listing.rows()
+    listing.store(key, rows)  # `dsh models` reads it
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

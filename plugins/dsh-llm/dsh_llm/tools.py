@@ -118,7 +118,9 @@ def register_llm_tools(register: Callable[..., None], specs: Any, where: str) ->
         schema.setdefault("properties", {})
         # A toolbox instance holds state (a database connection): its methods run one after
         # another, in the thread that runs the step, never concurrently.
-        register(runner(tool), name=tool.name, description=(tool.description or "").strip(),
+        # The description exactly as llm sends it (``tool.description or None`` in its
+        # plugins: a docstring with its indentation and blank lines, not trimmed).
+        register(runner(tool), name=tool.name, description=tool.description or "",
                  parameters=schema, sequential=instance is not None)
 
 

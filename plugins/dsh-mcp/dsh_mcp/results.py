@@ -5,7 +5,9 @@
 - embedded resources: their text, or ``[resource: URI]`` for a binary one; resource links:
   ``[resource: URI]``;
 - ``structuredContent``: appended as JSON on a line of its own, unless the text already says
-  it (the text is that JSON, or it is the SDK's ``{"result": …}`` wrapping of the text);
+  it: the text is that JSON, or the structured content only wraps the text in an object of
+  one key (the SDK's ``{"result": …}``, the official filesystem server's ``{"content": …}``)
+  — the text itself or the JSON it holds. The model gets it once, not twice;
 - ``isError``: the same text, as an error outcome (:class:`dsh.core.errors.ToolError`).
 """
 
@@ -54,16 +56,34 @@ def _decoded_size(data: str) -> int:
 
 
 def _same_json(text: str, value: Any) -> bool:
-    """Whether ``value`` says nothing the text does not: the text is that JSON, or the SDK's
-    wrapping of a plain return value, ``{"result": <the text, or the JSON it holds>}``."""
-    if isinstance(value, dict) and list(value) == ["result"]:
-        if value["result"] == text:
-            return True
-        value = value["result"]
+    """Whether ``value`` says nothing the text does not: the text is that JSON, or ``value``
+    is an object of one key wrapping the text or the JSON it holds (the SDK's
+    ``{"result": …}`` for a plain return value, the filesystem server's ``{"content": …}``).
+    Only exact equality counts: a wrapper that differs from the text by one character is
+    sent."""
     try:
-        return bool(json.loads(text) == value)
-    except ValueError:
-        return False
+        parsed: Any = json.loads(text)
+        parses = True
+    except (ValueError, RecursionError):
+        parsed, parses = None, False
+    if parses and _equal(parsed, value):
+        return True
+    if isinstance(value, dict) and len(value) == 1:
+        [inner] = value.values()
+        if inner == text or (parses and _equal(parsed, inner)):
+            return True
+    return False
+
+
+def _equal(a: Any, b: Any) -> bool:
+    # JSON equality without Python's 1 == True == 1.0 (a bool is not a number in JSON)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b) and isinstance(a, str) == isinstance(b, str)
 
 
 def cap(text: str, limit: int) -> str:

@@ -21,8 +21,8 @@ from dsh.core.errors import ConfigError
 
 #: The most bytes of an ``mcpServers`` file read.
 MCP_JSON_CAP = 4 * 1024 * 1024
-TOP_KEYS = ("servers", "mcp_json", "use", "timeout", "startup_timeout", "max_output",
-            "sandbox")
+TOP_KEYS = ("servers", "mcp_json", "claude_plugins", "use", "timeout", "startup_timeout",
+            "max_output", "sandbox")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
                "tools_allow", "tools_deny", "max_output", "sandbox")
 DEFAULT_TIMEOUT = 60.0
@@ -127,6 +127,12 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
         for server in read_mcp_json(path, timeout, startup):
             # A project's .mcp.json cannot choose its own sandbox: dsh's settings do.
             servers[server.name] = attrs.evolve(server, max_output=cap, sandbox=default_policy)
+    if "claude_plugins" in raw:
+        from dsh_mcp.plugin_folders import read_plugins
+
+        for server in read_plugins(raw["claude_plugins"], where, base_dir or Path.cwd(),
+                                   timeout, startup):
+            servers[server.name] = attrs.evolve(server, max_output=cap, sandbox=default_policy)
     table = raw.get("servers", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: 'servers' must be a table of servers")
@@ -154,12 +160,42 @@ def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
     ``mcp.json``, Claude Desktop ``claude_desktop_config.json``), as written there: keys dsh
     does not use (``disabled``, ``autoApprove``, …) are ignored; ``${VAR}`` /
     ``${VAR:-default}`` are expanded from the environment."""
-    from dsh.core import files
-
-    try:  # bounded, and a FIFO or /dev/zero is refused instead of blocking the run
-        text = files.read_regular(path, MCP_JSON_CAP).decode("utf-8")
+    try:
+        data = read_json(path)
     except FileNotFoundError:
         return []
+    entries = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}: expected an object with 'mcpServers'")
+    return servers_of(entries, f"{path}: mcpServers", timeout, startup)
+
+
+def servers_of(entries: Mapping[str, Any], where: str, timeout: float, startup: float,
+               expand: Any = None) -> list[Server]:
+    """The servers of an ``mcpServers`` object (``where`` names it in errors); ``expand``
+    rewrites each entry first (``${CLAUDE_PLUGIN_ROOT}``)."""
+    servers = []
+    for name, entry in entries.items():
+        if isinstance(entry, dict) and entry.get("disabled") is True:
+            continue
+        if expand is not None:
+            entry = expand(entry)
+        expanded: list[str] = []
+        server = parse_server(name, _expand(entry, expanded), f"{where}.{name}",
+                              timeout, startup, strict=False)
+        servers.append(attrs.evolve(server, expanded=tuple(expanded)))
+    return servers
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, bounded (a FIFO or /dev/zero is refused instead of blocking the run);
+    :class:`FileNotFoundError` when it is missing, else a :class:`ConfigError`."""
+    from dsh.core import files
+
+    try:
+        text = files.read_regular(path, MCP_JSON_CAP).decode("utf-8")
+    except FileNotFoundError:
+        raise
     except files.NotRegular as exc:
         raise ConfigError(f"{path}: cannot read: it is {exc.kind}, not a regular file") from None
     except files.TooLarge:
@@ -169,23 +205,11 @@ def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except RecursionError:
         raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
     except ValueError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc}") from None
-    entries = data.get("mcpServers") if isinstance(data, dict) else None
-    if not isinstance(entries, dict):
-        raise ConfigError(f"{path}: expected an object with 'mcpServers'")
-    servers = []
-    for name, entry in entries.items():
-        if isinstance(entry, dict) and entry.get("disabled") is True:
-            continue
-        expanded: list[str] = []
-        server = parse_server(name, _expand(entry, expanded), f"{path}: mcpServers.{name}",
-                              timeout, startup, strict=False)
-        servers.append(attrs.evolve(server, expanded=tuple(expanded)))
-    return servers
 
 
 def parse_server(name: str, entry: Any, where: str, timeout: float, startup: float, *,

@@ -199,7 +199,8 @@ def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy
         # descriptor of dsh (the ledger, sockets) away from it.
         proc = Popen(argv, policy, workspace=root, cwd=root, stdin=subprocess.DEVNULL,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                     env=process.child_env(settings.env_keep, root))
+                     env={**process.child_env(settings.env_keep, root),
+                          **process.session_env()})
     except (SandboxUnavailable, ConfigError) as exc:  # cannot confine, or a plan refused
         raise ToolError(str(exc)) from None
     except FileNotFoundError:

@@ -86,6 +86,25 @@ def child_env(keep: tuple[str, ...], cwd: str) -> dict[str, str]:
     return env
 
 
+#: ``RunContext.data`` key of variables other plugins set for the run's commands (dsh-hooks:
+#: what SessionStart hooks wrote to ``CLAUDE_ENV_FILE``, recorded as ``x/dsh-hooks/env``).
+SESSION_ENV = "dsh_shell.env"
+
+
+def session_env() -> dict[str, str]:
+    """The variables set for this run's commands (the nearest run up the sub-agent chain
+    that has any), added over :func:`child_env`'s."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    while ctx is not None:
+        env = ctx.data.get(SESSION_ENV)
+        if env:
+            return {str(k): str(v) for k, v in env.items()}
+        ctx = ctx.parent
+    return {}
+
+
 def _is_pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 
