@@ -85,14 +85,19 @@ def agent_plugins(agent: AgentHandle, installed: list[str]) -> list[str] | None:
 def register_models(register: Callable[..., None]) -> None:
     """Register model adapters.
 
-    :param register: ``register(prefix, factory, description="")``. ``factory(name, settings)``
-        returns a :class:`dsh.llm.base.Model`; it may be a ``"module:attr"`` string so the
-        adapter module is imported only when used. The id ``"PREFIX:NAME"`` selects it.
+    :param register: ``register(prefix, factory, description="", models=None)``.
+        ``factory(name, settings)`` returns a :class:`dsh.llm.base.Model`; it may be a
+        ``"module:attr"`` string so the adapter module is imported only when used. The id
+        ``"PREFIX:NAME"`` selects it. ``models``, optional: a callable (or a ``"module:attr"``
+        string) returning ``[{"id": "PREFIX:NAME", "plugin": …}, …]``, the models this
+        prefix serves, for ``dsh models`` to list (called only by that listing; dsh-llm lists
+        the models of installed llm plugins this way). Without it the prefix takes any name.
 
     Called on the app-wide plugin manager: models are app-wide, not per agent. A later
     registration of the same prefix is an error naming both plugins.
 
     .. versionadded:: 0.1
+    .. versionchanged:: 0.5 ``models`` (issue 24).
     """
 
 

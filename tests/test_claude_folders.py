@@ -32,15 +32,9 @@ def make_plugin(folder: Path, manifest: dict[str, object] | None = None) -> Path
     return folder
 
 
-# The hooks and MCP plugins read their `claude_plugins` keys once i24c's work is merged;
-# until then these tests keep them out of the runs they make.
-QUIET = 'disable = ["hooks", "mcp"]\n'
-
-
 def test_add_enables_the_folder_and_its_commands_and_agents_appear(
         project: Project, tmp_path: Path) -> None:
     folder = make_plugin(tmp_path / "tidy-plugin")
-    project.config.write_text(QUIET + project.config.read_text())
     before = project.config.read_text()
     added = project.dsh("claude", "add", str(folder))
     assert added.returncode == 0, added.stderr
@@ -88,7 +82,6 @@ def test_marketplace_add_by_name(project: Project, tmp_path: Path) -> None:
         "name": "house", "owner": {"name": "us"},
         "plugins": [{"name": "tidy", "source": "./plugins/tidy"},
                     {"name": "remote", "source": {"source": "github", "repo": "o/r"}}]}))
-    project.config.write_text(QUIET + project.config.read_text())
     added = project.dsh("claude", "add", str(market), "--plugin", "tidy")
     assert added.returncode == 0, added.stderr
     data = tomllib.loads(project.config.read_text())
@@ -130,7 +123,6 @@ def test_a_broken_folder_in_the_settings_is_one_note_and_the_rest_loads(
     good = make_plugin(tmp_path / "good")
     bad = make_plugin(tmp_path / "bad", {"name": "bad", "commands": "./../good/commands"})
     project.write_config(f'[plugins.claude]\nplugins = ["{good}", "{bad}"]\n')
-    project.config.write_text(QUIET + project.config.read_text())
     listing = project.dsh("claude", "commands")
     assert listing.returncode == 0, listing.stderr
     assert "/tidy:lint" in listing.stdout
