@@ -433,7 +433,9 @@ def test_failed_tasks_are_retried_up_to_retries(env: dict[str, Any]) -> None:
 
 
 def test_a_second_batch_on_the_same_results_is_refused(env: dict[str, Any]) -> None:
-    m = model(env["dir"], {"text": "slow", "delay": 3})
+    # The first batch must still be running when the second starts: under load a 3 s model
+    # had finished first (the second then found the batch done). It is killed below.
+    m = model(env["dir"], {"text": "slow", "delay": 60})
     write_tasks(env["dir"] / "tasks.jsonl", 1)
     proc = popen(env, "tasks.jsonl", "--results", "r.jsonl", "-m", m)
     try:
