@@ -302,7 +302,9 @@ def _prepare(name: str, fresh: bool) -> tuple[Path, str, list[str]]:
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    for link in ("dsh", "tests"):
+    # docs/ too: tests read docs/plugins.md and docs/examples/ next to their own file, which
+    # mutmut runs from its copy (mutants/), so docs/ is copied there as well (also_copy)
+    for link in ("dsh", "tests", "docs"):
         target = work / link
         if not target.is_symlink():
             target.symlink_to(ROOT / link)
@@ -311,6 +313,7 @@ def _prepare(name: str, fresh: bool) -> tuple[Path, str, list[str]]:
         'source_paths = ["dsh"]\n'
         f"only_mutate = {json.dumps([source])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(selected)}\n"
+        'also_copy = ["docs"]\n'
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
         "use_git_change_detection = false\n"
         # a mutant that loops forever is stopped after 3x its tests' clean time (+2 s)
