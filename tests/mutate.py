@@ -203,6 +203,15 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for after in ("if close <= 0 else", "if close < 1 else")],
     ("dsh.llm.rescue.x__json_sequence", "llama = False", "llama = None",
      "only ever or-ed with booleans and tested for truth"),
+    # dsh/ledger/plugin_events.py
+    *[("dsh.ledger.plugin_events.xǁEventsViewǁ__eq__", "zip(self, other, strict=True)", after,
+       "the lengths are compared first (and short-circuit): zip only ever gets two sequences "
+       "of the same length, where strict never matters (a Sequence whose len() disagrees with "
+       "its iteration is not one)")
+      for after in ("strict=None", "strict=False", "zip(self, other, )")],
+    ("dsh.ledger.plugin_events.x_record_event", 'getattr(ctx, "session", None)',
+     'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
+     "session always exists (None when made by hand): the default is never used"),
     # dsh/llm/transport.py
     ("dsh.llm.transport.x_guard", 'getattr(fn, "_dsh_transport", False)',
      'getattr(fn, "_dsh_transport", None)', "only tested for truth: None is false as False is"),

@@ -232,3 +232,79 @@ def test_number_subclasses_are_recorded_as_the_number_they_hold() -> None:
     # and what the ledger holds reads back as exactly that
     again = pe.from_raw(json.loads(json.dumps({"type": "x/p/n", "data": thaw(event.data)})))
     assert again.data == event.data
+
+
+# ------------------------------------------------------- found by the mutation run at 9bb1385
+
+
+def test_record_event_in_a_session_run_checks_the_plugin_against_the_app(tmp_path: Path) -> None:
+    """Inside a Session's run, record_event goes through the Session: the plugin must be one
+    of the app's (a run context made by hand has no app to check against)."""
+    from dsh.config.loader import config_from_dict
+    from dsh.run.app import App
+
+    app = App(config_from_dict({"autoload": False, "sessions_dir": str(tmp_path / "s"),
+                                "model": "echo"}))
+    with app.session() as s:
+        ctx = RunContext(run_id="r", agent="default", ledger=s.ledger, session=s)
+        with activate(ctx):
+            with pytest.raises(pe.PluginEventError,
+                               match="no plugin 'nosuch' is registered in this app"):
+                pe.record_event("nosuch", "n", {"x": 1})
+            assert s.ledger.projection.seq == -1  # nothing written
+            e = pe.record_event("app", "n", {"x": 1})
+            assert (e.plugin, e.data, e.version) == ("app", {"x": 1}, 1)
+            assert pe.plugin_events("app") == [e]
+
+
+def test_record_event_without_a_session_keeps_data_and_the_default_version() -> None:
+    ledger = Ledger("s-nosession")
+    with activate(RunContext(run_id="r", agent="a", ledger=ledger)):
+        e = pe.record_event("anyname", "n", {"x": [1, "two"]})
+    assert e.data == {"x": [1, "two"]} and e.version == 1
+    assert pe.read(ledger, "anyname", "n")[0].data == {"x": [1, "two"]}
+
+
+def test_outside_a_run_the_error_says_what_to_use_instead() -> None:
+    for call in (lambda: pe.record_event("app", "n"), lambda: pe.plugin_events("app")):
+        with pytest.raises(pe.OutsideRun) as err:
+            call()
+        assert str(err.value) == (
+            "dsh.ledger.plugin_events: record_event/plugin_events act on the current run's "
+            "session and were called outside a run; from library code use "
+            "Session.record_event / Session.plugin_events")
+
+
+def test_read_names_which_name_is_invalid() -> None:
+    ledger = Ledger("s-read")
+    with pytest.raises(pe.PluginEventError,
+                       match=r"^invalid plugin event plugin name 'a/b': use 1-64 letters"):
+        pe.read(ledger, "a/b")
+    with pytest.raises(pe.PluginEventError, match=r"^invalid plugin event name 'x y': use 1-64"):
+        pe.read(ledger, "p", "x y")
+
+
+def test_distribution_names_compare_as_pypi_does() -> None:
+    assert pe._normal("Dsh_Hooks") == "dsh-hooks"
+    assert pe._normal("a.-_b__c") == "a-b-c" and pe._normal("plain") == "plain"
+
+
+def test_from_raw_depth_limit_counts_objects_as_lists() -> None:
+    def nested(n: int) -> Any:
+        value: Any = 0
+        for _ in range(n):
+            value = {"k": value}
+        return value
+
+    # MAX_READ_DEPTH objects, data itself the outermost, are read; one more is refused
+    deepest = pe.from_raw({**BASE, "data": nested(pe.MAX_READ_DEPTH)}).data
+    for _ in range(pe.MAX_READ_DEPTH - 1):
+        deepest = deepest["k"]
+    assert deepest == {"k": 0}
+    with pytest.raises(InvalidLine, match="nests more than"):
+        pe.from_raw({**BASE, "data": nested(pe.MAX_READ_DEPTH + 1)})
+
+
+def test_an_index_out_of_range_says_so() -> None:
+    with pytest.raises(IndexError, match="^plugin event index out of range$"):
+        pe.read(Ledger("s-idx"), "p")[0]
