@@ -203,6 +203,15 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
       for after in ("if close <= 0 else", "if close < 1 else")],
     ("dsh.llm.rescue.x__json_sequence", "llama = False", "llama = None",
      "only ever or-ed with booleans and tested for truth"),
+    # dsh/ledger/plugin_events.py
+    *[("dsh.ledger.plugin_events.xǁEventsViewǁ__eq__", "zip(self, other, strict=True)", after,
+       "the lengths are compared first (and short-circuit): zip only ever gets two sequences "
+       "of the same length, where strict never matters (a Sequence whose len() disagrees with "
+       "its iteration is not one)")
+      for after in ("strict=None", "strict=False", "zip(self, other, )")],
+    ("dsh.ledger.plugin_events.x_record_event", 'getattr(ctx, "session", None)',
+     'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
+     "session always exists (None when made by hand): the default is never used"),
     # dsh/llm/transport.py
     ("dsh.llm.transport.x_guard", 'getattr(fn, "_dsh_transport", False)',
      'getattr(fn, "_dsh_transport", None)', "only tested for truth: None is false as False is"),
@@ -302,7 +311,9 @@ def _prepare(name: str, fresh: bool) -> tuple[Path, str, list[str]]:
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    for link in ("dsh", "tests"):
+    # docs/ too: tests read docs/plugins.md and docs/examples/ next to their own file, which
+    # mutmut runs from its copy (mutants/), so docs/ is copied there as well (also_copy)
+    for link in ("dsh", "tests", "docs"):
         target = work / link
         if not target.is_symlink():
             target.symlink_to(ROOT / link)
@@ -311,6 +322,7 @@ def _prepare(name: str, fresh: bool) -> tuple[Path, str, list[str]]:
         'source_paths = ["dsh"]\n'
         f"only_mutate = {json.dumps([source])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(selected)}\n"
+        'also_copy = ["docs"]\n'
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
         "use_git_change_detection = false\n"
         # a mutant that loops forever is stopped after 3x its tests' clean time (+2 s)

@@ -5,13 +5,18 @@ old or foreign lines in ``from_raw``, ``record_event`` in a run without a Sessio
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 from dsh.core.messages import FrozenDict
 from dsh.core.messages import FrozenList
+from dsh.core.messages import thaw
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
 from dsh.ledger import plugin_events as pe
@@ -28,7 +33,9 @@ def test_from_raw_reads_an_old_or_foreign_line_keeping_what_it_does_not_know() -
     assert e.extra == {"future": True, "v": 7}  # the schema version is kept, not dropped
     assert type(e.data) is FrozenDict and type(e.data["a"]) is FrozenList
     assert type(e.data["a"][1]) is FrozenDict
-    assert pe.from_raw({"type": "x/p/n"}).data == {}  # the least a line can say
+    least = pe.from_raw({"type": "x/p/n"})  # the least a line can say
+    assert (least.data, least.seq, least.ts, least.session, least.version, least.extra) \
+        == ({}, 0, "", "", 1, {})
     same = pe.from_raw({**BASE, "plugin": "p", "name": "n", "version": 4})
     assert same.version == 4 and same.extra == {}
 
@@ -61,8 +68,9 @@ def test_from_raw_depth_limit_is_exact() -> None:
 
     ok = pe.from_raw({**BASE, "data": {"k": nested(pe.MAX_READ_DEPTH - 2)}})
     assert ok.data["k"][0] is not None
-    with pytest.raises(InvalidLine, match=f"nests more than {pe.MAX_READ_DEPTH} levels"):
+    with pytest.raises(InvalidLine) as err:
         pe.from_raw({**BASE, "data": {"k": nested(pe.MAX_READ_DEPTH)}})
+    assert str(err.value) == f"'data' of 'x/p/n' nests more than {pe.MAX_READ_DEPTH} levels deep"
     # a decoded line is loaded the same through the file path
     line = json.dumps({**BASE, "data": {"k": nested(3)}})
     assert pe.from_raw(json.loads(line)).data == {"k": [[[0]]]}
@@ -125,3 +133,181 @@ def test_is_installed_by_registered_name_dist_or_app(tmp_path: Path) -> None:
     assert pe.is_installed(app, pe.APP)
     assert pe.is_installed(app, "dsh.tasks")  # a built-in, by its registered name
     assert not pe.is_installed(app, "nosuch-plugin")
+
+
+# --------------------------------------------------- the size limit is the size as written
+
+LIMIT = pe.MAX_DATA_BYTES
+
+
+def _size(data: Any) -> int:
+    return len(json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _padded(data: dict[str, Any], extra: int) -> dict[str, Any]:
+    """``data`` with a string "pad" that makes its JSON text exactly LIMIT + extra bytes."""
+    out = {**data, "pad": ""}
+    out["pad"] = "x" * (LIMIT + extra - _size(out))
+    assert _size(out) == LIMIT + extra
+    return out
+
+
+SCALAR = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
+          | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6))
+PAYLOAD = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=5)
+                       | st.dictionaries(st.text("abc", max_size=3), inner, max_size=3),
+                       max_leaves=40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=st.lists(PAYLOAD, max_size=60))
+def test_data_of_exactly_the_limit_is_kept_and_one_byte_more_refused(items: list[Any]) -> None:
+    """docs/events.md: ``data`` is at most 64 KiB *as written*. Refusing early on huge data
+    (the walk's budget) must never refuse data within the limit: a list of 10,000 small ints
+    (20 KB) was refused as 'larger than 65536 bytes' (each int counted as 20 bytes)."""
+    at_limit = _padded({"v": items}, 0)
+    kept = pe.clean_data("p", "n", at_limit)
+    assert kept == json.loads(json.dumps(at_limit)) and _size(kept) == LIMIT
+    with pytest.raises(pe.PluginEventError, match="x/p/n: data"):
+        pe.clean_data("p", "n", _padded({"v": items}, 1))
+
+
+@pytest.mark.parametrize("item", [0, 7, -1, 1.5, 0.0, None, True, False, "", "ab", [], [0],
+                                  {}, {"k": 0}, [[[]]]])
+def test_a_long_list_is_kept_up_to_the_limit(item: Any) -> None:
+    n = (LIMIT - 7) // (len(json.dumps(item, separators=(",", ":"))) + 1)  # {"v":[…]}
+    assert _size({"v": [item] * n}) <= LIMIT < _size({"v": [item] * (n + 1)})
+    assert len(pe.clean_data("p", "n", {"v": [item] * n})["v"]) == n
+    with pytest.raises(pe.PluginEventError, match="x/p/n: data"):
+        pe.clean_data("p", "n", {"v": [item] * (n + 1)})
+
+
+@pytest.mark.parametrize("item", [0, 123, 0.5, -1e300, None, True, "", "abc"])
+def test_huge_data_is_refused_at_the_element_where_it_passes_the_limit(item: Any) -> None:
+    """A million elements are not all walked: the error names the one at which the JSON text
+    passes 64 KiB (give or take the closing brackets), so the user sees where."""
+    items = [item] * 1_000_000
+    lo, hi = 0, LIMIT  # the first k with items[:k + 1] over the limit (binary search)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if _size({"v": items[:mid + 1]}) > LIMIT else (mid + 1, hi)
+    first_over = lo
+    with pytest.raises(pe.PluginEventError) as err:
+        pe.clean_data("p", "n", {"v": items})
+    message = str(err.value)
+    assert message.startswith("plugin event x/p/n: data['v'][")
+    assert message.endswith(f"] makes the event larger than {LIMIT} bytes")
+    named = int(message.split("][")[1].split("]")[0])
+    assert first_over <= named <= first_over + 2
+
+
+class _NanFloat(float):
+    def __float__(self) -> float:
+        return math.nan
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+class _HugeInt(int):
+    def __int__(self) -> int:
+        return 2**80
+
+    def __index__(self) -> int:
+        return 2**80
+
+    def __str__(self) -> str:
+        return "9" * 40
+
+    __repr__ = __str__
+
+
+def test_number_subclasses_are_recorded_as_the_number_they_hold() -> None:
+    """Python object-protocol tricks (docs/security.md): a float subclass whose __float__ says
+    nan was recorded as NaN (not JSON: every reader of the line fails), an int subclass whose
+    __int__ says 2**80 passed the 64-bit check and was recorded as that."""
+    ledger = Ledger("s-num")
+    event = pe.record(ledger, "p", "n", {"f": _NanFloat(1.5), "i": _HugeInt(3),
+                                         "l": [_HugeInt(-4), _NanFloat(0.25)]})
+    assert event.data == {"f": 1.5, "i": 3, "l": [-4, 0.25]}
+    assert [type(v) for v in (event.data["f"], event.data["i"], *event.data["l"])] \
+        == [float, int, int, float]
+    # and what the ledger holds reads back as exactly that
+    again = pe.from_raw(json.loads(json.dumps({"type": "x/p/n", "data": thaw(event.data)})))
+    assert again.data == event.data
+
+
+# ------------------------------------------------------- found by the mutation run at 9bb1385
+
+
+def test_record_event_in_a_session_run_checks_the_plugin_against_the_app(tmp_path: Path) -> None:
+    """Inside a Session's run, record_event goes through the Session: the plugin must be one
+    of the app's (a run context made by hand has no app to check against)."""
+    from dsh.config.loader import config_from_dict
+    from dsh.run.app import App
+
+    app = App(config_from_dict({"autoload": False, "sessions_dir": str(tmp_path / "s"),
+                                "model": "echo"}))
+    with app.session() as s:
+        ctx = RunContext(run_id="r", agent="default", ledger=s.ledger, session=s)
+        with activate(ctx):
+            with pytest.raises(pe.PluginEventError,
+                               match="no plugin 'nosuch' is registered in this app"):
+                pe.record_event("nosuch", "n", {"x": 1})
+            assert s.ledger.projection.seq == -1  # nothing written
+            e = pe.record_event("app", "n", {"x": 1})
+            assert (e.plugin, e.data, e.version) == ("app", {"x": 1}, 1)
+            assert pe.plugin_events("app") == [e]
+
+
+def test_record_event_without_a_session_keeps_data_and_the_default_version() -> None:
+    ledger = Ledger("s-nosession")
+    with activate(RunContext(run_id="r", agent="a", ledger=ledger)):
+        e = pe.record_event("anyname", "n", {"x": [1, "two"]})
+    assert e.data == {"x": [1, "two"]} and e.version == 1
+    assert pe.read(ledger, "anyname", "n")[0].data == {"x": [1, "two"]}
+
+
+def test_outside_a_run_the_error_says_what_to_use_instead() -> None:
+    for call in (lambda: pe.record_event("app", "n"), lambda: pe.plugin_events("app")):
+        with pytest.raises(pe.OutsideRun) as err:
+            call()
+        assert str(err.value) == (
+            "dsh.ledger.plugin_events: record_event/plugin_events act on the current run's "
+            "session and were called outside a run; from library code use "
+            "Session.record_event / Session.plugin_events")
+
+
+def test_read_names_which_name_is_invalid() -> None:
+    ledger = Ledger("s-read")
+    with pytest.raises(pe.PluginEventError,
+                       match=r"^invalid plugin event plugin name 'a/b': use 1-64 letters"):
+        pe.read(ledger, "a/b")
+    with pytest.raises(pe.PluginEventError, match=r"^invalid plugin event name 'x y': use 1-64"):
+        pe.read(ledger, "p", "x y")
+
+
+def test_distribution_names_compare_as_pypi_does() -> None:
+    assert pe._normal("Dsh_Hooks") == "dsh-hooks"
+    assert pe._normal("a.-_b__c") == "a-b-c" and pe._normal("plain") == "plain"
+
+
+def test_from_raw_depth_limit_counts_objects_as_lists() -> None:
+    def nested(n: int) -> Any:
+        value: Any = 0
+        for _ in range(n):
+            value = {"k": value}
+        return value
+
+    # MAX_READ_DEPTH objects, data itself the outermost, are read; one more is refused
+    deepest = pe.from_raw({**BASE, "data": nested(pe.MAX_READ_DEPTH)}).data
+    for _ in range(pe.MAX_READ_DEPTH - 1):
+        deepest = deepest["k"]
+    assert deepest == {"k": 0}
+    with pytest.raises(InvalidLine, match="nests more than"):
+        pe.from_raw({**BASE, "data": nested(pe.MAX_READ_DEPTH + 1)})
+
+
+def test_an_index_out_of_range_says_so() -> None:
+    with pytest.raises(IndexError, match="^plugin event index out of range$"):
+        pe.read(Ledger("s-idx"), "p")[0]

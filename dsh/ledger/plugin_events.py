@@ -158,6 +158,9 @@ def clean_data(plugin: str, name: str, data: Any) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise PluginEventError(f"{event}: data must be a JSON object (a dict), "
                                f"not {type(data).__name__}")
+    # Stops the walk early on huge data. Each value spends at most what it adds to the JSON
+    # text (objects' braces are not counted), so data within the limit is never refused by
+    # it; the exact size is checked at the end.
     budget = [MAX_DATA_BYTES]
     # Redaction costs ~15 us a string: the first pass collects the strings and one call on
     # all of them at once (joined by newlines, which no pattern crosses) tells whether any
@@ -193,19 +196,21 @@ def clean_data(plugin: str, name: str, data: Any) -> dict[str, Any]:
                 return redact(value)
             strings.append(value)
             return value
-        if isinstance(value, bool):  # a bool subclass (numpy's is not one): keep its value
-            return bool(value)
+        # (bool cannot be subclassed: True and False were taken above)
         if isinstance(value, int):
+            # the number itself: a subclass's __int__ or __index__ is not asked
+            value = int.__int__(value)
             if not INT_RANGE[0] <= value <= INT_RANGE[1]:
                 raise fail(path, f"is an integer outside 64 bits ({str(value)[:20]}...): "
                            "write it as a string")
-            spend(20, path)
-            return int(value)
+            spend(len(str(value)) + 1, path)  # as written, with its comma: never more
+            return value
         if isinstance(value, float):
+            value = float.__float__(value)  # the number itself, not a subclass's __float__
             if not math.isfinite(value):
                 raise fail(path, f"is {value!r}, which JSON cannot represent")
-            spend(24, path)
-            return float(value)
+            spend(len(repr(value)) + 1, path)
+            return value
         if depth >= MAX_DEPTH:
             raise fail(path, f"nests deeper than {MAX_DEPTH} levels")
         if isinstance(value, Mapping):
