@@ -74,3 +74,46 @@ def read_regular(path: str | os.PathLike[str], cap: int | None = None) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_json(path: str | os.PathLike[str], cap: int) -> object:
+    """A JSON file a user or a plugin folder supplies, read with :func:`read_regular`'s bound
+    (a FIFO or ``/dev/zero`` is refused instead of blocking). :class:`FileNotFoundError` when it
+    is missing; every other problem a :class:`~dsh.core.errors.ConfigError` naming the file."""
+    import json
+
+    from dsh.core.errors import ConfigError
+
+    try:
+        text = read_regular(path, cap).decode("utf-8")
+    except FileNotFoundError:
+        raise
+    except NotRegular as exc:
+        raise ConfigError(f"{path}: cannot read: it is {exc.kind}, not a regular file") from None
+    except TooLarge:
+        raise ConfigError(f"{path}: cannot read: larger than {cap} bytes") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {reason(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+
+
+def inside_folder(root: str, rel: str, key: str) -> str:
+    """``rel`` resolved in the folder ``root`` (symbolic links followed), for the paths a
+    plugin folder's manifest names: a :class:`~dsh.core.errors.ConfigError` naming ``key``
+    when it is absolute or leads out of the folder."""
+    from dsh.core.errors import ConfigError
+
+    if os.path.isabs(rel):
+        raise ConfigError(f"{key}: {rel!r} is an absolute path; a plugin's paths are "
+                          "relative to its folder")
+    path = os.path.realpath(os.path.join(root, rel))
+    if os.path.commonpath([root, path]) != root:
+        raise ConfigError(f"{key}: {rel!r} leads out of the plugin folder {root} (to {path})")
+    return path

@@ -15,7 +15,6 @@ path, a symbolic link out of it).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -124,34 +123,18 @@ def expand(command: str, root: str) -> str:
 
 
 def inside(root: str, rel: str, key: str) -> str:
-    """``rel`` resolved in ``root`` (symbolic links followed): an error naming ``key`` when it
-    leaves the folder."""
-    if os.path.isabs(rel):
-        raise ConfigError(f"{key}: {rel!r} is an absolute path; a plugin's paths are "
-                          "relative to its folder")
-    path = os.path.realpath(os.path.join(root, rel))
-    if os.path.commonpath([root, path]) != root:
-        raise ConfigError(f"{key}: {rel!r} leads out of the plugin folder {root} (to {path})")
-    return path
+    """:func:`dsh.core.files.inside_folder`."""
+    from dsh.core.files import inside_folder
+
+    return inside_folder(root, rel, key)
 
 
 def read_json(path: str) -> Any:
-    """A JSON file read with a bound; FIFOs, devices, huge and non-UTF-8 files refused."""
+    """A JSON file read with a bound (:func:`dsh.core.files.read_json`); FIFOs, devices, huge
+    and non-UTF-8 files refused with a :class:`ConfigError` naming it."""
     from dsh.core import files
 
     try:
-        text = files.read_regular(path, SETTINGS_CAP).decode("utf-8")
-    except files.NotRegular as exc:
-        raise ConfigError(f"{path}: it is {exc.kind}, not a regular file") from None
-    except files.TooLarge:
-        raise ConfigError(f"{path}: larger than {SETTINGS_CAP} bytes") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {files.reason(exc)}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to read") from None
-    except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        return files.read_json(path, SETTINGS_CAP)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cannot read: no such file") from None

@@ -95,12 +95,7 @@ def _folder(root: str, timeout: float, startup: float) -> list[Server]:
 
 
 def inside(root: str, rel: str, key: str) -> str:
-    """``rel`` resolved in ``root`` (symbolic links followed): an error naming ``key`` when it
-    leaves the folder."""
-    if os.path.isabs(rel):
-        raise ConfigError(f"{key}: {rel!r} is an absolute path; a plugin's paths are "
-                          "relative to its folder")
-    path = os.path.realpath(os.path.join(root, rel))
-    if os.path.commonpath([root, path]) != root:
-        raise ConfigError(f"{key}: {rel!r} leads out of the plugin folder {root} (to {path})")
-    return path
+    """:func:`dsh.core.files.inside_folder`."""
+    from dsh.core.files import inside_folder
+
+    return inside_folder(root, rel, key)

@@ -188,28 +188,11 @@ def servers_of(entries: Mapping[str, Any], where: str, timeout: float, startup: 
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file, bounded (a FIFO or /dev/zero is refused instead of blocking the run);
-    :class:`FileNotFoundError` when it is missing, else a :class:`ConfigError`."""
+    """A JSON file, bounded (:func:`dsh.core.files.read_json`): :class:`FileNotFoundError`
+    when it is missing, else a :class:`ConfigError`."""
     from dsh.core import files
 
-    try:
-        text = files.read_regular(path, MCP_JSON_CAP).decode("utf-8")
-    except FileNotFoundError:
-        raise
-    except files.NotRegular as exc:
-        raise ConfigError(f"{path}: cannot read: it is {exc.kind}, not a regular file") from None
-    except files.TooLarge:
-        raise ConfigError(f"{path}: cannot read: larger than {MCP_JSON_CAP} bytes") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {files.reason(exc)}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    return files.read_json(path, MCP_JSON_CAP)
 
 
 def parse_server(name: str, entry: Any, where: str, timeout: float, startup: float, *,
