@@ -290,3 +290,34 @@ def test_user_folders_follow_claude_config_dir_and_codex_home(tmp_path: Path,
     assert expand("~/.claude") == tmp_path / "cc"
     assert expand("~/.codex/AGENTS.md") == tmp_path / "cx" / "AGENTS.md"
     assert expand("~/.claudex/x") == tmp_path / "h" / ".claudex" / "x"  # only the folder itself
+
+
+def test_an_enabled_plugin_in_a_folder_without_files_imports_only_its_entry_module(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    """Start-up where nothing is to be read (issue 24): the plugin is enabled, but no
+    AGENTS.md, CLAUDE.md or .claude exists from the root down nor in the user's folders — a
+    check with ``os.path`` alone answers, and neither its readers, its settings, PyYAML nor
+    the prompt-command module is imported."""
+    (tmp_path / "home").mkdir()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / ".git").mkdir()  # the project root: nothing above it is looked at
+    cfg = write_config(tmp_path, server, tmp_path / "sessions")
+    server.script(Reply(body=openai_completion("hi")))
+    probe = ("import sys, runpy; sys.argv = ['dsh', '--config', sys.argv[1], 'run', "
+             "'hello']\ntry:\n    runpy.run_module('dsh', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('dsh_claude', 'yaml', "
+             "'dsh.run.commands'))), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, str(cfg)], capture_output=True,
+                          text=True, env=env(tmp_path), timeout=120,
+                          stdin=subprocess.DEVNULL, cwd=bare)
+    assert done.stdout.strip() == "hi", done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "['dsh_claude']", done.stderr
+    (bare / "CLAUDE.md").write_text("Be brief.\n")  # one file: the readers are needed again
+    server.script(Reply(body=openai_completion("hi")))
+    again = subprocess.run([sys.executable, "-c", probe, str(cfg)], capture_output=True,
+                           text=True, env=env(tmp_path), timeout=120,
+                           stdin=subprocess.DEVNULL, cwd=bare)
+    assert "dsh_claude.instructions" in again.stderr.strip().splitlines()[-1], again.stderr
+    assert "Be brief." in server.received[1].body["messages"][0]["content"]

@@ -191,7 +191,7 @@ class App:
             try:
                 configure(self._pm, self)  # a plugin's configure may already use app.pm
                 if self._pm.hook.register_agents.get_hookimpls():
-                    from dsh.run.commands import merge_agents
+                    from dsh.run.plugin_agents import merge_agents
 
                     self.config, notes = merge_agents(self.config, self._pm, self)
                     self.notes.extend(notes)

@@ -84,6 +84,8 @@ def _warn(problems: list[dict[str, Any]]) -> None:
 @hookimpl
 def register_tools(register: Callable[..., None], agent: Any) -> None:
     """``skill`` and ``skill_file``, when skills are enabled and some SKILL.md exists."""
+    if _nothing_here(agent):
+        return
     settings, root, cwd, home = _where(agent)
     if not settings.agent_skills:
         return
@@ -120,6 +122,8 @@ def register_tools(register: Callable[..., None], agent: Any) -> None:
 def turn_prompt(register: Callable[..., None], agent: Any, session: Any) -> None:
     """The project instructions (order 50) and the skill catalogue (order 60), recorded
     when they change and rendered from the record."""
+    if _nothing_here(agent) and not _recorded(session):
+        return
     settings, root, cwd, home = _where(agent)
     if settings.any_instructions:
         from dsh_claude import instructions
@@ -163,6 +167,31 @@ def pre_execute(call: Any) -> None:
 # doing the work (dsh_claude.commands / agents / folders / cli) are imported only when used.
 
 
+def _project_folders(settings: Any) -> list[str]:
+    """The project root (``root``, else the nearest ancestor of the working directory with
+    ``.git``, else the working directory) down to the working directory, with ``os.path``
+    only (no import): what the cheap checks below look in."""
+    import os
+
+    root = settings.get("root")
+    if isinstance(root, str) and root:
+        return [os.path.expanduser(root)]
+    here = os.path.realpath(os.getcwd())
+    folders = [here]
+    while not os.path.exists(os.path.join(folders[-1], ".git")):
+        up = os.path.dirname(folders[-1])
+        if up == folders[-1]:
+            return [here]
+        folders.append(up)
+    return folders[::-1]
+
+
+def _user_claude_dir() -> str:
+    import os
+
+    return os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~/.claude")
+
+
 def _agent_files_may_exist(settings: Any) -> bool:
     """Whether any folder of sub-agent files may exist (``os.path`` only, no import): the
     project's and the user's ``.claude/agents``, or an enabled plugin folder."""
@@ -172,21 +201,40 @@ def _agent_files_may_exist(settings: Any) -> bool:
         return False
     if settings.get("plugins"):
         return True
-    root = settings.get("root")
-    if isinstance(root, str) and root:
-        folders = [os.path.expanduser(root)]
-    else:
-        here = os.path.realpath(os.getcwd())
-        folders = [here]
-        while not os.path.exists(os.path.join(folders[-1], ".git")):
-            up = os.path.dirname(folders[-1])
-            if up == folders[-1]:
-                folders = [here]
-                break
-            folders.append(up)
-        folders = folders[-1:]
-    folders.append(os.path.expanduser("~"))
-    return any(os.path.isdir(os.path.join(f, ".claude", "agents")) for f in folders)
+    folders = [os.path.join(f, ".claude", "agents") for f in _project_folders(settings)[:1]]
+    folders.append(os.path.join(_user_claude_dir(), "agents"))
+    return any(os.path.isdir(f) for f in folders)
+
+
+#: Settings that name files elsewhere: with any of them the cheap check does not apply.
+_NAMING = ("root", "skills", "plugins", "user_agents_md", "user_claude_md")
+
+
+def _nothing_here(agent: Any) -> bool:
+    """True when no file this plugin reads for a turn can exist (``os.path`` only, no import):
+    no AGENTS.md, CLAUDE.md, CLAUDE.local.md or ``.claude`` from the project root down, none
+    in the user's folders, and no setting naming other places. A run in a folder without
+    them then imports nothing of the readers (start-up, issue 24)."""
+    import os
+
+    raw = agent.plugin_settings("claude")
+    if any(raw.get(k) for k in _NAMING):
+        return False
+    names = ("AGENTS.md", "CLAUDE.md", "CLAUDE.local.md", ".claude")
+    for folder in _project_folders(raw):
+        if any(os.path.lexists(os.path.join(folder, n)) for n in names):
+            return False
+    user = _user_claude_dir()
+    codex = os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
+    return not any(os.path.lexists(p) for p in (
+        os.path.join(user, "CLAUDE.md"), os.path.join(user, "skills"),
+        os.path.join(codex, "AGENTS.md")))
+
+
+def _recorded(session: Any) -> bool:
+    """Whether the session holds any state of this plugin (it must then be kept in step)."""
+    index = session.ledger.projection.plugin_index
+    return bool(index) and any(k[0] == "claude" for k in index)
 
 
 @hookimpl
