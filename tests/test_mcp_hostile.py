@@ -347,6 +347,21 @@ def test_tool_descriptions_reach_dsh_tools_escaped(tmp_path: Path, marks: Path) 
     assert not RAW_CONTROL.search(proc.stdout + proc.stderr), repr(proc.stdout)
 
 
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(max_size=12), param=st.text(max_size=12), kind=st.text(max_size=12),
+       plugin=st.text(max_size=8))
+def test_dsh_tools_listing_escapes_every_piece_a_schema_supplies(name, param, kind, plugin):
+    """Parameter names and types come from a server's schema as much as descriptions do: no
+    control character of any piece reaches the listing raw, and each tool stays on its line."""
+    from dsh.cli.inventories import tools_text
+
+    text = tools_text([{"name": name, "plugin": plugin, "description": "",
+                        "parameters": {"properties": {param: {"type": kind}, "n": "junk"},
+                                       "required": [param]}}])
+    assert not RAW_CONTROL.search(text), repr(text)
+    assert "\n" not in text
+
+
 class _HostileHTTP(BaseHTTPRequestHandler):
     """Just enough streamable HTTP for the SDK's client: initialize is answered on an SSE
     stream that first sends an event whose name is terminal escapes."""

@@ -61,16 +61,25 @@ def tool_rows(tools: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def tools_text(rows: list[dict[str, Any]]) -> str:
-    """``name(param: type, optional?: type)  [plugin]`` and the description's first line."""
+    """``name(param: type, optional?: type)  [plugin]`` and the description's first line.
+    Every piece comes from a plugin or a server (an MCP tool's schema): each is shown with
+    its control characters escaped and on its own line, never raw to the terminal."""
+    from dsh.cli.escape import escape_controls
+
+    def e(value: Any) -> str:
+        return escape_controls(str(value), newlines=False)
+
     lines = []
     for t in rows:
         props = t["parameters"].get("properties", {})
         required = set(t["parameters"].get("required", ()))
-        params = ", ".join(f"{n}{'' if n in required else '?'}: {s.get('type', 'any')}"
-                           for n, s in props.items())
-        lines.append(f"{t['name']}({params})  [{t['plugin']}]")
+        params = ", ".join(
+            f"{e(n)}{'' if n in required else '?'}: "
+            f"{e(s.get('type', 'any') if isinstance(s, dict) else 'any')}"
+            for n, s in props.items())
+        lines.append(f"{e(t['name'])}({params})  [{e(t['plugin'])}]")
         if t["description"]:
-            lines.append(f"  {t['description'].splitlines()[0]}")
+            lines.append(f"  {e(t['description'].splitlines()[0])}")
     return "\n".join(lines)
 
 
