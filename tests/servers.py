@@ -733,3 +733,24 @@ def reconstruct(path: Any, adapter: Any = None, *, stream: bool = False) -> list
             bodies.append(json.loads(json.dumps(adapter.build_body(req, stream=stream))))
         proj.apply_raw(d)
     return bodies
+
+
+def sigkill_when(proc: Any, ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """SIGKILL ``proc`` (a ``subprocess.Popen``) once ``ready()`` holds — typically when the
+    scripted server holds its request — and reap it: a crash mid-turn, for the resume tests.
+    Fails with ``what`` if ``proc`` exits first or ``ready`` never holds."""
+    import signal
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from tests.claude_fixtures import write
 from tests.servers import Reply
 from tests.servers import openai_completion
 from tests.servers import reconstruct
+from tests.servers import sigkill_when
 
 REVIEWER = """---
 name: reviewer
@@ -81,18 +80,7 @@ def test_main_agent_delegates_and_resume_after_sigkill_is_byte_identical(
     assert "agent reviewer" in shown.stdout and "sub-agent of session" in shown.stdout
 
     proc = project.popen("run", "--session", data["session"], "and bar.py?")
-    try:
-        deadline = time.monotonic() + 60
-        while len(s.received) < 4:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "turn 2 never sent its request"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    sigkill_when(proc, lambda: len(s.received) >= 4, "turn 2 never sent its request")
     ledger = project.sessions / f"{data['session']}.jsonl"
     twin = tmp_path / "twin"
     twin.mkdir()

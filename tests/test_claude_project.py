@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
 from tests.servers import reconstruct
+from tests.servers import sigkill_when
 
 pytest.importorskip("dsh_claude", reason="pip install ./plugins/dsh-claude")
 
@@ -168,18 +167,7 @@ def test_project_instructions_skills_refusal_and_resume(tmp_path: Path,
                              "--session", sid, "go on"], env=env(tmp_path), cwd=sub,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while len(server.received) < 4:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "turn 2 never sent its request"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    sigkill_when(proc, lambda: len(server.received) >= 4, "turn 2 never sent its request")
     killed = server.received[3].body
     assert killed["messages"][0]["content"] == system
 

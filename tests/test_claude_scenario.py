@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from tests.claude_fixtures import write
 from tests.servers import Reply
 from tests.servers import openai_completion
 from tests.servers import reconstruct
+from tests.servers import sigkill_when
 
 pytest.importorskip("dsh_hooks", reason="pip install ./plugins/dsh-hooks")
 pytest.importorskip("dsh_mcp", reason="pip install ./plugins/dsh-mcp")
@@ -182,18 +181,7 @@ def test_done_when_scenario(project: Project, tmp_path: Path) -> None:
     # resumes: the same bytes plus its prompt, as a second process from a copy of the ledger.
     s.script(Reply(body=openai_completion("never seen"), delay=120))
     proc = project.popen("run", "--yes", "--session", sid, "/greet Ada")
-    try:
-        deadline = time.monotonic() + 60
-        while len(s.received) < 9:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "turn 2 never sent its request"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    sigkill_when(proc, lambda: len(s.received) >= 9, "turn 2 never sent its request")
     killed = s.received[8]
     assert last_user_text(killed.body) == "Hello Ada!"
     twin = tmp_path / "twin"

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from tests.servers import Reply
 from tests.servers import ScriptedServer
 from tests.servers import openai_completion
 from tests.servers import reconstruct
+from tests.servers import sigkill_when
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = [{"content": "read the code", "status": "completed"},
@@ -49,14 +48,6 @@ def dsh(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           stdin=subprocess.DEVNULL)
 
 
-def wait_for(cond, proc: subprocess.Popen[bytes], what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 60
-    while not cond():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def server():  # type: ignore[no-untyped-def]
     with ScriptedServer() as s:
@@ -82,14 +73,7 @@ def test_tasks_and_memory_survive_sigkill_and_resume_byte_identically(
     proc = subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(cfg), "run",
                              "--session", sid, "go on"], env=env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: len(server.received) == 3, proc, "turn 2 never sent its request")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    sigkill_when(proc, lambda: len(server.received) == 3, "turn 2 never sent its request")
     killed = server.received[2].body
     system = killed["messages"][0]
     assert system["role"] == "system"
