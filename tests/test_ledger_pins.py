@@ -1104,3 +1104,31 @@ def test_the_session_store_hook_uses_the_config(make_app: Any, tmp_path: Path):
     assert (store.directory, store.fsync) == (tmp_path / "here", "never")
     app2 = make_app(sessions_dir=None)
     assert ledger_mod.session_store(app2).directory == default_data_dir() / "sessions"
+
+
+def test_an_interrupt_between_the_write_and_the_projection_does_not_repeat_a_seq(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dsh's SIGTERM/SIGHUP/Ctrl-C handler raises KeyboardInterrupt in the main thread
+    wherever it is — once (seen under load) just after a plugin event's line was written and
+    before the projection took it. The abort path then wrote its tool/result with the same
+    ``seq``, and the session no longer loaded. The next line follows the last one written."""
+    from dsh.ledger import events as ev
+
+    store = JsonlStore(tmp_path)
+    with store.create() as ledger:
+        ledger.append(ev.UserMessage, text="go")
+
+        def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(Projection, "apply_raw", interrupted)
+        monkeypatch.setattr(Projection, "apply", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ledger.append(ev.UserMessage, text="written, not projected")
+        monkeypatch.undo()
+        ledger.append(ev.TurnEnded, turn=1, outcome="aborted", reason="terminated by SIGHUP")
+        sid = ledger.session_id
+    lines = [json.loads(x) for x in (tmp_path / f"{sid}.jsonl").read_text().splitlines()]
+    assert [x["seq"] for x in lines] == [0, 1, 2]
+    with store.open(sid) as again:  # and it loads
+        assert again.projection.seq == 2

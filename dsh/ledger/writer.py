@@ -159,6 +159,12 @@ class Ledger:
         # threads (dsh.plugin_events). Re-entrant: an observer may append in turn.
         self._lock = threading.RLock()
         self._blobs: Any = None
+        #: The ``seq`` of the last line written to the file. Set in the same breath as the
+        #: write (no call between them, so no signal handler runs in between): a
+        #: KeyboardInterrupt raised by dsh's SIGTERM/SIGHUP/Ctrl-C handler after the bytes
+        #: went out but before the projection took the event cannot make the next line (the
+        #: abort's own tool/result, turn/end) repeat its ``seq``.
+        self._written = -1
 
     @property
     def blobs(self) -> Any:
@@ -181,8 +187,10 @@ class Ledger:
         """Build, write and project one event; return it (sanitised, if it had to be).
         Thread-safe: each event gets the next ``seq`` and is written whole."""
         with self._lock:
-            event = cls(seq=self.projection.seq + 1, ts=_now(), session=self.session_id,
-                        **fields)
+            seq = self.projection.seq
+            if self._written > seq:  # written, then interrupted before it was projected
+                seq = self._written
+            event = cls(seq=seq + 1, ts=_now(), session=self.session_id, **fields)
             return self._write(event)
 
     @property
@@ -208,6 +216,7 @@ class Ledger:
         if self._fd is not None:
             try:
                 n = os.write(self._fd, data)
+                self._written = event.seq  # no call since the write: see __init__
                 if n != len(data):  # pragma: no cover - regular files do not short-write
                     raise OSError(f"short write ({n} of {len(data)} bytes)")
                 if self.fsync == "event":
