@@ -1132,3 +1132,37 @@ def test_an_interrupt_between_the_write_and_the_projection_does_not_repeat_a_seq
     assert [x["seq"] for x in lines] == [0, 1, 2]
     with store.open(sid) as again:  # and it loads
         assert again.projection.seq == 2
+
+
+def test_a_signal_during_an_append_of_the_main_thread_waits_for_the_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dsh's signal handlers call ``interrupt_or_defer``: arriving inside an append (here in
+    the middle of folding the line into the projection), the KeyboardInterrupt is raised
+    when the line is written *and* projected, so the next request holds what the file
+    holds; outside an append it is raised at once."""
+    from dsh.ledger import events as ev
+    from dsh.ledger.writer import CRITICAL
+    from dsh.ledger.writer import interrupt_or_defer
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupt_or_defer()
+    store = JsonlStore(tmp_path)
+    with store.create() as ledger:
+        ledger.append(ev.UserMessage, text="go")
+        def signalled(real: Any) -> Any:
+            def fold(self: Any, *args: Any) -> Any:
+                interrupt_or_defer()  # what the handler does when the signal lands here
+                return real(self, *args)
+            return fold
+
+        for name in ("apply", "apply_raw"):  # whichever folds this line
+            monkeypatch.setattr(Projection, name, signalled(getattr(Projection, name)))
+        with pytest.raises(KeyboardInterrupt):
+            ledger.append(ev.UserMessage, text="second")
+        monkeypatch.undo()
+        assert [m.content for m in ledger.projection.view()] == ["go", "second"]
+        assert CRITICAL.depth == 0 and not CRITICAL.pending
+        ledger.append(ev.TurnEnded, turn=1, outcome="aborted", reason="interrupted")
+        sid = ledger.session_id
+    lines = [json.loads(x) for x in (tmp_path / f"{sid}.jsonl").read_text().splitlines()]
+    assert [x["seq"] for x in lines] == [0, 1, 2]

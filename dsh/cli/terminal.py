@@ -48,6 +48,10 @@ def event_line(event: Any) -> str:
     return _compact({"type": getattr(event, "type", "live"), **getattr(event, "data", {})})
 
 
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
 class Interrupt:
     """Signals during a run. SIGINT: the first stops after the current step (``ctx.stop()``),
     the second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``).
@@ -66,11 +70,17 @@ class Interrupt:
         self.note = note
         self.terminated: int | None = None
         self._old: dict[int, Any] = {}
+        self._interrupt: Callable[[], None] = _raise_interrupt
 
     def attach(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
     def __enter__(self) -> Interrupt:
+        # imported here, not in the handlers (a handler must not import) nor at the top
+        # (`dsh --help` reaches this module and needs no ledger)
+        from dsh.ledger.writer import interrupt_or_defer
+
+        self._interrupt = interrupt_or_defer
         if threading.current_thread() is threading.main_thread():
             self._old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
             for signum in self.TERMINATING:
@@ -90,7 +100,7 @@ class Interrupt:
         self.terminated = signum
         if self.ctx is not None:
             self.ctx.abort(f"terminated by {signal.Signals(signum).name}")
-        raise KeyboardInterrupt
+        self._interrupt()
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
@@ -100,7 +110,7 @@ class Interrupt:
             return
         if self.ctx is not None:
             self.ctx.abort("interrupted")
-        raise KeyboardInterrupt
+        self._interrupt()
 
 
 class RunOutput:

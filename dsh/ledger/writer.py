@@ -45,6 +45,31 @@ from dsh.ledger.history import Projection
 from dsh.ledger.serialize import dump_event
 
 E = TypeVar("E", bound=Event)
+
+
+class _Critical:
+    """The main thread's appends in progress. dsh's signal handlers (Ctrl-C, SIGTERM, SIGHUP:
+    dsh.cli.terminal) raise KeyboardInterrupt in the main thread wherever it is; inside an
+    append that would leave a line written but not projected (the next line repeating its
+    ``seq``, or a request missing what the ledger holds). While :attr:`depth` is non-zero a
+    handler sets :attr:`pending` instead, and the append raises the KeyboardInterrupt when it
+    has written and projected its line (:func:`interrupt_or_defer`)."""
+
+    depth = 0
+    pending = False
+
+
+CRITICAL = _Critical()
+_MAIN = threading.main_thread()
+
+
+def interrupt_or_defer() -> None:
+    """For a signal handler: raise KeyboardInterrupt now, or, inside an append of the main
+    thread, when that append is done."""
+    if CRITICAL.depth:
+        CRITICAL.pending = True
+        return
+    raise KeyboardInterrupt
 FSYNC_POLICIES = ("event", "step", "never")
 INTERRUPTED = "interrupted: the run ended before this tool returned"
 
@@ -186,12 +211,22 @@ class Ledger:
     def append(self, cls: type[E], **fields: Any) -> E:
         """Build, write and project one event; return it (sanitised, if it had to be).
         Thread-safe: each event gets the next ``seq`` and is written whole."""
-        with self._lock:
-            seq = self.projection.seq
-            if self._written > seq:  # written, then interrupted before it was projected
-                seq = self._written
-            event = cls(seq=seq + 1, ts=_now(), session=self.session_id, **fields)
-            return self._write(event)
+        main = threading.current_thread() is _MAIN
+        if main:
+            CRITICAL.depth += 1
+        try:
+            with self._lock:
+                seq = self.projection.seq
+                if self._written > seq:  # written, then interrupted before it was projected
+                    seq = self._written
+                event = cls(seq=seq + 1, ts=_now(), session=self.session_id, **fields)
+                return self._write(event)
+        finally:
+            if main:
+                CRITICAL.depth -= 1
+                if CRITICAL.pending and not CRITICAL.depth:
+                    CRITICAL.pending = False
+                    raise KeyboardInterrupt  # the signal that came during the append
 
     @property
     def projection(self) -> Projection:
