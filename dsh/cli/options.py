@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+import click
+
 from dsh.cli.shared import warn
 
 if TYPE_CHECKING:
@@ -149,3 +151,20 @@ def resolve_session(app: App, text: str) -> str:
     from dsh.ledger.reader import resolve
 
     return resolve(app.store, text)
+
+
+def agent_and_session_options(f: Any) -> Any:
+    """``-m -s -a -c --session``: which agent runs and on which session, the same for
+    ``dsh run`` and ``dsh chat``."""
+    for option in reversed((
+        click.option("-m", "--model",
+                     help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …"),
+        click.option("-s", "--system", help="System prompt (replaces the agent's own)."),
+        click.option("-a", "--agent",
+                     help="Agent from the config (default: the config's `agent`)."),
+        click.option("-c", "--continue", "continue_", is_flag=True,
+                     help="Continue the agent's latest session."),
+        click.option("--session", "session_id", metavar="ID", help="Resume session ID."),
+    )):
+        f = option(f)
+    return f

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
 from dsh.cli.options import parse_limits
@@ -48,12 +49,7 @@ def read_prompt(prompt: str | None) -> str:
 
 @click.command()
 @click.argument("prompt", required=False)
-@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
-@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
-@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
-@click.option("-c", "--continue", "continue_", is_flag=True,
-              help="Continue the agent's latest session.")
-@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
+@agent_and_session_options
 @click.option("--no-save", is_flag=True, help="Keep the session in memory only.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object with the result at the end.")

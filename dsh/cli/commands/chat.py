@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
 from dsh.cli.options import parse_limits
@@ -18,12 +19,7 @@ from dsh.cli.shared import pass_state
 
 
 @click.command()
-@click.option("-m", "--model", help="Model id: echo, scripted:FILE, openai:gpt-4o-mini, …")
-@click.option("-s", "--system", help="System prompt (replaces the agent's own).")
-@click.option("-a", "--agent", help="Agent from the config (default: the config's `agent`).")
-@click.option("-c", "--continue", "continue_", is_flag=True,
-              help="Continue the agent's latest session.")
-@click.option("--session", "session_id", metavar="ID", help="Resume session ID.")
+@agent_and_session_options
 @click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in each turn.")
 @click.option("-L", "--limit", "limits", multiple=True, metavar="KEY=VALUE",
               help="Budget limit of each turn (repeatable), as for dsh run.")
