@@ -1166,3 +1166,27 @@ def test_a_signal_during_an_append_of_the_main_thread_waits_for_the_line(
         sid = ledger.session_id
     lines = [json.loads(x) for x in (tmp_path / f"{sid}.jsonl").read_text().splitlines()]
     assert [x["seq"] for x in lines] == [0, 1, 2]
+
+
+def test_a_signal_while_an_observer_runs_is_raised_at_once(tmp_path: Path) -> None:
+    """The critical section is the write and the projection only: an observer (a plugin's
+    ``observe_event``, the screen) that is slow or never returns is interrupted by Ctrl-C or
+    SIGTERM as before, with the line already written and projected."""
+    from dsh.ledger import events as ev
+    from dsh.ledger.writer import interrupt_or_defer
+
+    store = JsonlStore(tmp_path)
+    with store.create() as ledger:
+        went_on: list[bool] = []
+
+        def observer(event: Any) -> None:
+            interrupt_or_defer()  # the signal lands here: it must stop the observer now
+            went_on.append(True)
+
+        ledger.observer = observer
+        with pytest.raises(KeyboardInterrupt):
+            ledger.append(ev.UserMessage, text="seen")
+        ledger.observer = None
+        assert went_on == []
+        assert [m.content for m in ledger.projection.view()] == ["seen"]
+        assert ledger.append(ev.UserMessage, text="next").seq == 1

@@ -212,21 +212,26 @@ class Ledger:
         """Build, write and project one event; return it (sanitised, if it had to be).
         Thread-safe: each event gets the next ``seq`` and is written whole."""
         main = threading.current_thread() is _MAIN
-        if main:
-            CRITICAL.depth += 1
-        try:
-            with self._lock:
+        with self._lock:
+            if main:
+                CRITICAL.depth += 1
+            try:
                 seq = self.projection.seq
                 if self._written > seq:  # written, then interrupted before it was projected
                     seq = self._written
-                event = cls(seq=seq + 1, ts=_now(), session=self.session_id, **fields)
-                return self._write(event)
-        finally:
-            if main:
-                CRITICAL.depth -= 1
-                if CRITICAL.pending and not CRITICAL.depth:
-                    CRITICAL.pending = False
-                    raise KeyboardInterrupt  # the signal that came during the append
+                event = self._write(cls(seq=seq + 1, ts=_now(), session=self.session_id,
+                                        **fields))
+            finally:
+                if main:
+                    CRITICAL.depth -= 1
+                    if CRITICAL.pending and not CRITICAL.depth:
+                        CRITICAL.pending = False
+                        raise KeyboardInterrupt  # the signal that came during the append
+            # Outside the critical section: an observer (a plugin's, the screen) that blocks
+            # must not make Ctrl-C or SIGTERM wait for it.
+            if self.observer is not None:
+                self.observer(event)
+            return event
 
     @property
     def projection(self) -> Projection:
@@ -269,8 +274,6 @@ class Ledger:
             self._projection.apply(event, _LEDGER)
         else:
             self._projection.apply_raw(json.loads(line), _LEDGER)
-        if self.observer is not None:
-            self.observer(event)
         return event
 
     def step_boundary(self) -> None:
