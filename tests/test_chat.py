@@ -72,8 +72,19 @@ class Env:
             "sessions_dir": str(self.sessions), **extra}))
 
     def spawn(self, *args: str) -> Any:
-        child = pexpect.spawn(sys.executable, ["-m", "dsh", "chat", *args], env=self.env,
-                              encoding="utf-8", timeout=20, dimensions=(40, 200))
+        # A person at a terminal: Ctrl-C is not ignored. A test run started in the background
+        # by a non-interactive shell inherits SIGINT ignored, and a child would keep it so.
+        import signal
+
+        before = signal.getsignal(signal.SIGINT)
+        if before == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            child = pexpect.spawn(sys.executable, ["-m", "dsh", "chat", *args], env=self.env,
+                                  encoding="utf-8", timeout=20, dimensions=(40, 200))
+        finally:
+            if before == signal.SIG_IGN:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         child.expect("› ")
         return child
 
