@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsh.core.errors import ToolError
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import FrozenList
 from dsh.hookspecs import hookimpl
 from dsh.ledger.state import StateKey
 
@@ -78,6 +80,19 @@ def reduce(state: Any, data: Mapping[str, Any]) -> Any:
     """The new list is the one recorded (checked again: a hand-edited line is refused). The
     recorded list is kept as it is (already read-only) when it holds nothing else."""
     tasks = data.get("tasks", [])
+    # The common case, folding a resumed session: a recorded list as read back from the
+    # ledger (read-only, each item exactly a valid content and status) is kept in one loop of
+    # exact type checks; anything else takes the general path below, which decides the same.
+    if type(tasks) is FrozenList and len(tasks) <= MAX_TASKS:
+        for t in tasks:
+            if type(t) is not FrozenDict or t.keys() != _KEYS:
+                break
+            content = t["content"]
+            if (type(content) is not str or len(content) > MAX_CONTENT or not content.strip()
+                    or t["status"] not in STATUSES):
+                break
+        else:
+            return tasks
     problem = problems(tasks)
     if problem:
         raise ValueError(problem)
