@@ -187,7 +187,13 @@ class StateKey(Generic[T]):
         with ledger._lock:
             current = self.read(ledger.projection)
             new = self._apply(current, freeze(clean), f"state {self.plugin}/{self.name}")
-            size = len(json.dumps(new, ensure_ascii=False, separators=(",", ":")).encode())
+            try:  # frozen containers are trusted by frozen_json: freeze() keeps other objects
+                text = json.dumps(new, ensure_ascii=False, separators=(",", ":"),
+                                  allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise StateError(f"state {self.plugin}/{self.name}: the reducer returned a "
+                                 f"value that is not JSON ({exc})", plugin=self.plugin) from exc
+            size = len(text.encode())
             if size > self.max_bytes:
                 raise StateError(
                     f"state {self.plugin}/{self.name}: the update makes the value {size} bytes "
