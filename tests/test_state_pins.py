@@ -119,6 +119,12 @@ def test_containers_are_frozen_and_frozen_ones_kept_as_they_are() -> None:
     assert type(frozen_json((1, 2), "w")) is FrozenList
 
 
+def test_frozen_json_names_no_plugin_unless_told() -> None:
+    with pytest.raises(StateError, match=r"^W is a set") as info:
+        frozen_json(NOT_JSON, "W")
+    assert info.value.plugin == ""
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ({1, 2}, "W is a set, not JSON (use None, bool, int, float, str, lists and dicts)"),
     (float("inf"), "W is inf, which JSON cannot represent"),
@@ -227,6 +233,29 @@ def test_a_read_folds_only_what_is_new_and_caches_it_on_the_projection() -> None
     assert key.read(ledger.projection) == 16 and calls == [1, 2, 3, 10]
     assert key.read(ledger.projection, at=1) == 3  # at= folds afresh, caches nothing
     assert ledger.projection.states == {key: (4, 16)}
+
+
+def test_updating_one_key_keeps_the_cached_values_of_the_others() -> None:
+    """Each event is folded once per process: an update of one key does not make another
+    key's next read fold its events again."""
+    calls: list[str] = []
+
+    def counting(name: str) -> Any:
+        def reduce(state: int, data: Mapping[str, Any]) -> int:
+            calls.append(name)
+            return state + 1
+        return reduce
+
+    a: StateKey[Any] = StateKey("app", "pins-a", 0, counting("a"))
+    b: StateKey[Any] = StateKey("app", "pins-b", 0, counting("b"))
+    ledger = Ledger("s-two")
+    ledger.append(PluginEvent, plugin="app", name="pins-a", data={})
+    ledger.append(PluginEvent, plugin="app", name="pins-a", data={})
+    assert a.read(ledger.projection) == 2 and calls == ["a", "a"]
+    assert b.apply(ledger) == 1 and b.apply(ledger) == 2
+    assert a.read(ledger.projection) == 2 and b.read(ledger.projection) == 2
+    assert calls == ["a", "a", "b", "b"]
+    assert ledger.projection.states == {a: (2, 2), b: (2, 2)}
 
 
 def test_a_recorded_event_the_reducer_now_refuses_names_its_seq() -> None:
