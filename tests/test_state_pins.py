@@ -98,6 +98,19 @@ def test_a_bad_definition_names_what_is_wrong() -> None:
         StateKey("pins-p", "init", NOT_JSON, add)
     assert info.value.plugin == "pins-p"
     assert ("pins-p", "init") not in st.KEYS  # a refused definition is not registered
+    bad_size: Any
+    for bad_size, shown in ((0, "0"), (-5, "-5"), ("big", "'big'"), (True, "True"),
+                            (1.5, "1.5")):
+        with pytest.raises(StateError) as info:
+            StateKey("pins-p", "size", 0, add, max_bytes=bad_size)
+        assert str(info.value) == (f"state pins-p/size: max_bytes must be a positive int, "
+                                   f"not {shown}")
+        assert info.value.plugin == "pins-p"
+    assert StateKey("pins-p", "size", 0, add, max_bytes=1).max_bytes == 1
+    with pytest.raises(StateError) as info:
+        StateKey("pins-p", "show", 0, add, show="json")  # type: ignore[arg-type]
+    assert str(info.value) == "state pins-p/show: show must be callable or None, not str"
+    assert info.value.plugin == "pins-p"
 
 
 # ------------------------------------------------------------------ frozen_json

@@ -108,6 +108,12 @@ class StateKey(Generic[T]):
         if not callable(reduce):
             raise StateError(f"state {plugin}/{name}: reduce must be callable, not "
                              f"{type(reduce).__name__}", plugin=plugin)
+        if show is not None and not callable(show):
+            raise StateError(f"state {plugin}/{name}: show must be callable or None, not "
+                             f"{type(show).__name__}", plugin=plugin)
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise StateError(f"state {plugin}/{name}: max_bytes must be a positive int, not "
+                             f"{max_bytes!r}", plugin=plugin)
         self.reduce = reduce
         self.max_bytes = max_bytes
         self.show = show
