@@ -216,6 +216,8 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     ("dsh.ledger.state.xǁStateKeyǁread", "if done < n:", "if done <= n:",
      "with done == n the loop folds nothing and the cache gets the (n, value) it already "
      "holds: the same value is returned"),
+    ("dsh.ledger.state.xǁStateKeyǁapply", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
     ("dsh.ledger.state.xǁStateKeyǁapply", "allow_nan=False)", "allow_nan=None)",
      "json.dumps tests allow_nan for truth: None behaves as False"),
     ("dsh.ledger.state.xǁStateKeyǁupdate", 'getattr(ctx, "session", None)',
