@@ -68,6 +68,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     )),
     "state": ("dsh/ledger/state.py", (
         "tests/test_state.py",  # test_issue25_api.py runs dsh in subprocesses: not here
+        "tests/test_state_pins.py",
     )),
     "reader": ("dsh/ledger/reader.py", (
         "tests/test_state.py",
@@ -209,6 +210,17 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
        "its iteration is not one)")
       for after in ("strict=None", "strict=False", "zip(self, other, )")],
     ("dsh.ledger.plugin_events.x_record_event", 'getattr(ctx, "session", None)',
+     'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
+     "session always exists (None when made by hand): the default is never used"),
+    # dsh/ledger/state.py
+    ("dsh.ledger.state.xǁStateKeyǁread", "if done < n:", "if done <= n:",
+     "with done == n the loop folds nothing and the cache gets the (n, value) it already "
+     "holds: the same value is returned"),
+    ("dsh.ledger.state.xǁStateKeyǁapply", "ensure_ascii=False", "ensure_ascii=None",
+     "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    ("dsh.ledger.state.xǁStateKeyǁapply", "allow_nan=False)", "allow_nan=None)",
+     "json.dumps tests allow_nan for truth: None behaves as False"),
+    ("dsh.ledger.state.xǁStateKeyǁupdate", 'getattr(ctx, "session", None)',
      'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
      "session always exists (None when made by hand): the default is never used"),
     # dsh/llm/transport.py

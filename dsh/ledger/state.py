@@ -108,6 +108,12 @@ class StateKey(Generic[T]):
         if not callable(reduce):
             raise StateError(f"state {plugin}/{name}: reduce must be callable, not "
                              f"{type(reduce).__name__}", plugin=plugin)
+        if show is not None and not callable(show):
+            raise StateError(f"state {plugin}/{name}: show must be callable or None, not "
+                             f"{type(show).__name__}", plugin=plugin)
+        if type(max_bytes) is not int or max_bytes < 1:
+            raise StateError(f"state {plugin}/{name}: max_bytes must be a positive int, not "
+                             f"{max_bytes!r}", plugin=plugin)
         self.reduce = reduce
         self.max_bytes = max_bytes
         self.show = show
@@ -187,7 +193,13 @@ class StateKey(Generic[T]):
         with ledger._lock:
             current = self.read(ledger.projection)
             new = self._apply(current, freeze(clean), f"state {self.plugin}/{self.name}")
-            size = len(json.dumps(new, ensure_ascii=False, separators=(",", ":")).encode())
+            try:  # frozen containers are trusted by frozen_json: freeze() keeps other objects
+                text = json.dumps(new, ensure_ascii=False, separators=(",", ":"),
+                                  allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise StateError(f"state {self.plugin}/{self.name}: the reducer returned a "
+                                 f"value that is not JSON ({exc})", plugin=self.plugin) from exc
+            size = len(text.encode())
             if size > self.max_bytes:
                 raise StateError(
                     f"state {self.plugin}/{self.name}: the update makes the value {size} bytes "
