@@ -69,6 +69,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "state": ("dsh/ledger/state.py", (
         "tests/test_state.py",  # test_issue25_api.py runs dsh in subprocesses: not here
         "tests/test_state_pins.py",
+        "tests/test_state_replaces.py",
     )),
     "reader": ("dsh/ledger/reader.py", (
         "tests/test_state.py",

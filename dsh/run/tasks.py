@@ -109,7 +109,8 @@ def render(tasks: Sequence[Mapping[str, Any]]) -> str:
                      for i, t in enumerate(tasks, 1))
 
 
-TASKS: StateKey[list[dict[str, str]]] = StateKey(PLUGIN, "tasks", [], reduce, show=render)
+TASKS: StateKey[list[dict[str, str]]] = StateKey(PLUGIN, "tasks", [], reduce, show=render,
+                                                 replaces=True)
 
 
 def summary(tasks: Sequence[Mapping[str, Any]]) -> str:
