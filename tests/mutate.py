@@ -116,6 +116,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
 #: behaviour). A survivor of ``function`` (mutmut's name up to ``__mutmut_``) whose diff removes
 #: a line holding the first fragment and adds one holding the second is counted as equivalent.
 #: Matching by content, not by mutant number, keeps an entry right when the numbering shifts.
+#: frozen_json's early-return test (dsh/ledger/state.py), for its equivalents below
+_FAST = ("t is FrozenDict or t is FrozenList or t is str or t is int or t is bool "
+         "or value is None")
+_FAST_PARTS = _FAST.split(" or ")
+
 EQUIVALENT: list[tuple[str, str, str, str]] = [
     # dsh/ledger/history.py
     ("dsh.ledger.history.xǁProjectionǁapply_raw", "if type(seq) is not int:",
@@ -214,9 +219,16 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
      "session always exists (None when made by hand): the default is never used"),
     # dsh/ledger/state.py
-    ("dsh.ledger.state.xǁStateKeyǁread", "if done < n:", "if done <= n:",
-     "with done == n the loop folds nothing and the cache gets the (n, value) it already "
-     "holds: the same value is returned"),
+    # frozen_json's first lines only return early what its walk returns as it is (a frozen
+    # container, str, int, bool, None): a mutant that skips the early return for some of
+    # them, or takes it for none, gives the same value by the longer way
+    *[("dsh.ledger.state.x_frozen_json", "t = type(value)", after,
+       "the early return is a shortcut: the walk returns the same object for these types")
+      for after in ("t = None", "t = type(None)")],
+    *[("dsh.ledger.state.x_frozen_json", _FAST,  # one "or" of the six turned into "and"
+       " or ".join(_FAST_PARTS[:i]) + " and " + " or ".join(_FAST_PARTS[i:]),
+       "the early return is a shortcut: the walk returns the same object for these types")
+      for i in range(1, len(_FAST_PARTS))],
     ("dsh.ledger.state.xǁStateKeyǁapply", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
     ("dsh.ledger.state.xǁStateKeyǁapply", "allow_nan=False)", "allow_nan=None)",

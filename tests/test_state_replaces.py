@@ -110,3 +110,11 @@ def test_frozen_json_returns_frozen_and_atomic_values_as_they_are() -> None:
             frozen_json(bad, "here")
     with pytest.raises(StateError, match="not JSON"):
         frozen_json({1, 2}, "here")
+
+
+def test_replaces_is_kept_as_a_bool_when_the_key_is_made() -> None:
+    # made here, not at import: what the constructor stores is what a read then goes by
+    made = StateKey("app", "madehere", "start", whole, replaces=True)
+    assert made.replaces is True
+    assert StateKey("app", "madehere2", 0, whole, replaces=1).replaces is True
+    assert StateKey("app", "madehere3", 0, whole).replaces is False
