@@ -64,6 +64,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "plugin-events": ("dsh/ledger/plugin_events.py", (
         "tests/test_plugin_events.py",
         "tests/test_plugin_events_pins.py",
+        "tests/test_plugin_events_lazy.py",
         "tests/test_state.py",
     )),
     "state": ("dsh/ledger/state.py", (
@@ -77,6 +78,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "history": ("dsh/ledger/history.py", (
         "tests/test_history.py",
         "tests/test_history_pins.py",
+        "tests/test_plugin_events_lazy.py",
     )),
     "rescue": ("dsh/llm/rescue.py", (
         "tests/test_rescue.py",

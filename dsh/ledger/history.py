@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from collections.abc import Iterator
 from collections.abc import Mapping
 from typing import Any
+from typing import SupportsIndex
+from typing import overload
 
 from dsh.core.messages import FrozenDict
 from dsh.core.messages import Message
@@ -30,6 +33,8 @@ from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
+from dsh.ledger.plugin_events import checked_raw
+from dsh.ledger.plugin_events import from_checked
 from dsh.ledger.serialize import check_raw
 from dsh.ledger.serialize import checked
 from dsh.ledger.serialize import raw_attachments
@@ -189,11 +194,17 @@ class Projection:
 
     def index_plugin_event(self, event: PluginEvent) -> None:
         """Keep a plugin event for :func:`dsh.ledger.plugin_events.read`: O(1), no message."""
+        self._index(event.plugin, event.name, event)
+
+    def _index(self, plugin: str, name: str, item: Any) -> None:
         index = self.plugin_index
         if index is None:
             index = self.plugin_index = {}
-        index.setdefault(event.plugin, []).append(event)
-        index.setdefault((event.plugin, event.name), []).append(event)
+        for key in (plugin, (plugin, name)):
+            events = index.get(key)
+            if events is None:
+                events = index[key] = EventList()
+            events.append(item)
 
     def compact(self, start: int, end: int, replacement: tuple[Message, ...],
                 _key: object = None) -> None:
@@ -288,10 +299,110 @@ class Projection:
             self.compact(checked(d["start"], int), checked(d["end"], int),
                          raw_messages(d.get("messages", [])), _LEDGER)
         elif tag[:2] == "x/":
-            from dsh.ledger.plugin_events import from_raw
-
-            self.index_plugin_event(from_raw(d))
+            # Checked now (a bad line fails the load, as any other would); built into a
+            # PluginEvent — its data frozen — when first read: resuming a session with many
+            # recorded-state updates reads one of them (benchmarks/resume.py).
+            plugin, name = checked_raw(d)
+            self._index(plugin, name, _Unread(d))
         self.seq = seq
+
+
+class _Unread:
+    """A plugin event's line, checked when the ledger was loaded, not yet built into its
+    :class:`~dsh.ledger.events.PluginEvent` (shared by its two index lists: built once)."""
+
+    __slots__ = ("line", "event")
+
+    def __init__(self, line: dict[str, Any]) -> None:
+        self.line: dict[str, Any] | None = line
+        self.event: PluginEvent | None = None
+
+    def built(self) -> PluginEvent:
+        event = self.event
+        if event is None:
+            event = from_checked(self.line)  # type: ignore[arg-type]
+            self.event, self.line = event, None
+        return event
+
+
+def _built(item: Any) -> PluginEvent:
+    return item.built() if type(item) is _Unread else item
+
+
+class EventList(list):
+    """One list of :attr:`Projection.plugin_index`: a plugin's events, oldest first, as
+    :class:`~dsh.ledger.events.PluginEvent` objects. Appended to by the projection only. The
+    events of a loaded ledger are checked at load and built at their first read (indexing,
+    iterating, comparing, searching, copying): a session of 10,000 recorded-state updates
+    builds the one its state key folds, not 10,000."""
+
+    __slots__ = ()
+
+    def _all(self) -> EventList:
+        for i, item in enumerate(list.__iter__(self)):
+            if type(item) is _Unread:
+                list.__setitem__(self, i, item.built())
+        return self
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> PluginEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PluginEvent]: ...
+
+    def __getitem__(self, index: Any) -> Any:
+        item = list.__getitem__(self, index)
+        if type(item) is _Unread:
+            item = item.built()
+            list.__setitem__(self, index, item)
+        elif type(index) is slice:
+            item = [_built(x) for x in item]
+        return item
+
+    def __iter__(self) -> Iterator[PluginEvent]:
+        for i, item in enumerate(list.__iter__(self)):
+            if type(item) is _Unread:
+                item = item.built()
+                list.__setitem__(self, i, item)
+            yield item
+
+    def __reversed__(self) -> Iterator[PluginEvent]:
+        for i in range(len(self) - 1, -1, -1):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return list.__repr__(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return list.__eq__(self._all(), other._all() if type(other) is EventList else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+    def __contains__(self, value: object) -> bool:
+        return list.__contains__(self._all(), value)
+
+    def index(self, value: Any, *args: Any) -> int:
+        return list.index(self._all(), value, *args)
+
+    def count(self, value: Any) -> int:
+        return list.count(self._all(), value)
+
+    def copy(self) -> list[PluginEvent]:
+        return list(self)
+
+    def __add__(self, other: Any) -> list[PluginEvent]:  # type: ignore[override]
+        return list(self) + list(other)
+
+    def __mul__(self, n: SupportsIndex) -> list[PluginEvent]:
+        return list(self) * n
+
+    __rmul__ = __mul__
+
+    def __reduce__(self) -> Any:
+        return (EventList, (list(self),))
 
 
 def derive_messages(events: Iterable[Event]) -> MessageView:

@@ -393,13 +393,44 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     must be ``x/PLUGIN/NAME`` with ``plugin`` and ``name`` (when present) agreeing with it,
     ``data`` an object and ``version`` an int. Anything else raises
     :class:`~dsh.ledger.serialize.InvalidLine` with the reason."""
+    _check_shape(d)
+    return _build(d)
+
+
+def checked_raw(d: dict[str, Any]) -> tuple[str, str]:
+    """``(plugin, name)`` of a ledger line that :func:`from_raw` would take — every check of
+    it made, the depth of ``data`` included, the event not built: :func:`from_checked`
+    builds it later, from the same object (which nobody else may hold or change)."""
+    plugin, name, data = _check_shape(d)
+    try:
+        _depth(data, 0)
+    except _TooDeep:
+        raise InvalidLine(_too_deep(d["type"])) from None
+    return plugin, name
+
+
+def from_checked(d: dict[str, Any]) -> PluginEvent:
+    """The event of a line :func:`checked_raw` took."""
+    return _build(d)
+
+
+#: Tags already found well-formed: ``tag -> (plugin, name)`` (bounded).
+_TAGS: dict[str, tuple[str, str]] = {}
+
+
+def _check_shape(d: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     tag = d["type"]
-    parts = tag.split("/")
-    if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise InvalidLine(f"plugin event tag {tag!r} is not x/PLUGIN/NAME")
-    plugin = d.get("plugin", parts[1])
-    name = d.get("name", parts[2])
-    if plugin != parts[1] or name != parts[2]:
+    parts = _TAGS.get(tag)
+    if parts is None:
+        split = tag.split("/")
+        if len(split) != 3 or not split[1] or not split[2]:
+            raise InvalidLine(f"plugin event tag {tag!r} is not x/PLUGIN/NAME")
+        parts = (split[1], split[2])
+        if len(_TAGS) < 1024:
+            _TAGS[tag] = parts
+    plugin = d.get("plugin", parts[0])
+    name = d.get("name", parts[1])
+    if plugin != parts[0] or name != parts[1]:
         raise InvalidLine(f"'plugin'/'name' ({plugin!r}, {name!r}) disagree with the tag {tag!r}")
     data = d.get("data", {})
     if type(data) is not dict:
@@ -410,16 +441,28 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     seq, ts, session = d.get("seq", 0), d.get("ts", ""), d.get("session", "")
     if type(seq) is not int or type(ts) is not str or type(session) is not str:
         raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
-    extra = {k: v for k, v in d.items() if k not in _FIELDS}
+    return parts[0], parts[1], data
+
+
+def _build(d: dict[str, Any]) -> PluginEvent:
+    """The event of a line whose shape :func:`_check_shape` took (its ``data`` is frozen in
+    place: the object must be the decoder's own)."""
+    tag = d["type"]
+    extra = {} if d.keys() <= _FIELDS else {k: v for k, v in d.items() if k not in _FIELDS}
     if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
         extra["v"] = d["v"]
     try:
-        frozen = _frozen_json(data, 0)
+        frozen = _frozen_json(d.get("data", {}), 0)
     except _TooDeep:  # freezing it would recurse without end
-        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels "
-                          "deep") from None
-    return PluginEvent(seq=seq, ts=ts, session=session, plugin=plugin, name=name,
-                       data=frozen, version=version, extra=extra)
+        raise InvalidLine(_too_deep(tag)) from None
+    parts = _TAGS.get(tag) or tag.split("/")[1:]
+    return PluginEvent(seq=d.get("seq", 0), ts=d.get("ts", ""), session=d.get("session", ""),
+                       plugin=parts[0], name=parts[1], data=frozen,
+                       version=d.get("version", 1), extra=extra)
+
+
+def _too_deep(tag: str) -> str:
+    return f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep"
 
 
 class _TooDeep(Exception):
@@ -446,6 +489,16 @@ def _frozen_json(value: Any, depth: int) -> Any:
 
 
 _NESTED = (dict, list)
+
+
+def _depth(value: Any, depth: int) -> None:
+    """Raise :class:`_TooDeep` if ``value`` (a decoded object or list) nests deeper than
+    :data:`MAX_READ_DEPTH` — :func:`_frozen_json`'s check, without building anything."""
+    if depth >= MAX_READ_DEPTH:
+        raise _TooDeep
+    for v in value.values() if type(value) is dict else value:
+        if type(v) in _NESTED:
+            _depth(v, depth + 1)
 
 
 def load(d: dict[str, Any], where: str) -> PluginEvent:

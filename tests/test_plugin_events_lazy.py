@@ -1,0 +1,146 @@
+"""Plugin events of a loaded ledger are checked at load and built at their first read (issue 25:
+resume of 100k events with 10k recorded-state updates within 10% of without).
+
+What must not change: every event read is the one the eager reader (``from_raw``, used by
+``sessions show``) builds from the same line; a bad line still fails the load, naming the file
+and line; both index lists of an event give the same object; and every way of reading an
+index list — indexing, slicing, iterating, reversing, searching, comparing, copying, ``repr``
+— gives what a plain list of the built events gives.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from dsh.core.errors import LedgerError
+from dsh.core.messages import FrozenDict
+from dsh.ledger.events import PluginEvent
+from dsh.ledger.history import EventList
+from dsh.ledger.plugin_events import from_raw
+from dsh.ledger.state import StateKey
+from dsh.ledger.store import JsonlStore
+
+HEAD = {"v": 1, "ts": "2026-12-01T00:00:00.000Z", "session": "s1"}
+
+
+def _write(tmp: Path, payloads: list[tuple[str, str, dict[str, Any]]],
+           extra: dict[str, Any] | None = None) -> tuple[JsonlStore, list[dict[str, Any]]]:
+    """A ledger file of one turn start and the given plugin events; returns the store and
+    the lines (as written)."""
+    lines: list[dict[str, Any]] = [{**HEAD, "seq": 0, "type": "turn/start", "turn": 1,
+                                    "agent": "default"}]
+    for plugin, name, data in payloads:
+        lines.append({**HEAD, "seq": len(lines), "type": f"x/{plugin}/{name}",
+                      "plugin": plugin, "name": name, "data": data, **(extra or {})})
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "s1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return JsonlStore(tmp, fsync="never"), lines
+
+
+def _unbuilt(events: list[Any]) -> int:
+    """How many entries of an index list are not built yet (read past EventList's methods)."""
+    items = [list.__getitem__(events, i) for i in range(len(events))]
+    return sum(type(x) is not PluginEvent and getattr(x, "event", None) is None for x in items)
+
+
+def test_loading_builds_nothing_and_a_read_builds_what_it_reads(tmp_path: Path) -> None:
+    store, lines = _write(tmp_path, [("p", "n", {"i": i, "l": [{"k": i}]}) for i in range(20)])
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        assert index is not None
+        by_name, by_plugin = index[("p", "n")], index["p"]
+        assert type(by_name) is EventList and type(by_plugin) is EventList
+        assert _unbuilt(by_name) == 20 and _unbuilt(by_plugin) == 20
+        last = by_name[-1]
+        assert type(last) is PluginEvent
+        assert _unbuilt(by_name) == 19
+        # the other list holds the same line: it gives the very same object, built once
+        assert by_plugin[-1] is last
+        assert last == from_raw(json.loads(json.dumps(lines[-1])))
+        assert type(last.data) is FrozenDict and last.data["l"][0] == {"k": 19}
+        with pytest.raises(TypeError):
+            last.data["l"].append(1)  # type: ignore[attr-defined]
+        assert list(by_name) == [from_raw(json.loads(json.dumps(x))) for x in lines[1:]]
+        assert _unbuilt(by_name) == 0
+
+
+def test_a_state_key_that_replaces_builds_only_the_newest_update(tmp_path: Path) -> None:
+    key: StateKey[Any] = StateKey("app", "lazy-newest", 0, lambda s, d: d["v"], replaces=True)
+    store, _ = _write(tmp_path, [("app", "lazy-newest", {"v": i}) for i in range(100)])
+    with store.open("s1") as ledger:
+        assert key.read(ledger.projection) == 99
+        assert _unbuilt(ledger.projection.plugin_index[("app", "lazy-newest")]) == 99
+        assert key.read(ledger.projection, at=50) == 49  # seq 50 is the 50th update
+        assert _unbuilt(ledger.projection.plugin_index["app"]) == 0  # at= reads them all
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"d": json.loads("[" * 200 + "]" * 200)}, "nests more than 128 levels deep"),
+    ([1, 2], "is a list, not an object"),
+])
+def test_a_bad_plugin_event_line_still_fails_the_load(tmp_path: Path, data: Any,
+                                                      message: str) -> None:
+    store, _ = _write(tmp_path, [("p", "ok", {}), ("p", "bad", data), ("p", "ok", {})])
+    with pytest.raises(LedgerError) as err:
+        store.open("s1")
+    assert str(err.value).startswith(f"{tmp_path / 's1.jsonl'}:3: invalid plugin event:")
+    assert message in str(err.value)
+
+
+def test_a_line_with_other_keys_and_version_is_built_as_the_eager_reader_builds_it(
+        tmp_path: Path) -> None:
+    store, lines = _write(tmp_path, [("p", "n", {"a": [1, {"b": None}]})],
+                          extra={"version": 3, "note": {"kept": True}})
+    with store.open("s1") as ledger:
+        event = ledger.projection.plugin_index["p"][0]
+    assert event == from_raw(json.loads(json.dumps(lines[1])))
+    assert event.version == 3 and event.extra == {"note": {"kept": True}}
+
+
+# -- every way of reading an index list, against a plain list of the eager reader's events --
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                     max_leaves=8)
+_payloads = st.lists(st.tuples(st.sampled_from(["p", "q"]), st.sampled_from(["a", "b"]),
+                               st.dictionaries(st.text(max_size=3), _json, max_size=3)),
+                     min_size=1, max_size=8)
+
+
+READS: list[Any] = [
+    lambda e, p: len(e), lambda e, p: e[0], lambda e, p: e[-1], lambda e, p: e[1:],
+    lambda e, p: e[::-1],
+    lambda e, p: list(e), lambda e, p: list(reversed(e)), lambda e, p: p in e,
+    lambda e, p: e.count(p), lambda e, p: e.index(p) if p in e else None,
+    lambda e, p: repr(e), lambda e, p: e == [*e], lambda e, p: e.copy(),
+    lambda e, p: e + [p], lambda e, p: 2 * e, lambda e, p: bool(e),
+]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payloads=_payloads, which=st.integers(0, len(READS) - 1))
+def test_every_read_of_an_index_list_is_a_plain_lists(tmp_path: Path, payloads: Any,
+                                                      which: int) -> None:
+    store, lines = _write(tmp_path, payloads)
+    eager = [from_raw(json.loads(json.dumps(x))) for x in lines[1:]]
+    probe = eager[len(eager) // 2]
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        assert index is not None
+        for key in {p for p, _, _ in payloads} | {(p, n) for p, n, _ in payloads}:
+            expected = [e for e in eager if (e.plugin if isinstance(key, str)
+                                            else (e.plugin, e.name)) == key]
+            # one read per list, on lines not built yet (but those another list read)
+            assert READS[which](index[key], probe) == READS[which](expected, probe)
+        # comparing two index lists, or one with itself, compares the built events
+        assert index["p" if "p" in index else "q"] == index["p" if "p" in index else "q"]
