@@ -180,6 +180,12 @@ def main() -> None:
         cpu, cpu_s = (min(r["load_cpu"] for r in rs) for rs in (results, with_state))
         print(f"  CPU (best of {args.runs} each): {cpu_s:.3f} s / {cpu:.3f} s = "
               f"{cpu_s / cpu:.2f} x")
+        # On a machine whose speed drifts from one run to the next, the runs made side by
+        # side are the fairer comparison: the median of the per-pair ratios
+        pairs = sorted(s["load_cpu"] / p["load_cpu"]
+                       for s, p in zip(with_state, results, strict=True))
+        print(f"  CPU, median of the {len(pairs)} side-by-side pairs' ratios: "
+              f"{pairs[len(pairs) // 2]:.2f} x (lowest {pairs[0]:.2f}, highest {pairs[-1]:.2f})")
         # The state machinery's own share: the same session, its task list read or not
         cpu_u = min(r["load_cpu"] for r in unfolded)
         print(f"  the state session with its task list folded / not read, CPU: {cpu_s:.3f} s / "

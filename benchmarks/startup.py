@@ -15,6 +15,12 @@ and *with* bytecode: a user's venv has ``__pycache__`` written by pip, so unset
 ``PYTHONDONTWRITEBYTECODE`` (the script warns when it is set, and makes one warm-up run of
 each command so that any missing ``.pyc`` is written before timing).
 
+The *design floor* line imports only what DESIGN.md puts on the path of every run —
+``click`` (the CLI), ``attrs`` (events and messages are attrs classes), ``pluggy`` (the plugin
+tree), and ``json``/``pathlib`` — and does nothing else: no dsh code, no class built, no
+ledger written. ``dsh run`` cannot start faster than it without taking one of them off its
+path.
+
 ``--against OTHER_PYTHON``: also time ``dsh run -m echo hi`` from a second venv, interleaved,
 and print its ratio against this one (issue 28: dsh-otel installed but not enabled vs not
 installed; target 1.00 within noise).
@@ -67,6 +73,11 @@ def main() -> None:
         "dsh run -m echo hi": [*dsh, "run", "-m", "echo", "hi"],
         "dsh --help": [*dsh, "--help"],
         "dsh --version": [*dsh, "--version"],
+        # What the design card puts on every run's path before any line of dsh: the Click
+        # CLI, attrs classes, pluggy's plugin tree, and the stdlib modules every one of them
+        # imports (DESIGN.md). The floor a redesign within that card could reach.
+        "design floor (see docstring)": [
+            sys.executable, "-c", "import click, attrs, pluggy, json, pathlib"],
     }
     if args.against:
         commands["dsh run -m echo hi (--against)"] = [
