@@ -144,3 +144,52 @@ def test_every_read_of_an_index_list_is_a_plain_lists(tmp_path: Path, payloads: 
             assert READS[which](index[key], probe) == READS[which](expected, probe)
         # comparing two index lists, or one with itself, compares the built events
         assert index["p" if "p" in index else "q"] == index["p" if "p" in index else "q"]
+
+
+def test_an_event_appended_while_another_is_built_is_kept(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading ``[-1]`` builds that line; if the projection appends meanwhile (a tool call
+    recording an event in another thread), the new event must stay where it was appended."""
+    import dsh.ledger.history as history
+
+    store, _ = _write(tmp_path, [("p", "n", {"i": i}) for i in range(3)])
+    with store.open("s1") as ledger:
+        projection = ledger.projection
+        events = projection.plugin_index[("p", "n")]
+        newcomer = PluginEvent(seq=99, ts="t", session="s1", plugin="p", name="n", data={})
+        build = history.from_checked
+
+        def racing(line: dict[str, Any]) -> PluginEvent:
+            if newcomer not in list.__iter__(events):  # once: what a concurrent append does
+                projection._index("p", "n", newcomer)
+            return build(line)
+
+        monkeypatch.setattr(history, "from_checked", racing)
+        assert events[-1].data == {"i": 2}
+        assert events[-1] is newcomer and len(events) == 4
+        assert [e.data for e in events] == [{"i": 0}, {"i": 1}, {"i": 2}, {}]
+
+
+def test_threads_reading_one_line_at_once_get_one_event(tmp_path: Path) -> None:
+    import threading
+
+    store, _ = _write(tmp_path, [("p", "n", {"big": list(range(2000))}) for _ in range(30)])
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        got: list[list[PluginEvent]] = []
+        start = threading.Barrier(4)
+
+        def read(key: Any) -> None:
+            start.wait()
+            got.append(list(index[key]))
+
+        threads = [threading.Thread(target=read, args=(k,)) for k in ("p", ("p", "n")) * 2]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(got) == 4
+    for i in range(30):
+        assert all(g[i] is got[0][i] for g in got)
+    with pytest.raises(IndexError):
+        index["p"][-31]

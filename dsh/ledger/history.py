@@ -9,6 +9,8 @@ request is the one it would have sent before the restart.
 from __future__ import annotations
 
 import json
+import operator
+import threading
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
@@ -320,9 +322,15 @@ class _Unread:
     def built(self) -> PluginEvent:
         event = self.event
         if event is None:
-            event = from_checked(self.line)  # type: ignore[arg-type]
-            self.event, self.line = event, None
+            with _BUILDING:  # two threads reading it at once get one and the same event
+                event = self.event
+                if event is None:
+                    event = self.event = from_checked(self.line)  # type: ignore[arg-type]
+                    self.line = None
         return event
+
+
+_BUILDING = threading.Lock()
 
 
 def _built(item: Any) -> PluginEvent:
@@ -351,12 +359,17 @@ class EventList(list):
     def __getitem__(self, index: slice) -> list[PluginEvent]: ...
 
     def __getitem__(self, index: Any) -> Any:
-        item = list.__getitem__(self, index)
+        if type(index) is slice:
+            return [_built(x) for x in list.__getitem__(self, index)]
+        i = operator.index(index)
+        if i < 0:  # counted once: the projection may append meanwhile (another thread)
+            i += len(self)
+            if i < 0:
+                raise IndexError("list index out of range")
+        item = list.__getitem__(self, i)
         if type(item) is _Unread:
             item = item.built()
-            list.__setitem__(self, index, item)
-        elif type(index) is slice:
-            item = [_built(x) for x in item]
+            list.__setitem__(self, i, item)
         return item
 
     def __iter__(self) -> Iterator[PluginEvent]:
