@@ -193,3 +193,77 @@ def test_threads_reading_one_line_at_once_get_one_event(tmp_path: Path) -> None:
         assert all(g[i] is got[0][i] for g in got)
     with pytest.raises(IndexError):
         index["p"][-31]
+
+
+# -- checked_raw + from_checked (the load's two halves) against from_raw (the eager reader) --
+
+from dsh.ledger import plugin_events as pe  # noqa: E402
+from dsh.ledger.serialize import InvalidLine  # noqa: E402
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4),
+                    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2),
+                                                                         st.integers(),
+                                                                         max_size=2))
+_lines = st.fixed_dictionaries(
+    {"type": st.sampled_from(["x/p/n", "x/q/n", "x/p", "x//n", "x/p/", "x/p/n/m", "x/a.b/c-d"])},
+    optional={"v": st.sampled_from([1, 2, "1"]), "seq": st.one_of(st.integers(0, 9), _values),
+              "ts": st.one_of(st.just("t"), _values), "session": st.one_of(st.just("s"), _values),
+              "plugin": st.one_of(st.sampled_from(["p", "q", "a.b"]), _values),
+              "name": st.one_of(st.sampled_from(["n", "c-d"]), _values),
+              "data": st.one_of(_json.filter(lambda x: isinstance(x, dict)), _values),
+              "version": st.one_of(st.integers(1, 5), _values), "other": _values})
+
+
+def _outcome(read: Any, line: dict[str, Any]) -> Any:
+    try:
+        got = read(json.loads(json.dumps(line)))
+        # (events compare without ``extra``: compare it too)
+        return (got, got.extra, repr(got)) if isinstance(got, PluginEvent) else got
+    except InvalidLine as exc:
+        return ("refused", str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(line=_lines)
+def test_checking_then_building_is_reading_eagerly(line: dict[str, Any]) -> None:
+    def lazily(d: dict[str, Any]) -> Any:
+        plugin, name = pe.checked_raw(d)
+        event = pe.from_checked(d)
+        assert (event.plugin, event.name) == (plugin, name)
+        return event
+
+    assert _outcome(lazily, line) == _outcome(pe.from_raw, line)
+
+
+def _nested(n: int, box: Any) -> Any:
+    value: Any = 0
+    for _ in range(n):
+        value = box(value)
+    return value
+
+
+@pytest.mark.parametrize("box", [lambda v: [v], lambda v: {"k": v}])
+def test_the_depth_checked_at_load_is_the_eager_readers(box: Any) -> None:
+    base = {"v": 1, "type": "x/p/n", "seq": 3, "ts": "t", "session": "s"}
+    # data itself is the outermost level: MAX_READ_DEPTH levels in all are read, one more not
+    assert pe.checked_raw({**base, "data": {"k": _nested(pe.MAX_READ_DEPTH - 1, box)}}) \
+        == ("p", "n")
+    with pytest.raises(InvalidLine) as err:
+        pe.checked_raw({**base, "data": {"k": _nested(pe.MAX_READ_DEPTH, box)}})
+    assert str(err.value) == f"'data' of 'x/p/n' nests more than {pe.MAX_READ_DEPTH} levels deep"
+    for depth in (pe.MAX_READ_DEPTH - 1, pe.MAX_READ_DEPTH):
+        line = {**base, "data": {"k": _nested(depth, box)}}
+        assert _outcome(pe.checked_raw, line) == _outcome(
+            lambda d: (pe.from_raw(d).plugin, "n"), line)
+
+
+def test_the_cache_of_well_formed_tags_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pe, "_TAGS", {})
+    for i in range(1100):
+        pe.checked_raw({"type": f"x/p{i}/n{i}"})
+    assert len(pe._TAGS) == 1024 and pe._TAGS["x/p1023/n1023"] == ("p1023", "n1023")
+    # a tag past the bound is read all the same, each time
+    for _ in range(2):
+        event = pe.from_checked({"type": "x/p1099/n1099", "data": {"a": 1}})
+        assert (event.plugin, event.name, event.data) == ("p1099", "n1099", {"a": 1})
+    assert "x/p1099/n1099" not in pe._TAGS
