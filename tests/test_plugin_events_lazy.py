@@ -267,3 +267,13 @@ def test_the_cache_of_well_formed_tags_is_bounded(monkeypatch: pytest.MonkeyPatc
         event = pe.from_checked({"type": "x/p1099/n1099", "data": {"a": 1}})
         assert (event.plugin, event.name, event.data) == ("p1099", "n1099", {"a": 1})
     assert "x/p1099/n1099" not in pe._TAGS
+
+
+def test_a_tag_read_again_is_taken_from_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pe, "_TAGS", {})
+    assert pe.checked_raw({"type": "x/p/n"}) == ("p", "n")
+    cached = pe._TAGS["x/p/n"]
+    assert pe.checked_raw({"type": "x/p/n", "plugin": "p"}) == ("p", "n")
+    assert pe._TAGS["x/p/n"] is cached  # not split and stored anew
+    with pytest.raises(InvalidLine, match="disagree with the tag"):
+        pe.checked_raw({"type": "x/p/n", "plugin": "q"})  # a cached tag is still compared

@@ -435,29 +435,33 @@ def _check_shape(d: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     data = d.get("data", {})
     if type(data) is not dict:
         raise InvalidLine(f"'data' of {tag!r} is a {type(data).__name__}, not an object")
-    version = d.get("version", 1)
-    if type(version) is not int:
-        raise InvalidLine(f"'version' of {tag!r} is a {type(version).__name__}, not an int")
-    seq, ts, session = d.get("seq", 0), d.get("ts", ""), d.get("session", "")
-    if type(seq) is not int or type(ts) is not str or type(session) is not str:
-        raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
+    if "version" in d and type(d["version"]) is not int:
+        raise InvalidLine(f"'version' of {tag!r} is a {type(d['version']).__name__}, "
+                          "not an int")
+    for key, kind in _TYPED:
+        if key in d and type(d[key]) is not kind:
+            raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
     return parts[0], parts[1], data
+
+
+#: The keys every line has, and their types (absent is allowed: see ``from_raw``).
+_TYPED = (("seq", int), ("ts", str), ("session", str))
 
 
 def _build(d: dict[str, Any]) -> PluginEvent:
     """The event of a line whose shape :func:`_check_shape` took (its ``data`` is frozen in
     place: the object must be the decoder's own)."""
     tag = d["type"]
-    extra = {} if d.keys() <= _FIELDS else {k: v for k, v in d.items() if k not in _FIELDS}
+    extra = {k: v for k, v in d.items() if k not in _FIELDS}
     if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
         extra["v"] = d["v"]
     try:
         frozen = _frozen_json(d.get("data", {}), 0)
     except _TooDeep:  # freezing it would recurse without end
         raise InvalidLine(_too_deep(tag)) from None
-    parts = _TAGS.get(tag) or tag.split("/")[1:]
+    _, plugin, name = tag.split("/")
     return PluginEvent(seq=d.get("seq", 0), ts=d.get("ts", ""), session=d.get("session", ""),
-                       plugin=parts[0], name=parts[1], data=frozen,
+                       plugin=plugin, name=name, data=frozen,
                        version=d.get("version", 1), extra=extra)
 
 
