@@ -409,10 +409,17 @@ class EventList(list):
     def __add__(self, other: Any) -> list[PluginEvent]:  # type: ignore[override]
         return list(self) + list(other)
 
+    def __radd__(self, other: Any) -> list[PluginEvent]:  # ``[…] + events``
+        return list(other) + list(self)
+
+    def pop(self, index: SupportsIndex = -1) -> PluginEvent:
+        return _built(list.pop(self, index))
+
     def __mul__(self, n: SupportsIndex) -> list[PluginEvent]:
         return list(self) * n
 
-    __rmul__ = __mul__
+    def __rmul__(self, n: SupportsIndex) -> list[PluginEvent]:
+        return list(self) * n
 
     def __reduce__(self) -> Any:
         return (EventList, (list(self),))
