@@ -292,3 +292,20 @@ def test_a_tag_read_again_is_taken_from_the_cache(monkeypatch: pytest.MonkeyPatc
     assert pe._TAGS["x/p/n"] is cached  # not split and stored anew
     with pytest.raises(InvalidLine, match="disagree with the tag"):
         pe.checked_raw({"type": "x/p/n", "plugin": "q"})  # a cached tag is still compared
+
+
+def test_two_index_lists_of_the_same_events_are_equal(tmp_path: Path) -> None:
+    store, _ = _write(tmp_path, [("p", "n", {"i": i}) for i in range(3)])
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        assert index is not None
+        by_plugin, by_name = index["p"], index[("p", "n")]
+        assert by_plugin is not by_name
+        assert by_plugin == by_name and not by_plugin != by_name  # neither built before
+        assert by_name == by_plugin
+        assert by_plugin != by_name[:2] and by_plugin != ()
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        assert index is not None
+        assert index[("p", "n")] == index["p"]  # the other list unbuilt when compared
+        assert type(list.__getitem__(index["p"], 0)) is PluginEvent  # and built by it
