@@ -134,6 +134,9 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
      "no value has type None, so this raises the same InvalidLine"),
     ("dsh.ledger.history.x_render_history", "ensure_ascii=False", "ensure_ascii=None",
      "json.dumps tests ensure_ascii for truth: None behaves as False"),
+    ("dsh.ledger.history.xǁ_Unreadǁbuilt", "event = self.event", "event = None",
+     "the unlocked read is a shortcut: under the lock the event is read again, and a built "
+     "one is returned as it is (only the lock is taken once more)"),
     # dsh/ledger/writer.py, scan.py and store.py (one module until issue 21)
     ("dsh.ledger.writer.x__now", "second != _SECOND[0]", "second != _SECOND[1]",
      "compares the second with the cached string: always unequal, so the stamp is "
