@@ -63,7 +63,10 @@ def test_loading_builds_nothing_and_a_read_builds_what_it_reads(tmp_path: Path) 
         last = by_name[-1]
         assert type(last) is PluginEvent
         assert _unbuilt(by_name) == 19
-        # the other list holds the same line: it gives the very same object, built once
+        # the other list holds the same line: it gives the very same object, built once,
+        # and the decoded line is not kept once it is built
+        holder = list.__getitem__(by_plugin, 19)
+        assert holder.event is last and holder.line is None
         assert by_plugin[-1] is last
         assert last == from_raw(json.loads(json.dumps(lines[-1])))
         assert type(last.data) is FrozenDict and last.data["l"][0] == {"k": 19}
@@ -127,8 +130,17 @@ READS: list[Any] = [
     lambda e, p: e + [p], lambda e, p: [p] + e, lambda e, p: 2 * e, lambda e, p: e * 2,
     lambda e, p: bool(e), lambda e, p: pickle.loads(pickle.dumps(e)),
     lambda e, p: type(pickle.loads(pickle.dumps(e))).__name__ == type(e).__name__,
-    lambda e, p: (e.pop(), list(e)),
+    lambda e, p: (e.pop(), list(e)), lambda e, p: (e.pop(0), list(e)),
+    lambda e, p: _raised(lambda: e.index(p, len(e))),
+    lambda e, p: _raised(lambda: e.index(p, 0, 0)),
 ]
+
+
+def _raised(call: Any) -> Any:
+    try:
+        return call()
+    except ValueError as exc:
+        return ("ValueError", str(exc))
 
 
 @settings(max_examples=30, deadline=None,
