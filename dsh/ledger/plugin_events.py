@@ -391,34 +391,15 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     """A ledger line's object as a :class:`PluginEvent`. Reading is lenient about what dsh
     would refuse to write (a payload is kept as it is) but strict about the shape: the tag
     must be ``x/PLUGIN/NAME`` with ``plugin`` and ``name`` (when present) agreeing with it,
-    ``data`` an object and ``version`` an int. Anything else raises
-    :class:`~dsh.ledger.serialize.InvalidLine` with the reason."""
-    _check_shape(d)
-    return _build(d)
+    ``data`` an object nested at most :data:`MAX_READ_DEPTH` deep and ``version`` an int.
+    Anything else raises :class:`~dsh.ledger.serialize.InvalidLine` with the reason."""
+    checked_raw(d)
+    return from_checked(d)
 
 
 def checked_raw(d: dict[str, Any]) -> tuple[str, str]:
-    """``(plugin, name)`` of a ledger line that :func:`from_raw` would take — every check of
-    it made, the depth of ``data`` included, the event not built: :func:`from_checked`
-    builds it later, from the same object (which nobody else may hold or change)."""
-    plugin, name, data = _check_shape(d)
-    try:
-        _depth(data, 0)
-    except _TooDeep:
-        raise InvalidLine(_too_deep(d["type"])) from None
-    return plugin, name
-
-
-def from_checked(d: dict[str, Any]) -> PluginEvent:
-    """The event of a line :func:`checked_raw` took."""
-    return _build(d)
-
-
-#: Tags already found well-formed: ``tag -> (plugin, name)`` (bounded).
-_TAGS: dict[str, tuple[str, str]] = {}
-
-
-def _check_shape(d: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """``(plugin, name)`` of a ledger line :func:`from_raw` takes: every check of it made, the
+    event not built; :func:`from_checked` builds it later from the same object."""
     tag = d["type"]
     parts = _TAGS.get(tag)
     if parts is None:
@@ -438,71 +419,57 @@ def _check_shape(d: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if "version" in d and type(d["version"]) is not int:
         raise InvalidLine(f"'version' of {tag!r} is a {type(d['version']).__name__}, "
                           "not an int")
-    for key, kind in _TYPED:
+    for key, kind in (("seq", int), ("ts", str), ("session", str)):  # absent: see from_raw
         if key in d and type(d[key]) is not kind:
             raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
-    return parts[0], parts[1], data
+    if not _shallow(data, 0):
+        raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep")
+    return parts
 
 
-#: The keys every line has, and their types (absent is allowed: see ``from_raw``).
-_TYPED = (("seq", int), ("ts", str), ("session", str))
+#: Tags already found well-formed: ``tag -> (plugin, name)`` (bounded).
+_TAGS: dict[str, tuple[str, str]] = {}
 
 
-def _build(d: dict[str, Any]) -> PluginEvent:
-    """The event of a line whose shape :func:`_check_shape` took (its ``data`` is frozen in
-    place: the object must be the decoder's own)."""
-    tag = d["type"]
+def from_checked(d: dict[str, Any]) -> PluginEvent:
+    """The event of a line :func:`checked_raw` took (its ``data`` is frozen in place: the
+    object must be the decoder's own, which nobody else holds)."""
     extra = {k: v for k, v in d.items() if k not in _FIELDS}
     if d.get("v", SCHEMA_VERSION) != SCHEMA_VERSION:
         extra["v"] = d["v"]
-    try:
-        frozen = _frozen_json(d.get("data", {}), 0)
-    except _TooDeep:  # freezing it would recurse without end
-        raise InvalidLine(_too_deep(tag)) from None
-    _, plugin, name = tag.split("/")
+    _, plugin, name = d["type"].split("/")
     return PluginEvent(seq=d.get("seq", 0), ts=d.get("ts", ""), session=d.get("session", ""),
-                       plugin=plugin, name=name, data=frozen,
+                       plugin=plugin, name=name, data=_frozen_json(d.get("data", {})),
                        version=d.get("version", 1), extra=extra)
 
 
-def _too_deep(tag: str) -> str:
-    return f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep"
-
-
-class _TooDeep(Exception):
-    pass
-
-
-def _frozen_json(value: Any, depth: int) -> Any:
-    """``freeze`` for what ``json.loads`` made (exact dicts, lists and scalars only), checking
-    the depth on the way: one pass, no ABC checks. Resuming a session with many plugin
-    events (recorded state) spent most of its time here."""
-    if depth >= MAX_READ_DEPTH:
-        raise _TooDeep
-    # ``value`` is a fresh object of the decoder's, nobody else's: nested containers are
-    # replaced in place, then it is copied once into its frozen type (a C-level copy).
+def _frozen_json(value: Any) -> Any:
+    """``freeze`` for what ``json.loads`` made (exact dicts, lists and scalars only; its depth
+    checked before): one pass, no ABC checks. ``value`` is a fresh object of the decoder's:
+    nested containers are replaced in place, then it is copied once into its frozen type."""
     if type(value) is dict:
         for k, v in value.items():
             if type(v) in _NESTED:
-                value[k] = _frozen_json(v, depth + 1)
+                value[k] = _frozen_json(v)
         return FrozenDict(value)
     for i, v in enumerate(value):
         if type(v) in _NESTED:
-            value[i] = _frozen_json(v, depth + 1)
+            value[i] = _frozen_json(v)
     return FrozenList(value)
 
 
 _NESTED = (dict, list)
 
 
-def _depth(value: Any, depth: int) -> None:
-    """Raise :class:`_TooDeep` if ``value`` (a decoded object or list) nests deeper than
-    :data:`MAX_READ_DEPTH` — :func:`_frozen_json`'s check, without building anything."""
+def _shallow(value: Any, depth: int) -> bool:
+    """Whether ``value`` (a decoded object or list at ``depth``) nests at most
+    :data:`MAX_READ_DEPTH` deep, ``data`` itself the first level."""
     if depth >= MAX_READ_DEPTH:
-        raise _TooDeep
+        return False
     for v in value.values() if type(value) is dict else value:
-        if type(v) in _NESTED:
-            _depth(v, depth + 1)
+        if type(v) in _NESTED and not _shallow(v, depth + 1):
+            return False
+    return True
 
 
 def load(d: dict[str, Any], where: str) -> PluginEvent:
