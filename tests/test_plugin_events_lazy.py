@@ -321,3 +321,18 @@ def test_two_index_lists_of_the_same_events_are_equal(tmp_path: Path) -> None:
         assert index is not None
         assert index[("p", "n")] == index["p"]  # the other list unbuilt when compared
         assert type(list.__getitem__(index["p"], 0)) is PluginEvent  # and built by it
+
+
+def test_a_long_tag_is_read_but_not_kept_in_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-made ledger's tags are kept for the life of the process only as long as dsh
+    writes them (two names of at most MAX_NAME): a megabyte tag is read, not pinned."""
+    monkeypatch.setattr(pe, "_TAGS", {})
+    longest = "x/" + "p" * pe.MAX_NAME + "/" + "n" * pe.MAX_NAME
+    assert pe.checked_raw({"type": longest}) == ("p" * pe.MAX_NAME, "n" * pe.MAX_NAME)
+    assert longest in pe._TAGS
+    longer = "x/" + "p" * (pe.MAX_NAME + 1) + "/" + "n" * pe.MAX_NAME
+    huge = "x/" + "p" * 1_000_000 + "/n"
+    for tag in (longer, huge):
+        assert pe.checked_raw({"type": tag})[1].startswith("n")
+        assert tag not in pe._TAGS
+    assert len(pe._TAGS) == 1
