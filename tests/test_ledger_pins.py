@@ -84,14 +84,19 @@ def test_the_fast_path_runs_for_a_well_formed_file(tmp_path: Path):
         calls["fresh"] += 1
         return seen.append
 
-    def raw() -> Callable[[dict[str, Any]], None]:
+    lines: list[str] = []
+
+    def raw() -> Callable[[dict[str, Any], str], None]:
         calls["raw"] += 1
-        return seen.append
+        return lambda d, line: (seen.append(d), lines.append(line))  # type: ignore[func-returns-value]
 
     good, torn = scan(path, CODEC, fresh, raw)
     assert calls == {"fresh": 0, "raw": 1}
     assert (good, torn) == (path.stat().st_size, 0)
     assert [type(d) for d in seen] == [dict] * 18 and [d["seq"] for d in seen] == list(range(18))
+    # each object comes with its line's text, exactly as in the file
+    assert lines == path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == seen
     # without raw, the fast path builds events
     seen.clear()
     calls.update(fresh=0, raw=0)
@@ -105,9 +110,11 @@ def test_resume_projects_from_the_raw_objects(tmp_path: Path, monkeypatch: pytes
     used = {"raw": 0, "event": 0}
     apply_raw, apply = Projection.apply_raw, Projection.apply
 
-    def count_raw(self: Projection, d: dict[str, Any]) -> None:
+    def count_raw(self: Projection, d: dict[str, Any], _key: object = None,
+                  line: str | None = None) -> None:
         used["raw"] += 1
-        apply_raw(self, d)
+        assert line is not None and json.loads(line) == d  # the line's own text comes along
+        apply_raw(self, d, _key, line)
 
     def count_event(self: Projection, e: Event) -> None:
         used["event"] += 1
@@ -122,7 +129,13 @@ def test_resume_projects_from_the_raw_objects(tmp_path: Path, monkeypatch: pytes
 
 def _fast(data: bytes, raw: bool = True) -> tuple[tuple[int, int] | None, list[Any]]:
     got: list[Any] = []
-    return _scan_fast(data, CODEC, got.append, raw), got
+
+    def sink(d: Any, line: str | None = None) -> None:
+        if raw:  # the text given with an object is its line, alone
+            assert line is not None and "\n" not in line and json.loads(line) == d
+        got.append(d)
+
+    return _scan_fast(data, CODEC, sink, raw), got
 
 
 @pytest.mark.parametrize("chunk", [1, 40, 1 << 20])
@@ -175,14 +188,38 @@ GIVE_UP = {
     "a bad field": _edit(3, 1, lambda d: d.update(text=5)),
     "an unknown event missing a field": _edit(2, 1, lambda d: d.update(type="turn/start")),
     "nested too deeply": _lines(1) + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"\n",
+    "space before a value": _lines(1) + b" " + _lines(1).replace(b'"seq":0', b'"seq":1'),
+    "space after a value": _lines(2).replace(b"}\n", b"} \n", 1),
+    "a CRLF line end": _lines(2).replace(b"}\n", b"}\r\n", 1),
 }
+
+#: A file whose lines, joined with commas into one array, decode to one object a line with
+#: consecutive seq: the first object runs on into the second line, the third line holds two.
+#: Line by line it is not JSON: it must fail as such, never load as three events.
+ACROSS_LINES = (
+    b'{"type":"user/message","seq":0,"ts":"t","session":"s","text":"a","x":[{"b":1}\n'
+    b'{"c":2}]}\n'
+    b'{"type":"user/message","seq":1,"ts":"t","session":"s","text":"b"},'
+    b'{"type":"user/message","seq":2,"ts":"t","session":"s","text":"c"}\n'
+    + _lines(1).replace(b'"seq":0', b'"seq":3')
+)
 
 
 @pytest.mark.parametrize("case", sorted(GIVE_UP))
 def test_the_fast_path_gives_up_on_anything_unusual(case: str):
     data = GIVE_UP[case]
-    assert _scan_fast(data, CODEC, lambda x: None, case != "a bad field"
-                      and case != "an unknown event missing a field") is None
+    raw = case != "a bad field" and case != "an unknown event missing a field"
+    assert _scan_fast(data, CODEC, lambda *a: None, raw) is None
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_no_value_is_read_across_a_line_break(tmp_path: Path, raw: bool):
+    assert json.loads(b"[" + b",".join(ACROSS_LINES.splitlines()) + b"]")[2]["seq"] == 2
+    assert _scan_fast(ACROSS_LINES, CODEC, lambda *a: None, raw) is None
+    path = tmp_path / "across.jsonl"
+    path.write_bytes(ACROSS_LINES)
+    with pytest.raises(LedgerError, match=r"across\.jsonl:1: not JSON"):
+        read_lines(path, CODEC)
 
 
 def test_a_surrogate_escape_in_the_torn_tail_does_not_stop_the_fast_path():

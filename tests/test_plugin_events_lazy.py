@@ -336,3 +336,56 @@ def test_a_long_tag_is_read_but_not_kept_in_the_cache(monkeypatch: pytest.Monkey
         assert pe.checked_raw({"type": tag})[1].startswith("n")
         assert tag not in pe._TAGS
     assert len(pe._TAGS) == 1
+
+
+# -- the depth bound read from the line's brackets (no walk of a line with few of them) -----
+
+_boxes = st.lists(st.sampled_from(["list", "dict"]), min_size=pe.MAX_READ_DEPTH - 4,
+                  max_size=pe.MAX_READ_DEPTH + 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(boxes=_boxes, noise=st.text(alphabet="{[]} a", max_size=12))
+def test_the_bracket_bound_gives_the_walks_answer(boxes: list[str], noise: str) -> None:
+    """Whatever the nesting near the limit, and brackets in strings (which only count more),
+    the load's answer given the line's text is the answer of the full walk without it."""
+    value: Any = noise
+    for box in boxes:
+        value = [value] if box == "list" else {"k": value}
+    d = {"v": 1, "type": "x/p/n", "seq": 1, "ts": "t", "session": "s", "data": {"d": value}}
+    line = json.dumps(d)
+    assert _outcome(lambda x: pe.checked_raw(x, line), d) == _outcome(pe.checked_raw, d)
+
+
+def test_a_line_with_few_brackets_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[int] = []
+    walk = pe._shallow
+    monkeypatch.setattr(pe, "_shallow", lambda v, depth: walked.append(depth) or walk(v, depth))
+    d = {"type": "x/dsh.tasks/tasks", "data": {"tasks": [{"content": "a", "status": "done"}] * 5}}
+    line = json.dumps(d)
+    assert line.count("{") + line.count("[") == 8
+    assert pe.checked_raw(d, line) == ("dsh.tasks", "tasks") and walked == []
+    assert pe.checked_raw(d) == ("dsh.tasks", "tasks") and walked[0] == 0  # no text: walked
+    # one bracket over the bound (here in a string): walked, and read all the same
+    d["data"]["note"] = "[" * (pe.MAX_READ_DEPTH + 2 - 8)
+    line = json.dumps(d)
+    assert line.count("{") + line.count("[") == pe.MAX_READ_DEPTH + 2
+    walked.clear()
+    assert pe.checked_raw(d, line) == ("dsh.tasks", "tasks") and walked[0] == 0
+    d["data"]["note"] = "[" * (pe.MAX_READ_DEPTH + 1 - 8)  # at the bound: not walked
+    walked.clear()
+    assert pe.checked_raw(d, json.dumps(d)) == ("dsh.tasks", "tasks") and walked == []
+
+
+def test_a_resumed_plugin_event_keeps_its_line_not_the_decoded_object(tmp_path: Path) -> None:
+    """What the load keeps of an unread plugin event is its text (a str the cyclic collector
+    never walks), decoded again when read: the same event as the eager reader's."""
+    store, lines = _write(tmp_path, [("p", "n", {"tasks": [{"i": i} for i in range(3)]})])
+    with store.open("s1") as ledger:
+        index = ledger.projection.plugin_index
+        assert index is not None
+        held = list.__getitem__(index[("p", "n")], 0)
+        assert type(held.line) is str and json.loads(held.line) == lines[1]
+        event = index[("p", "n")][0]
+        assert event == from_raw(lines[1]) and held.line is None and held.event is event
+        assert index["p"][0] is event

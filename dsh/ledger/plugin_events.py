@@ -397,9 +397,10 @@ def from_raw(d: dict[str, Any]) -> PluginEvent:
     return from_checked(d)
 
 
-def checked_raw(d: dict[str, Any]) -> tuple[str, str]:
+def checked_raw(d: dict[str, Any], line: str | None = None) -> tuple[str, str]:
     """``(plugin, name)`` of a ledger line :func:`from_raw` takes: every check of it made, the
-    event not built; :func:`from_checked` builds it later from the same object."""
+    event not built; :func:`from_checked` builds it later from the same object. ``line``, the
+    text ``d`` was decoded from, if known: one with few brackets is not walked for depth."""
     tag = d["type"]
     parts = _TAGS.get(tag)
     if parts is None:
@@ -419,10 +420,13 @@ def checked_raw(d: dict[str, Any]) -> tuple[str, str]:
     if "version" in d and type(d["version"]) is not int:
         raise InvalidLine(f"'version' of {tag!r} is a {type(d['version']).__name__}, "
                           "not an int")
-    for key, kind in (("seq", int), ("ts", str), ("session", str)):  # absent: see from_raw
-        if key in d and type(d[key]) is not kind:
-            raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
-    if not _shallow(data, 0):
+    if (type(d.get("seq", 0)) is not int or type(d.get("ts", "")) is not str  # absent: see
+            or type(d.get("session", "")) is not str):  # from_raw
+        raise InvalidLine(f"'seq', 'ts' or 'session' of {tag!r} has the wrong type")
+    # Each level of nesting opens with a bracket of its own, and the line's object is one
+    # more: a line with at most MAX_READ_DEPTH + 1 (in strings too) cannot nest too deeply.
+    if (line is None or line.count("{") + line.count("[") > MAX_READ_DEPTH + 1) \
+            and not _shallow(data, 0):
         raise InvalidLine(f"'data' of {tag!r} nests more than {MAX_READ_DEPTH} levels deep")
     return parts
 

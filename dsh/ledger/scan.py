@@ -110,13 +110,14 @@ def parse_line(line: bytes, codec: EventCodec, where: str, expected: int) -> Eve
 
 
 def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
-         raw: Callable[[], Callable[[dict[str, Any]], None]] | None = None) -> tuple[int, int]:
+         raw: Callable[[], Callable[[dict[str, Any], str], None]] | None = None) -> tuple[int, int]:
     """Feed every event of the file to a sink without keeping them; ``(good, torn)`` bytes.
 
     ``fresh()`` returns the sink; it is called again (and must start over) if the fast path
     gives up half way and the file is walked line by line instead. With ``raw``, the fast path
-    feeds the decoded JSON objects to ``raw()`` instead of building events (a consumer that
-    checks what it reads, like :meth:`Projection.apply_raw`).
+    feeds the decoded JSON objects, each with its line's text, to ``raw()`` instead of building
+    events (``sink(d, line)``: a consumer that checks what it reads, like
+    :meth:`Projection.apply_raw`).
     """
     data = read_ledger_file(path)
     # A read builds objects by the hundred thousand and frees none: the cyclic collector's
@@ -157,46 +158,58 @@ def scan(path: Path, codec: EventCodec, fresh: Callable[[], Sink],
 
 _CHUNK = 1 << 20
 
+#: The decoder's own scanner: one JSON value at an offset of a str, and where it ends.
+_SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
-def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[[Any], None],
+
+def _scan_fast(data: bytes, codec: EventCodec, sink: Callable[..., None],
                raw: bool = False) -> tuple[int, int] | None:
     """The common case at C speed: every complete line valid, at most a torn tail without a
-    newline. Decodes about a MiB of lines at a time as one JSON array, and checks that it
-    yields one object per line with consecutive ``seq`` from 0, ``ts`` and ``session``;
-    anything unusual (a surrogate escape included) returns ``None`` so that :func:`scan`
-    walks the lines one by one and reports exactly what is wrong where."""
+    newline. Decodes about a MiB of lines at a time as text and each line as one JSON value
+    that must end exactly at its newline (so no value is read across a line break: what a
+    line holds here is what it holds alone, in :func:`parse_line`), and checks that each is
+    an object with consecutive ``seq`` from 0, ``ts`` and ``session``; anything unusual (a
+    surrogate escape, whitespace around a value, an empty line) returns ``None`` so that
+    :func:`scan` walks the lines one by one and reports exactly what is wrong where. With
+    ``raw``, the sink gets each object and the line's text (``sink(d, line)``)."""
     good = data.rfind(b"\n") + 1
     if _SURROGATE_ESCAPE.search(data, 0, good):
         return None
+    scan_once = _SCAN_ONCE
     pos = 0
     expected = 0
     while pos < good:
         end = data.find(b"\n", min(pos + _CHUNK, good - 1)) + 1
         try:
-            lines = data[pos:end].decode().split("\n")[:-1]
-            if not all(lines):
+            text = data[pos:end].decode()
+        except UnicodeDecodeError:
+            return None
+        i = 0
+        size = len(text)
+        while i < size:
+            try:
+                d, j = scan_once(text, i)
+                if text[j] != "\n":  # a value ends at its line's end, nothing after it
+                    return None
+            except (StopIteration, ValueError, RecursionError, IndexError):
+                return None  # no value here (blank line, whitespace), not JSON, too deep
+            if type(d) is not dict:
                 return None
-            objs = json.loads("[" + ",".join(lines) + "]")
-        except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deeply
-            return None
-        if len(objs) != len(lines):
-            return None
-        try:
-            for d in objs:
-                if type(d) is not dict:
-                    return None
-                seq = d.get("seq")
-                if (type(seq) is not int or seq != expected or type(d.get("ts")) is not str
-                        or type(d.get("session")) is not str):
-                    return None
-                item: Any = d if raw else codec.from_dict(d)
-                expected += 1
-                sink(item)
-        except (LedgerError, InvalidLine, KeyError, TypeError, RecursionError):
-            return None
+            seq = d.get("seq")
+            if (type(seq) is not int or seq != expected or type(d.get("ts")) is not str
+                    or type(d.get("session")) is not str):
+                return None
+            try:
+                if raw:
+                    sink(d, text[i:j])
+                else:
+                    sink(codec.from_dict(d))
+            except (LedgerError, InvalidLine, KeyError, TypeError, RecursionError):
+                return None
+            expected += 1
+            i = j + 1
         pos = end
     return good, len(data) - good
-
 
 
 _TURN_TAG = b'"type":"turn/start"'

@@ -166,23 +166,36 @@ class JsonlStore(BlobFiles):
             ledger.blobs = self
             count = 0
 
-            def fresh(raw: bool = False) -> Callable[[Any], None]:
+            def fresh() -> Callable[[Any], None]:
                 nonlocal count
                 ledger.projection = Projection()
                 count = 0
-                apply = ledger.projection.apply_raw if raw else ledger.projection.apply
+                apply = ledger.projection.apply
 
-                def sink(item: Any) -> None:
+                def sink(event: Any) -> None:
                     nonlocal count
                     count += 1
-                    apply(item)
+                    apply(event)
+
+                return sink
+
+            def fresh_raw() -> Callable[[dict[str, Any], str], None]:
+                nonlocal count
+                ledger.projection = Projection()
+                count = 0
+                apply_raw = ledger.projection.apply_raw
+
+                def sink(d: dict[str, Any], line: str) -> None:
+                    nonlocal count
+                    count += 1
+                    apply_raw(d, line=line)
 
                 return sink
 
             # Lines are projected as they are parsed — straight from the JSON objects when
             # they are all well-formed — and never kept: resuming a long session costs the
             # projection's memory and time, not the events' (benchmarks/resume.py).
-            good, torn = scan(path, self.codec, fresh, lambda: fresh(raw=True))
+            good, torn = scan(path, self.codec, fresh, fresh_raw)
             if torn:
                 try:
                     os.ftruncate(fd, good)
