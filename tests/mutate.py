@@ -220,6 +220,12 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
        "of the same length, where strict never matters (a Sequence whose len() disagrees with "
        "its iteration is not one)")
       for after in ("strict=None", "strict=False", "zip(self, other, )")],
+    *[("dsh.ledger.plugin_events.x_checked_raw", before, after,
+       "the default stands for an absent field, checked for its type only: another value of "
+       "the same type is read the same")
+      for before, after in (('d.get("seq", 0)', 'd.get("seq", 1)'),
+                            ('d.get("ts", "")', 'd.get("ts", "XXXX")'),
+                            ('d.get("session", "")', 'd.get("session", "XXXX")'))],
     ("dsh.ledger.plugin_events.x_record_event", 'getattr(ctx, "session", None)',
      'getattr(ctx, "session", )', "the context is always a RunContext, whose attrs field "
      "session always exists (None when made by hand): the default is never used"),
