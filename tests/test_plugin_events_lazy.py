@@ -389,3 +389,21 @@ def test_a_resumed_plugin_event_keeps_its_line_not_the_decoded_object(tmp_path: 
         event = index[("p", "n")][0]
         assert event == from_raw(lines[1]) and held.line is None and held.event is event
         assert index["p"][0] is event
+
+
+def test_resuming_walks_no_line_with_few_brackets(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load hands each line's text to the check: a task list's line is not walked for its
+    depth (the walk was most of the check's cost), a deep one still is, and refused."""
+    walked: list[int] = []
+    walk = pe._shallow
+    monkeypatch.setattr(pe, "_shallow", lambda v, depth: walked.append(depth) or walk(v, depth))
+    store, _ = _write(tmp_path, [("dsh.tasks", "tasks", {"tasks": [{"content": "a"}] * 5})])
+    with store.open("s1") as ledger:
+        assert len(ledger.projection.plugin_index[("dsh.tasks", "tasks")]) == 1  # type: ignore[index]
+    assert walked == []
+    deep = _nested(pe.MAX_READ_DEPTH, lambda v: [v])
+    store, _ = _write(tmp_path / "deep", [("p", "n", {"k": deep}), ("p", "n", {})])
+    with pytest.raises(LedgerError, match=r":2: invalid plugin event: .* nests more than"):
+        store.open("s1")
+    assert walked and walked[0] == 0
