@@ -1064,6 +1064,25 @@ def test_a_torn_tail_note_counts_the_events_kept(tmp_path: Path):
                                 "6 earlier events kept"]
 
 
+def test_a_torn_tail_note_counts_the_events_kept_on_the_slow_path(tmp_path: Path):
+    """The same count when the lines are read one by one (a surrogate pair's escape sends the
+    whole file there): each path counts what it folds."""
+    store = JsonlStore(tmp_path)
+    with store.create() as ledger:
+        sid = ledger.session_id
+        ledger.append(TurnStarted, turn=1, agent="a")
+        ledger.append(UserMessage, text="😀")
+        ledger.append(TurnEnded, turn=1, outcome="completed")
+    path = store.path(sid)
+    path.write_bytes(path.read_bytes().replace("😀".encode(), b"\\ud83d\\ude00")
+                     + b'{"type":"turn/st')
+    assert b"\\ud83d" in path.read_bytes()
+    with store.open(sid) as ledger:
+        assert ledger.notes == [f"{path}: cut a torn last line (16 bytes) left by a crash; "
+                                "3 earlier events kept"]
+        assert ledger.projection.view()[-1].content == "😀"
+
+
 # --- sanitising on the way in ----------------------------------------------------------
 
 def test_lone_surrogates_are_replaced_and_counted(tmp_path: Path):
