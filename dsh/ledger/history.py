@@ -121,8 +121,9 @@ class Projection:
         self._sealed = False
 
     def seal(self) -> None:
-        """Make :meth:`apply`, :meth:`apply_raw` and :meth:`compact` refuse every caller but
-        the ledger (which feeds it the events decoded from the bytes it wrote)."""
+        """Make :meth:`apply`, :meth:`apply_raw`, :meth:`compact` and
+        :meth:`index_plugin_event` refuse every caller but the ledger (which feeds it the
+        events decoded from the bytes it wrote)."""
         self._sealed = True
 
     def view(self) -> MessageView:
@@ -192,10 +193,13 @@ class Projection:
             c2: Any = event
             self.compact(c2.start, c2.end, c2.messages, _LEDGER)
         elif t is PluginEvent:
-            self.index_plugin_event(event)  # type: ignore[arg-type]
+            self.index_plugin_event(event, _LEDGER)  # type: ignore[arg-type]
 
-    def index_plugin_event(self, event: PluginEvent) -> None:
-        """Keep a plugin event for :func:`dsh.ledger.plugin_events.read`: O(1), no message."""
+    def index_plugin_event(self, event: PluginEvent, _key: object = None) -> None:
+        """Keep a plugin event for :func:`dsh.ledger.plugin_events.read`: O(1), no message.
+        Sealed like :meth:`apply`: the state folded from the index is the ledger's."""
+        if self._sealed and _key is not _LEDGER:
+            raise _read_only("index_plugin_event")
         self._index(event.plugin, event.name, event)
 
     def _index(self, plugin: str, name: str, item: Any) -> None:
