@@ -117,3 +117,13 @@ def inside_folder(root: str, rel: str, key: str) -> str:
     if os.path.commonpath([root, path]) != root:
         raise ConfigError(f"{key}: {rel!r} leads out of the plugin folder {root} (to {path})")
     return path
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries durable: a file just created or renamed into it survives a
+    power cut. Raises :class:`OSError` for the caller to name."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from dsh.core.errors import LedgerError
+from dsh.core.files import fsync_dir
 from dsh.core.files import reason as _reason
 from dsh.ledger.scan import _check_regular
 
@@ -97,11 +98,7 @@ class BlobFiles:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            dfd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(folder)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -43,6 +43,7 @@ import attrs
 from dsh.core.errors import LedgerError
 from dsh.core.errors import SessionInUse
 from dsh.core.errors import UsageError
+from dsh.core.files import fsync_dir
 from dsh.core.files import reason as _reason
 from dsh.hookspecs import hookimpl
 from dsh.ledger.blobs import BlobFiles
@@ -130,11 +131,7 @@ class JsonlStore(BlobFiles):
             raise LedgerError(f"cannot create session ledger {path}: {_reason(exc)}") from exc
         try:
             _lock(fd, session_id, path)
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.directory)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 path.unlink()
