@@ -225,3 +225,19 @@ def test_render_history_transcript_exact():
 def test_render_history_calls_without_text():
     m = Message(role="assistant", tool_calls=(ToolCall(id="1", name="f", arguments={"n": 1}),))
     assert render_history([m]) == '[assistant] [calls f({"n": 1})]'
+
+
+def test_a_sealed_projection_indexes_plugin_events_for_the_ledger_only():
+    from dsh.ledger.events import PluginEvent
+    from dsh.ledger.history import _LEDGER
+
+    p = Projection()
+    event = PluginEvent(plugin="p", name="n", data={"i": 1})
+    p.index_plugin_event(event)  # a projection being built (a load, a reader) takes anyone's
+    p.seal()
+    with pytest.raises(LedgerError, match=r"^Projection\.index_plugin_event: the projection "
+                                          r"of an open session ledger is read-only"):
+        p.index_plugin_event(event)
+    p.index_plugin_event(event, _LEDGER)
+    assert p.plugin_index is not None
+    assert list(p.plugin_index[("p", "n")]) == [event, event] == list(p.plugin_index["p"])
