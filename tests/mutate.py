@@ -151,10 +151,8 @@ EQUIVALENT: list[tuple[str, str, str, str]] = [
     ("dsh.ledger.scan.x_parse_line", "nested too deeply to read", "LedgerError(None)",
      "the second 'nested too deeply' (from dumps, marked no cover) is unreachable: loads "
      "of the same line fails first"),
-    ("dsh.ledger.scan.x_read_ledger_file", "os.read(fd, 1 << 20)", "2 << 20",
-     "the read size only: the loop reads until end of file either way"),
-    ("dsh.ledger.scan.x_read_ledger_file", "os.read(fd, 1 << 20)", "1 << 21",
-     "the read size only: the loop reads until end of file either way"),
+    ("dsh.ledger.scan.x__turn_starts", 'rfind(b"\\n", 0, pos)', 'rfind(b"\\n", None, pos)',
+     "bytes.rfind takes None as the start of the buffer, as 0"),
     ("dsh.ledger.scan.x_scan", "while pos < size:", "while pos <= size:",
      "at pos == size the search finds no newline and returns (size, 0), as the loop's end "
      "does"),

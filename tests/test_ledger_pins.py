@@ -1246,3 +1246,32 @@ def test_a_signal_while_an_observer_runs_is_raised_at_once(tmp_path: Path) -> No
         assert went_on == []
         assert [m.content for m in ledger.projection.view()] == ["seen"]
         assert ledger.append(ev.UserMessage, text="next").seq == 1
+
+
+def test_turn_starts_finds_a_turn_start_after_a_blank_first_line():
+    """A blank line is skipped by the reader, so a turn start right after one (at offset 1)
+    is the session's first: the line is searched back to the buffer's start, offset 0."""
+    from dsh.ledger.scan import _turn_starts
+
+    line = b'{"v":1,"type":"turn/start","seq":0}\n'
+    assert _turn_starts(b"\n" + line) == [1]
+    assert _turn_starts(line + line) == [0, len(line)]
+
+
+def test_scanning_leaves_the_cyclic_collector_as_it_found_it(tmp_path: Path):
+    """The read pauses the collector only while it runs: on after it if it was on, and left
+    off if the caller had turned it off."""
+    import gc
+
+    store = JsonlStore(tmp_path)
+    path = _session(store, turns=2)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        read_lines(path, CODEC)
+        assert gc.isenabled()
+        gc.disable()
+        read_lines(path, CODEC)
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
