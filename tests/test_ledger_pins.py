@@ -1066,7 +1066,7 @@ def test_a_torn_tail_note_counts_the_events_kept(tmp_path: Path):
 
 def test_a_torn_tail_note_counts_the_events_kept_on_the_slow_path(tmp_path: Path):
     """The same count when the lines are read one by one (a surrogate pair's escape sends the
-    whole file there): each path counts what it folds."""
+    whole file there): the count is the projection's, whichever path folded the lines."""
     store = JsonlStore(tmp_path)
     with store.create() as ledger:
         sid = ledger.session_id

@@ -161,33 +161,15 @@ class JsonlStore(BlobFiles):
             _lock(fd, session_id, path)
             ledger = Ledger(session_id, path, fd=fd, fsync=self.fsync)
             ledger.blobs = self
-            count = 0
 
             def fresh() -> Callable[[Any], None]:
-                nonlocal count
                 ledger.projection = Projection()
-                count = 0
-                apply = ledger.projection.apply
-
-                def sink(event: Any) -> None:
-                    nonlocal count
-                    count += 1
-                    apply(event)
-
-                return sink
+                return ledger.projection.apply
 
             def fresh_raw() -> Callable[[dict[str, Any], str], None]:
-                nonlocal count
                 ledger.projection = Projection()
-                count = 0
                 apply_raw = ledger.projection.apply_raw
-
-                def sink(d: dict[str, Any], line: str) -> None:
-                    nonlocal count
-                    count += 1
-                    apply_raw(d, line=line)
-
-                return sink
+                return lambda d, line: apply_raw(d, line=line)
 
             # Lines are projected as they are parsed — straight from the JSON objects when
             # they are all well-formed — and never kept: resuming a long session costs the
@@ -200,9 +182,9 @@ class JsonlStore(BlobFiles):
                 except OSError as exc:
                     raise LedgerError(f"cannot repair session ledger {path}: "
                                       f"{_reason(exc)}") from None
-                ledger.notes.append(
+                ledger.notes.append(  # both paths fold seq 0, 1, 2… in order: seq + 1 of them
                     f"{path}: cut a torn last line ({torn} bytes) left by a crash; "
-                    f"{count} earlier events kept"
+                    f"{ledger.projection.seq + 1} earlier events kept"
                 )
             ledger.projection.seal()  # from now on only the ledger folds events in
             ledger.recover()
