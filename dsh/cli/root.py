@@ -63,6 +63,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "chat": "dsh.cli.commands.chat:chat",
     "batch": "dsh.cli.commands.batch:batch",
     "sandbox": "dsh.cli.commands.sandbox:sandbox",
+    "trust": "dsh.cli.commands.trust:trust",
 }
 
 #: Other names that moved from this module to dsh/cli/commands/. They, and the commands above,

@@ -55,25 +55,31 @@ def read_regular(path: str | os.PathLike[str], cap: int | None = None) -> bytes:
     :class:`OSError`."""
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegular(kind_of(st.st_mode))
-        if cap is not None and st.st_size > cap:
-            raise TooLarge(st.st_size, exact=True)
-        limit = cap + 1 if cap is not None else None
-        chunks = []
-        total = 0
-        while limit is None or total < limit:
-            chunk = os.read(fd, _CHUNK if limit is None else min(_CHUNK, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if cap is not None and total > cap:
-            raise TooLarge(total, exact=False)
-        return b"".join(chunks)
+        return read_fd(fd, cap)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, cap: int | None) -> bytes:
+    """The bytes of the regular file open on ``fd``, read with :func:`read_regular`'s bound:
+    :class:`NotRegular`, or :class:`TooLarge` by its size or while reading."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(kind_of(st.st_mode))
+    if cap is not None and st.st_size > cap:
+        raise TooLarge(st.st_size, exact=True)
+    limit = cap + 1 if cap is not None else None
+    chunks = []
+    total = 0
+    while limit is None or total < limit:
+        chunk = os.read(fd, _CHUNK if limit is None else min(_CHUNK, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    if cap is not None and total > cap:
+        raise TooLarge(total, exact=False)
+    return b"".join(chunks)
 
 
 def read_json(path: str | os.PathLike[str], cap: int) -> object:

@@ -1,0 +1,359 @@
+"""The one way dsh's own code touches a path the workspace can influence.
+
+A project's instruction files, its ``.mcp.json``, its hooks, agent files, skills, the memory
+file, attachments named by path and the files a tool reads or writes all lie in a folder that
+a confined command may have written. Reading them by name (``open(path)``, ``realpath`` then
+``open``) follows whatever symbolic link the command left there, and a check of the name
+before the open is a race by construction. So every such path is opened here:
+
+* **resolved beneath a root directory descriptor**, in one kernel call where Linux has it
+  (``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS``), else by
+  a walk that opens one component at a time with ``O_NOFOLLOW`` from the descriptor of the
+  one before; a ``..`` component, an absolute path or any symbolic link on the way is
+  :class:`Refused`;
+* **then used by descriptor**, never opened again by name: :func:`read` reads the descriptor it
+  opened (bounded, regular files only, a FIFO never blocks), :func:`write` replaces a file by
+  a rename inside the directory descriptor it resolved, :func:`append` appends to the
+  descriptor it opened;
+* **never one of dsh's protected paths**: where the opened descriptor really is (the kernel's
+  own name for it, ``/proc/self/fd/N``) is checked against :func:`protected_paths` — dsh's
+  config directory with its key store, ``$DSH_CONFIG``, the session and attachment store, and
+  :data:`HOME_SECRETS` — whatever the caller asked.
+
+Errors are :class:`OSError`: :class:`Refused` (its ``why`` says which rule), or the kernel's
+own (``FileNotFoundError``, ``IsADirectoryError``…), :class:`~dsh.core.files.NotRegular` and
+:class:`~dsh.core.files.TooLarge` as :func:`dsh.core.files.read_regular` raises them. Each
+caller turns them into its own error naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+from collections.abc import Iterable
+
+from dsh.core import files
+
+#: Files and folders under the home directory that hold credentials, or that a program runs
+#: on its own later (shell and git start-up files): dsh's own code never reads or writes them
+#: through this API, and the sandbox never grants them. Relative to ``$HOME``.
+HOME_SECRETS: tuple[str, ...] = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".netrc", ".git-credentials",
+    ".pgpass", ".pypirc", ".npmrc", ".config/gcloud", ".config/gh", ".config/git",
+    ".password-store", ".local/share/keyrings", ".gitconfig", ".bashrc", ".bash_profile",
+    ".bash_login", ".profile", ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".config/fish",
+)
+
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+#: ``openat2``'s number: the same in the generic table every 64-bit Linux port uses.
+SYS_OPENAT2 = 437
+
+_openat2_state: list[object] = []  # [] not tried yet; [fn] works; [None] unavailable
+
+
+class Refused(OSError):
+    """A path this API will not open: ``why`` says which rule (it leaves the root, it goes
+    through a symbolic link, it is one of dsh's protected paths)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(errno.EPERM, why)
+        self.why = why
+
+    def __str__(self) -> str:
+        return self.why
+
+
+def protected_paths() -> tuple[str, ...]:
+    """dsh's own files and the home secrets, as real paths: the config directory (which
+    holds the key store and the trust records), ``$DSH_CONFIG``, the data directory (sessions
+    and attachments, ``$DSH_HOME``) and :data:`HOME_SECRETS`."""
+    home = os.path.expanduser("~")
+    xdg_config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    data = os.environ.get("DSH_HOME") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local/share"), "dsh")
+    found = [os.path.join(xdg_config, "dsh"), os.environ.get("DSH_CONFIG") or "", data,
+             *(os.path.join(home, s) for s in HOME_SECRETS)]
+    out: list[str] = []
+    for p in found:
+        if p:
+            real = os.path.realpath(p)
+            if real not in out:
+                out.append(real)
+    return tuple(out)
+
+
+def within(path: str, root: str) -> bool:
+    """Whether the absolute ``path`` is ``root`` or lies under it (by name)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def protected_by(path: str, protected: Iterable[str] | None = None) -> str | None:
+    """The protected path that ``path`` (a real path) is, or lies in; else ``None``."""
+    for p in protected_paths() if protected is None else protected:
+        if within(path, p):
+            return p
+    return None
+
+
+def parts_of(rel: str | os.PathLike[str]) -> list[str]:
+    """The components of ``rel``, a path relative to a root; :class:`Refused` when it is
+    absolute, holds a NUL or a ``..`` component (``.`` and empty components are dropped)."""
+    text = os.fspath(rel)
+    if "\0" in text:
+        raise Refused("the path holds a NUL byte")
+    if text.startswith("/"):
+        raise Refused("it is an absolute path; only a path relative to the folder is opened")
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise Refused("it leaves the folder through '..'")
+    return parts
+
+
+def _openat2() -> object:
+    if not _openat2_state:
+        fn: object = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.syscall
+                fn.restype = ctypes.c_long  # type: ignore[attr-defined]
+            except (OSError, AttributeError):  # pragma: no cover - a libc without syscall()
+                fn = None
+        _openat2_state.append(fn)
+    return _openat2_state[0]
+
+
+def _try_openat2(dfd: int, rel: str, flags: int, mode: int) -> int | None:
+    """``openat2`` beneath ``dfd``, or ``None`` where the kernel (or a seccomp filter) lacks
+    it. Its refusals become :class:`Refused`."""
+    fn = _openat2()
+    if fn is None:
+        return None
+    import ctypes
+
+    how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0,
+                                RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = fn(SYS_OPENAT2, dfd, os.fsencode(rel), ctypes.byref(how),  # type: ignore[operator]
+            ctypes.c_size_t(24))
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err == errno.ENOSYS:  # no openat2 here (a kernel before 5.6): remember, use the walk
+        _openat2_state[0] = None
+        return None
+    if err == errno.EXDEV:
+        raise Refused("it leads out of the folder")
+    if err == errno.ELOOP:
+        raise Refused("it goes through a symbolic link (links are not followed)")
+    raise OSError(err, os.strerror(err), rel)
+
+
+def _walk_open(dfd: int, parts: list[str], flags: int, mode: int) -> int:
+    """The fallback: each directory opened from the one before with ``O_NOFOLLOW``."""
+    cur = dfd
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              dir_fd=cur)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(cur, part):
+                    raise Refused("it goes through a symbolic link (links are not followed)") \
+                        from None
+                raise
+            if cur != dfd:
+                os.close(cur)
+            cur = nxt
+        try:
+            return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=cur)
+        except OSError as exc:
+            last = parts[-1]
+            if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and _is_link(cur, last)):
+                raise Refused("it goes through a symbolic link (links are not followed)") \
+                    from None
+            raise
+    finally:
+        if cur != dfd:
+            os.close(cur)
+
+
+def _is_link(dfd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def where(fd: int) -> str:
+    """The kernel's own name for what ``fd`` is open on (``/proc/self/fd/N``)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # pragma: no cover - no /proc: nothing more to learn than the walk did
+        return ""
+
+
+def _root_fd(root: str | os.PathLike[str] | int) -> tuple[int, bool]:
+    if isinstance(root, int):
+        return root, False
+    return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), True
+
+
+def open_beneath(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
+                 flags: int = os.O_RDONLY, mode: int = 0o666, *,
+                 protected: Iterable[str] | None = None) -> int:
+    """A descriptor of ``rel`` beneath the folder ``root`` (a path, or a descriptor of the
+    folder), opened with ``flags`` (``O_NOFOLLOW`` and ``O_CLOEXEC`` always added). The empty
+    path or ``.`` is the folder itself. :class:`Refused` for ``..``, an absolute path, a
+    symbolic link anywhere on the way, or a protected path (checked on the descriptor)."""
+    parts = parts_of(rel)
+    dfd, own = _root_fd(root)
+    try:
+        if not parts:
+            fd = os.open(".", flags | os.O_CLOEXEC, dir_fd=dfd)
+        else:
+            fd = _try_openat2(dfd, "/".join(parts), flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+            if fd is None:
+                fd = _walk_open(dfd, parts, flags, mode)
+    finally:
+        if own:
+            os.close(dfd)
+    real = where(fd)
+    hit = protected_by(real, protected) if real.startswith("/") else None
+    if hit is not None:
+        os.close(fd)
+        raise Refused(f"it is one of dsh's protected paths ({hit}); dsh never reads or "
+                      "writes them for a project")
+    return fd
+
+
+def read(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
+         cap: int | None = None, *, protected: Iterable[str] | None = None) -> bytes:
+    """The bytes of the regular file ``rel`` beneath ``root``, at most ``cap`` (the bound of
+    :func:`dsh.core.files.read_regular`, on the descriptor this call opened)."""
+    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK, protected=protected)
+    try:
+        return files.read_fd(fd, cap)
+    finally:
+        os.close(fd)
+
+
+def read_stat(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
+              cap: int | None = None) -> tuple[bytes, os.stat_result]:
+    """:func:`read`, with the ``fstat`` of the descriptor the bytes came from."""
+    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return files.read_fd(fd, cap), os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def open_dir(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], *,
+             create: bool = False) -> int:
+    """A descriptor (``O_RDONLY | O_DIRECTORY``) of the folder ``rel`` beneath ``root``;
+    missing folders are made one at a time (mode 0777 less the umask) when ``create``."""
+    parts = parts_of(rel)
+    dfd, own = _root_fd(root)
+    cur = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    if own:
+        os.close(dfd)
+    try:
+        for part in parts:
+            try:
+                nxt = open_beneath(cur, part, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o777, dir_fd=cur)
+                except FileExistsError:
+                    pass
+                nxt = open_beneath(cur, part, os.O_RDONLY | os.O_DIRECTORY)
+            os.close(cur)
+            cur = nxt
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur
+
+
+def write(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], data: bytes, *,
+          create_dirs: bool = False, mode: int = 0o666) -> os.stat_result | None:
+    """Replace the file ``rel`` beneath ``root`` with ``data``: written to a new file in the
+    same folder (by its descriptor), then renamed over the name, so a reader sees the old
+    bytes or the new, a hard link keeps the old, and a symbolic link in its place is replaced,
+    never followed. The old file's permission bits are kept (``mode`` for a new one). Returns
+    the old file's ``lstat`` (``None`` when it was created). Refuses a folder, a non-regular
+    file and the protected paths."""
+    parts = parts_of(rel)
+    if not parts:
+        raise IsADirectoryError(errno.EISDIR, "the folder itself is not a file")
+    dfd = open_dir(root, "/".join(parts[:-1]), create=create_dirs)
+    try:
+        return _replace(dfd, parts[-1], data, mode)
+    finally:
+        os.close(dfd)
+
+
+def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | None:
+    hit = protected_by(os.path.join(where(dfd), name))
+    if hit is not None:
+        raise Refused(f"it is one of dsh's protected paths ({hit}); dsh never reads or "
+                      "writes them for a project")
+    try:
+        old: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        old = None
+    if old is not None:
+        if stat.S_ISDIR(old.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "it is a folder, not a file")
+        if not stat.S_ISREG(old.st_mode) and not stat.S_ISLNK(old.st_mode):
+            raise files.NotRegular(files.kind_of(old.st_mode))
+    tmp = f".{name[:200]}.dsh-{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if old is not None and stat.S_ISREG(old.st_mode):
+                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode) & 0o777)
+            f.write(data)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        raise
+    return old
+
+
+def append(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], data: bytes, *,
+           mode: int = 0o644) -> None:
+    """Append ``data`` to the regular file ``rel`` beneath ``root`` (created with ``mode``
+    when missing), through the descriptor this call opened: a symbolic link in its place is
+    refused, never appended through."""
+    fd = open_beneath(root, rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, mode)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise files.NotRegular(files.kind_of(st.st_mode))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def split(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str:
+    """``path`` (absolute, or relative to the current directory) as a path relative to
+    ``root``, by name only (no link is resolved); :class:`Refused` when it is not under it."""
+    base = os.path.abspath(root)
+    full = os.path.abspath(path)
+    if not within(full, base):
+        raise Refused(f"it is outside the folder {base}")
+    return os.path.relpath(full, base)
