@@ -66,6 +66,10 @@ class TurnStarted(Event):
     #: On a turn that switches the model: how many reasoning parts of the history the new
     #: model will not receive (another provider family wrote them; issue 17). 0 otherwise.
     reasoning_withheld: int = 0
+    #: The trust decisions in force when the turn started (project files approved by content,
+    #: or inert: ``{"path", "kind", "sha256", "decision"}``); ``None`` when unchanged since
+    #: the previous turn of the session.
+    trust: tuple[dict[str, Any], ...] | None = attrs.field(default=None, hash=False)
 
 
 @attrs.frozen(kw_only=True, repr=False)

@@ -79,6 +79,8 @@ _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
 #: there are any, which keeps every other line as it was before they existed.
 _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
+#: Fields written only when set (``turn/start``'s ``trust``): older lines stay as they were.
+_OMITTED_WHEN_NONE = {"tuple[dict[str, Any], ...] | None": "_plain"}
 
 
 def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
@@ -101,6 +103,9 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         elif ann in _OMITTED_WHEN_EMPTY:  # written only when there are any (issue 17)
             items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_EMPTY[ann]}(e.{f.name})}} "
                          f"if e.{f.name} else {{}})")
+        elif ann in _OMITTED_WHEN_NONE:
+            items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_NONE[ann]}(e.{f.name})}} "
+                         f"if e.{f.name} is not None else {{}})")
         elif ann in _NESTED_DUMP:
             items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
         else:
@@ -108,7 +113,7 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
             return _generic_dict
     names: dict[str, Any] = {"_dump_messages": dump_messages, "_dump_usage": dump_usage,
                              "_dump_reasoning": dump_reasoning,
-                             "_dump_attachments": dump_attachments}
+                             "_dump_attachments": dump_attachments, "_plain": _plain}
     exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
     dumper = _DUMPERS[cls] = names["dump"]
     return dumper
@@ -139,6 +144,8 @@ def _generic_dict(event: Event) -> dict[str, Any]:
     for name in _field_names(type(event)):
         value = getattr(event, name)
         if value == () and name in ("attachments", "reasoning"):  # see _OMITTED_WHEN_EMPTY
+            continue
+        if value is None and name == "trust":  # see _OMITTED_WHEN_NONE
             continue
         if value is not None and not isinstance(value, (str, int, float, bool)):
             value = _plain(value)
@@ -463,7 +470,7 @@ _RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
     "step/start": (),
     "step/end": (("turn", _INT, True), ("step", _INT, True)),
     "turn/start": (("parent", _OPTIONAL_STR, False), ("parent_call", _OPTIONAL_STR, False),
-                   ("reasoning_withheld", _INT, False)),
+                   ("reasoning_withheld", _INT, False), ("trust", (list, type(None)), False)),
     "turn/end": (("turn", _INT, True), ("outcome", _STR, True), ("reason", _STR, False)),
 }
 

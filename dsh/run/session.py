@@ -58,6 +58,15 @@ if TYPE_CHECKING:
     from dsh.run.agent import Agent
 
 
+def _trust_in_force() -> tuple[dict[str, Any], ...]:
+    """This process's workspace-trust decisions (:mod:`dsh.config.trust`): none when no
+    reader has loaded that module, so a run with no project files pays nothing."""
+    import sys
+
+    module = sys.modules.get("dsh.config.trust")
+    return tuple(module.decisions()) if module is not None else ()
+
+
 class Session:
     """An open session of one agent: its ledger (locked) and inbox.
 
@@ -77,6 +86,8 @@ class Session:
         self.stash = Stash()
         #: Attachments stored for the next message sent (:meth:`attach`).
         self._attached: list[Any] = []
+        #: The trust decisions last written on this session's ``turn/start`` by this object.
+        self._trust_recorded: tuple[dict[str, Any], ...] = ()
 
     @property
     def id(self) -> str:
@@ -346,6 +357,9 @@ class Session:
                     tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
+                trust = _trust_in_force()
+                if trust and trust != self._trust_recorded:  # docs/security.md: trust
+                    changed["trust"] = self._trust_recorded = trust
                 ledger.append(TurnStarted, turn=number, agent=agent.name, **changed,
                               **_parent_link(parent, number))
                 bound = record.bind(ctx, agent.model, ledger, pm)
