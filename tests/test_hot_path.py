@@ -133,7 +133,8 @@ RUN_MODULES_DSH = {
     "dsh", "dsh._compat", "dsh._version", "dsh.cli", "dsh.cli.escape", "dsh.cli.options",
     "dsh.cli.root", "dsh.cli.run_command", "dsh.cli.shared", "dsh.cli.status",
     "dsh.cli.streams", "dsh.cli.terminal", "dsh.config", "dsh.config.finite",
-    "dsh.config.loader", "dsh.core", "dsh.core.errors", "dsh.core.files", "dsh.core.messages",
+    "dsh.config.loader", "dsh.core", "dsh.core.errors", "dsh.core.escape", "dsh.core.files",
+    "dsh.core.messages",
     "dsh.core.modeldata", "dsh.core.redact", "dsh.core.sanitize", "dsh.hookspecs", "dsh.host",
     "dsh.host.manager", "dsh.host.runcontext", "dsh.host.scope", "dsh.host.stash",
     "dsh.ledger", "dsh.ledger.blobs", "dsh.ledger.events", "dsh.ledger.history",
@@ -156,7 +157,8 @@ HELP_MODULES_DSH = {
     "dsh.cli.run_command", "dsh.cli.shared", "dsh.core", "dsh.core.errors",
     # each command's module, for its short help in the list
     "dsh.cli.commands", *(f"dsh.cli.commands.{c}" for c in (
-        "batch", "chat", "config", "install", "inventory", "keys", "sandbox", "sessions")),
+        "batch", "chat", "config", "install", "inventory", "keys", "sandbox", "sessions",
+        "trust")),
 }
 
 #: attrs classes alive after ``dsh run -m echo hi``: attrs' own, then dsh's. Each costs

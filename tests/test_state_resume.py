@@ -56,7 +56,11 @@ def server():  # type: ignore[no-untyped-def]
 
 def test_tasks_and_memory_survive_sigkill_and_resume_byte_identically(
         tmp_path: Path, server: ScriptedServer) -> None:
+    from dsh.config import trust
+
     (tmp_path / "MEMORY.md").write_text("- the project uses tabs\n")
+    # The person trusted the memory file's content (a file dsh did not write is used only then).
+    trust.approve(tmp_path, "MEMORY.md", trust.digest(b"- the project uses tabs\n"), "memory")
     sessions = tmp_path / "sessions"
     cfg = write_config(tmp_path, server, sessions)
     server.script(

@@ -137,16 +137,17 @@ def _openat2() -> object:
     return _openat2_state[0]
 
 
-def _try_openat2(dfd: int, rel: str, flags: int, mode: int) -> int | None:
-    """``openat2`` beneath ``dfd``, or ``None`` where the kernel (or a seccomp filter) lacks
-    it. Its refusals become :class:`Refused`."""
+def _try_openat2(dfd: int, rel: str, flags: int, mode: int, links: bool = False) -> int | None:
+    """``openat2`` beneath ``dfd``, or ``None`` where the kernel lacks it. Its refusals
+    become :class:`Refused`. With ``links``, symbolic links that stay beneath are followed
+    (the kernel refuses any that would leave, and every magic link)."""
     fn = _openat2()
     if fn is None:
         return None
     import ctypes
 
-    how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0,
-                                RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (0 if links else RESOLVE_NO_SYMLINKS)
+    how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0, resolve)
     fd = fn(SYS_OPENAT2, dfd, os.fsencode(rel), ctypes.byref(how),  # type: ignore[operator]
             ctypes.c_size_t(24))
     if fd >= 0:
@@ -157,7 +158,7 @@ def _try_openat2(dfd: int, rel: str, flags: int, mode: int) -> int | None:
         return None
     if err == errno.EXDEV:
         raise Refused("it leads out of the folder")
-    if err == errno.ELOOP:
+    if err == errno.ELOOP or (err == errno.ENOTDIR and _is_link(dfd, rel)):
         raise Refused("it goes through a symbolic link (links are not followed)")
     raise OSError(err, os.strerror(err), rel)
 
@@ -214,18 +215,24 @@ def _root_fd(root: str | os.PathLike[str] | int) -> tuple[int, bool]:
 
 def open_beneath(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
                  flags: int = os.O_RDONLY, mode: int = 0o666, *,
-                 protected: Iterable[str] | None = None) -> int:
+                 protected: Iterable[str] | None = None, links: bool = False) -> int:
     """A descriptor of ``rel`` beneath the folder ``root`` (a path, or a descriptor of the
     folder), opened with ``flags`` (``O_NOFOLLOW`` and ``O_CLOEXEC`` always added). The empty
     path or ``.`` is the folder itself. :class:`Refused` for ``..``, an absolute path, a
-    symbolic link anywhere on the way, or a protected path (checked on the descriptor)."""
+    symbolic link anywhere on the way, or a protected path (checked on the descriptor).
+
+    ``links=True`` follows symbolic links that stay beneath the folder, as the kernel
+    resolves them in the same call (``RESOLVE_BENEATH`` without ``RESOLVE_NO_SYMLINKS``);
+    where ``openat2`` is missing, links are refused as without it."""
     parts = parts_of(rel)
     dfd, own = _root_fd(root)
     try:
         if not parts:
             fd = os.open(".", flags | os.O_CLOEXEC, dir_fd=dfd)
         else:
-            fd = _try_openat2(dfd, "/".join(parts), flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+            nofollow = 0 if links else os.O_NOFOLLOW
+            fd = _try_openat2(dfd, "/".join(parts), flags | os.O_CLOEXEC | nofollow, mode,
+                              links)
             if fd is None:
                 fd = _walk_open(dfd, parts, flags, mode)
     finally:
@@ -241,10 +248,11 @@ def open_beneath(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str]
 
 
 def read(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
-         cap: int | None = None, *, protected: Iterable[str] | None = None) -> bytes:
+         cap: int | None = None, *, protected: Iterable[str] | None = None,
+         links: bool = False) -> bytes:
     """The bytes of the regular file ``rel`` beneath ``root``, at most ``cap`` (the bound of
     :func:`dsh.core.files.read_regular`, on the descriptor this call opened)."""
-    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK, protected=protected)
+    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK, protected=protected, links=links)
     try:
         return files.read_fd(fd, cap)
     finally:
@@ -294,10 +302,9 @@ def write(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], data:
           create_dirs: bool = False, mode: int = 0o666) -> os.stat_result | None:
     """Replace the file ``rel`` beneath ``root`` with ``data``: written to a new file in the
     same folder (by its descriptor), then renamed over the name, so a reader sees the old
-    bytes or the new, a hard link keeps the old, and a symbolic link in its place is replaced,
-    never followed. The old file's permission bits are kept (``mode`` for a new one). Returns
-    the old file's ``lstat`` (``None`` when it was created). Refuses a folder, a non-regular
-    file and the protected paths."""
+    bytes or the new and a hard link keeps the old. The old file's permission bits are kept
+    (``mode`` for a new one). Returns the old file's ``lstat`` (``None`` when it was created).
+    Refuses a folder, a symbolic link, a non-regular file and the protected paths."""
     parts = parts_of(rel)
     if not parts:
         raise IsADirectoryError(errno.EISDIR, "the folder itself is not a file")
@@ -320,14 +327,16 @@ def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | No
     if old is not None:
         if stat.S_ISDIR(old.st_mode):
             raise IsADirectoryError(errno.EISDIR, "it is a folder, not a file")
-        if not stat.S_ISREG(old.st_mode) and not stat.S_ISLNK(old.st_mode):
+        if stat.S_ISLNK(old.st_mode):
+            raise Refused("it goes through a symbolic link (links are not followed)")
+        if not stat.S_ISREG(old.st_mode):
             raise files.NotRegular(files.kind_of(old.st_mode))
     tmp = f".{name[:200]}.dsh-{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dfd)
     try:
         with os.fdopen(fd, "wb") as f:
-            if old is not None and stat.S_ISREG(old.st_mode):
+            if old is not None:
                 os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode) & 0o777)
             f.write(data)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)

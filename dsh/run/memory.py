@@ -41,6 +41,9 @@ MAX_FILE = 32 * 1024
 ORDER = 200
 #: The problem recorded for a project memory file that does not exist (yet): not warned.
 MISSING = "does not exist (yet)"
+#: The start of the problem recorded for a file whose content is not trusted (the trust gate
+#: has said so on stderr: not warned again).
+UNTRUSTED = "is not trusted with its current content"
 INITIAL: dict[str, Any] = {"facts": [], "next": 1, "file": None}
 
 
@@ -84,6 +87,16 @@ def settings(agent: Any) -> Mapping[str, Any]:
     return agent.plugin_settings(PLUGIN)
 
 
+def _quoted(text: str) -> str:
+    """``text`` with no line that a Markdown reader takes for a heading: a line whose first
+    non-blank character is ``#`` gets it escaped (``\\#``), so a fact or the memory file
+    cannot forge a ``## Memory`` (or any other) section of the system prompt."""
+    if "#" not in text:
+        return text
+    return "\n".join("\\" + line.lstrip() if line.lstrip().startswith("#") else line
+                     for line in text.split("\n"))
+
+
 def render(state: Mapping[str, Any]) -> str:
     """The memory as the model and ``dsh sessions show`` see it ('' when empty)."""
     parts = []
@@ -92,28 +105,43 @@ def render(state: Mapping[str, Any]) -> str:
         if file.get("problem"):
             parts.append(f"(project memory file {file['path']}: {file['problem']})")
         elif file.get("text", "").strip():
-            parts.append(f"From the project memory file {file['path']}:\n{file['text'].strip()}")
+            parts.append(f"From the project memory file {file['path']}:\n"
+                         f"{_quoted(file['text'].strip())}")
     if state["facts"]:
         parts.append("Remembered in this session (forget with forget(id)):\n"
-                     + "\n".join(f"- [{f['id']}] {f['text']}" for f in state["facts"]))
+                     + "\n".join(f"- [{f['id']}] {_quoted(f['text'])}" for f in state["facts"]))
     return "\n\n".join(parts)
+
+
+def _where(path: Path) -> tuple[str, str]:
+    """The folder the memory file is opened beneath, and its name there: the working
+    directory for a relative path (so no link in it is followed), else its own folder."""
+    if path.is_absolute():
+        return str(path.parent), path.name
+    return os.getcwd(), str(path)
 
 
 def read_file(path: Path) -> dict[str, Any]:
     """The ``file`` update for the project memory file now: its text and digest, or the
-    problem (missing, too large, not UTF-8, not a regular file)."""
+    problem (missing, too large, not UTF-8, not a regular file, a symbolic link, not
+    trusted). Read once, by descriptor (:mod:`dsh.core.beneath`); its bytes are used only
+    when the person trusted them (:func:`dsh.config.trust.gate`)."""
+    from dsh.config import trust
+    from dsh.core import beneath
     from dsh.core.files import TooLarge
-    from dsh.core.files import read_regular
     from dsh.core.files import reason
 
     shown = str(path)
+    root, rel = _where(path)
     try:
-        data = read_regular(path, MAX_FILE)
+        data = beneath.read(root, rel, MAX_FILE)
     except FileNotFoundError:
         return {"op": "file", "path": shown, "problem": MISSING}
     except TooLarge as exc:
         return {"op": "file", "path": shown, "size": exc.size,
                 "problem": f"is {exc.size} bytes; the limit is {MAX_FILE}: not used"}
+    except beneath.Refused as exc:
+        return {"op": "file", "path": shown, "problem": f"is not read: {exc.why}"}
     except OSError as exc:
         kind = getattr(exc, "kind", None)
         return {"op": "file", "path": shown,
@@ -122,6 +150,10 @@ def read_file(path: Path) -> dict[str, Any]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return {"op": "file", "path": shown, "problem": f"is not UTF-8 (byte {exc.start})"}
+    if not trust.gate(root, rel, data, "memory", text[:2000]):
+        return {"op": "file", "path": shown, "sha256": _sha256(data),
+                "problem": f"{UNTRUSTED}: not used "
+                           f"(dsh trust approve {shown})"}
     return {"op": "file", "path": shown, "size": len(data),
             "sha256": _sha256(data), "text": text}
 
@@ -148,18 +180,51 @@ def remember(fact: str, project: bool = False) -> str:
     path = _file_setting(context().handle)
     if path is None:
         return f"Remembered as [{ident}] (no project memory file is configured)."
-    line = "- " + " ".join(fact.split()) + "\n"
+    line = ("- " + " ".join(fact.split()) + "\n").encode("utf-8")
     try:
-        size = path.stat().st_size if path.exists() else 0
-        if size + len(line.encode()) > MAX_FILE:
-            raise ToolError(f"remember: {path} would exceed {MAX_FILE} bytes; remembered as "
-                            f"[{ident}] for this session only")
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line)
-    except OSError as exc:
-        raise ToolError(f"remember: cannot write {path}: {exc.strerror}; remembered as "
-                        f"[{ident}] for this session only") from None
+        _append(path, line)
+    except ToolError as exc:
+        raise ToolError(f"remember: {exc}; remembered as [{ident}] for this session "
+                        "only") from None
     return f"Remembered as [{ident}] and in {path} (from the next turn)."
+
+
+def _append(path: Path, line: bytes) -> None:
+    """Append ``line`` to the project memory file through a descriptor (a symbolic link in
+    its place is refused, never appended through), keeping it trusted when the content it
+    extends was: dsh wrote the new line itself, and the ledger records the fact."""
+    from dsh.config import trust
+    from dsh.core import beneath
+    from dsh.core.files import reason
+
+    root, rel = _where(path)
+    fd = None
+    try:
+        fd = beneath.open_beneath(root, rel, os.O_RDWR | os.O_APPEND | os.O_CREAT
+                                  | os.O_NONBLOCK, 0o644)
+        import fcntl
+        import stat
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"{path} is not a regular file")
+        if st.st_size + len(line) > MAX_FILE:
+            raise ToolError(f"{path} would exceed {MAX_FILE} bytes")
+        before = os.pread(fd, st.st_size, 0)
+        was = trust.state(root, rel, before)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view):]
+        if was == "trusted" or not before:
+            trust.approve(root, rel, trust.digest(before + line), "memory")
+    except beneath.Refused as exc:
+        raise ToolError(f"cannot write {path}: {exc.why}") from None
+    except OSError as exc:
+        raise ToolError(f"cannot write {path}: {reason(exc)}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def forget(id: int) -> str:  # noqa: A002 - the model's word for it
@@ -200,8 +265,9 @@ def turn_prompt(register: Any, agent: Any, session: Any) -> None:
         recorded = session.state(MEMORY)["file"] or {}
         if any(now.get(k) != recorded.get(k) for k in ("path", "sha256", "problem")):
             session.update_state(MEMORY, now)
-            if now.get("problem") not in (None, MISSING):
-                warnings.warn(f"dsh.memory: {now['path']} {now['problem']}",
+            problem = now.get("problem")
+            if problem not in (None, MISSING) and not problem.startswith(UNTRUSTED):
+                warnings.warn(f"dsh.memory: {now['path']} {problem}",
                               DshWarning, stacklevel=2)
     text = render(session.state(MEMORY))
     if text:

@@ -52,6 +52,10 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
                               where=f"plugins.shell, agent {agent.name}")
     # The agent's sandbox policy ([sandbox], [agents.NAME] sandbox): every command runs under it.
     policy = sandbox.policy_for(agent)
+    # The project's persistence paths stay unwritten unless the person said otherwise.
+    unprotected = tuple(getattr(policy, "unprotected", ()))
+    memory = agent.plugin_settings("dsh.memory").get("file")
+    memory_file = (str(memory),) if memory and not str(memory).startswith(("/", "~")) else ()
 
     def run_command(command: str) -> str:
         """Run one program in the workspace directory; return its exit code, stdout and stderr.
@@ -90,7 +94,7 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
         :param content: the complete new content of the file (UTF-8 text).
         """
         root = workspace.workspace_root(settings.workspace_path())
-        return workspace.write_text(root, path, content)
+        return workspace.write_text(root, path, content, unprotected, memory_file)
 
     summary, _ = parse_docstring(run_command.__doc__)
     allowed = ", ".join(settings.allow) or "none"

@@ -2,9 +2,13 @@
 
 A path is checked twice. First by name: absolute paths are refused, and the path's *real*
 path (``os.path.realpath``, which resolves symlinks and ``..`` as the kernel would) must lie
-inside the workspace's real path. Then by opening: the checked path is opened one component
-at a time from a descriptor of the workspace with ``O_NOFOLLOW``, so a symlink swapped in
-between the check and the open makes the open fail instead of escaping (a TOCTOU race).
+inside the workspace's real path. Then by opening, through :mod:`dsh.core.beneath`: the
+checked path is resolved beneath a descriptor of the workspace with no symlink followed
+(``openat2``), so a symlink swapped in between the check and the open makes the open fail
+instead of escaping (a TOCTOU race), and dsh's protected paths are refused on the descriptor.
+Writes refuse the project's persistence paths (``.git/config``, ``.git/hooks``, ``.claude/``,
+``.mcp.json``, the instruction files, the memory file) unless ``[sandbox] unprotected``
+names them.
 """
 
 from __future__ import annotations
@@ -59,42 +63,18 @@ def resolve(root: str, path: str) -> str:
     )
 
 
-def _open_beneath(root: str, rel: str, flags: int) -> int:
-    """Open ``rel`` (symlink-free, from :func:`resolve`) under ``root`` without following
-    any symlink."""
-    parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
-    if not parts:
-        raise ToolError("the path is the workspace directory itself, not a file")
-    dfd = _open_dir_beneath(root, parts[:-1], create=False)
-    try:
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd)
-    finally:
-        os.close(dfd)
-
-
-def _open_dir_beneath(root: str, parts: list[str], *, create: bool = True) -> int:
-    """A descriptor of the directory ``root/parts…``, each component opened with
-    ``O_NOFOLLOW`` from the one before (missing ones created if ``create``)."""
-    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts:
-            try:
-                nfd = os.open(part, dir_flags, dir_fd=dfd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o777, dir_fd=dfd)
-                nfd = os.open(part, dir_flags, dir_fd=dfd)
-            os.close(dfd)
-            dfd = nfd
-    except BaseException:
-        os.close(dfd)
-        raise
-    return dfd
-
-
 def _os_error(path: str, exc: OSError) -> ToolError:
+    from dsh.core import beneath
+    from dsh.core import files
+
+    if isinstance(exc, beneath.Refused):
+        if "symbolic link" not in exc.why:
+            return ToolError(f"path {path!r} is refused: {exc.why}")
+        # resolve() saw no symlink here, so one appeared since: refuse rather than follow.
+        return ToolError(f"path {path!r} changed while it was being opened (a symlink "
+                         "appeared in it): refused")
+    if isinstance(exc, files.NotRegular):
+        return ToolError(f"{path!r} is not a regular file")
     if exc.errno in (errno.ELOOP, errno.ENOTDIR) and not isinstance(exc, FileNotFoundError):
         # resolve() saw no symlink here, so one appeared since: refuse rather than follow.
         return ToolError(f"path {path!r} changed while it was being opened (a symlink "
@@ -118,7 +98,11 @@ def read_text(root: str, path: str, *, start_line: int, max_bytes: int) -> str:
         raise ToolError(f"{path!r} is a directory; list it with run_command(\"ls {path}\")")
     try:
         # O_NONBLOCK: opening a FIFO must not hang the run; it is refused below anyway.
-        fd = _open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+        if rel in ("", "."):
+            raise ToolError("the path is the workspace directory itself, not a file")
+        from dsh.core import beneath  # imported at the first read, not on dsh's start-up
+
+        fd = beneath.open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise _os_error(path, exc) from None
     with os.fdopen(fd, "rb") as f:
@@ -173,7 +157,8 @@ def _skip_lines(f: BinaryIO, count: int) -> int:
     return passed
 
 
-def write_text(root: str, path: str, content: str) -> str:
+def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] = (),
+               protect: tuple[str, ...] = ()) -> str:
     """Write ``content`` to ``path``, creating parent directories.
 
     The file is *replaced*, never written in place: the content goes to a new file in the
@@ -181,60 +166,46 @@ def write_text(root: str, path: str, content: str) -> str:
     content or the new one, never half of it). So a hard link — another name of the same
     file, perhaps outside the workspace — keeps the old content, and a symlink swapped in
     for the name is replaced, not followed. The old file's permission bits are kept.
+
+    The project's persistence paths (:data:`dsh.core.beneath.PERSISTENCE`: ``.git/config``,
+    ``.git/hooks``, ``.claude/``, ``.mcp.json``, the instruction files, and ``protect``, the
+    project memory file) are refused unless ``unprotected`` (``[sandbox] unprotected``)
+    names them.
     """
     rel = resolve(root, path)
     parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
     if not parts:
         raise ToolError("the path is the workspace directory itself, not a file")
+    shaped = persistence_of("/".join(parts), unprotected, protect)
+    if shaped is not None:
+        raise ToolError(f"{path!r} is {shaped}, a file that shapes later runs (git, dsh and "
+                        "Claude Code obey it): write_file does not change it. The person may "
+                        f"allow it with [sandbox] unprotected = [{shaped!r}]")
     data = content.encode("utf-8", errors="replace")
-    try:
-        dfd = _open_dir_beneath(root, parts[:-1])
-    except OSError as exc:
-        raise _os_error(path, exc) from None
-    name = parts[-1]
-    try:
-        return _replace(dfd, name, path, data)
-    finally:
-        os.close(dfd)
+    from dsh.core import beneath
 
-
-def _replace(dfd: int, name: str, path: str, data: bytes) -> str:
     try:
-        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        old = None
+        old = beneath.write(root, "/".join(parts), data, create_dirs=True)
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a directory; give a file path") from None
     except OSError as exc:
         raise _os_error(path, exc) from None
-    if old is not None:
-        if stat.S_ISDIR(old.st_mode):
-            raise ToolError(f"{path!r} is a directory; give a file path")
-        if stat.S_ISLNK(old.st_mode):  # resolve() saw no symlink here: one appeared since
-            raise ToolError(f"path {path!r} changed while it was being opened (a symlink "
-                            "appeared in it): refused")
-        if not stat.S_ISREG(old.st_mode):
-            raise ToolError(f"{path!r} is not a regular file")
-    tmp = f".{name[:200]}.dsh-{os.urandom(4).hex()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o666, dir_fd=dfd)
-    except OSError as exc:
-        raise _os_error(path, exc) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if old is not None:
-                os.fchmod(f.fileno(), stat.S_IMODE(old.st_mode) & 0o777)
-            f.write(data)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise _os_error(path, exc) from None
-        raise
     if old is None:
         return f"created {path} ({len(data)} bytes)"
     linked = (f"; it had {old.st_nlink - 1} other hard link(s), which keep the old content"
-              if old.st_nlink > 1 else "")
+              if stat.S_ISREG(old.st_mode) and old.st_nlink > 1 else "")
     return f"replaced {path} ({len(data)} bytes){linked}"
+
+
+def persistence_of(rel: str, unprotected: tuple[str, ...] = (),
+                   protect: tuple[str, ...] = ()) -> str | None:
+    """The persistence path (``.git/hooks``) that ``rel`` (symlink-free, relative to the
+    workspace) is or lies in, unless ``unprotected`` names it; else ``None``."""
+    from dsh.core.beneath import PERSISTENCE
+
+    for entry in (*PERSISTENCE, *protect):
+        if entry in unprotected:
+            continue
+        if rel == entry or rel.startswith(entry + "/"):
+            return entry
+    return None
