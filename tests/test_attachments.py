@@ -125,17 +125,19 @@ def test_size_caps_per_type_name_the_file_and_the_limit() -> None:
     assert att.load(pdf).media_type == "application/pdf"
 
 
-def test_a_symlink_to_proc_environ_is_read_capped_and_refused(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
+def test_a_symlink_to_proc_environ_is_refused_and_proc_itself_read_capped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # /proc files report size 0 and are read up to the cap; their content is judged like any
     # other and is not an image: refused, and the error quotes none of it.
     monkeypatch.setenv("DSH_TEST_SECRET", "hunter2-do-not-show")
     link = tmp_path / "innocent.png"
     link.symlink_to("/proc/self/environ")
-    with pytest.raises(AttachmentError) as info:
+    with pytest.raises(AttachmentError) as info:  # a link in the workspace is never followed
         att.load(link)
-    assert "not a PNG" in str(info.value) and "hunter2" not in str(info.value)
+    assert "symbolic link" in str(info.value) and "hunter2" not in str(info.value)
+    with pytest.raises(AttachmentError) as info:  # named by its own path: read, capped, judged
+        att.load(Path("/proc/self/environ"))
+    assert "not a" in str(info.value) and "hunter2" not in str(info.value)
 
 
 def test_directories_fifos_and_devices_are_not_read(tmp_path: Path) -> None:

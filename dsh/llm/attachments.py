@@ -38,7 +38,6 @@ from dsh.core.errors import DshError
 from dsh.core.errors import UsageError
 from dsh.core.files import NotRegular
 from dsh.core.files import TooLarge
-from dsh.core.files import read_regular
 from dsh.core.files import reason as _reason
 from dsh.core.messages import Attachment
 from dsh.ledger.blobs import MAX_BYTES as MAX_BYTES
@@ -184,12 +183,22 @@ def load(source: Source, *, stdin: BinaryIO | None = None) -> Input:
 
 
 def read_file(path: Path) -> Input:
-    """A regular file's bytes (symlinks followed, as any program opening a path does); its
-    size is checked on the open descriptor before reading, and reading stops past the cap
-    (files under ``/proc`` report size 0)."""
+    """A regular file's bytes, read once by descriptor (:mod:`dsh.core.beneath`): the file
+    itself may not be a symbolic link (one a command planted in the workspace would send what
+    it points to), and dsh's protected paths (the key store, ``~/.ssh``…) are refused
+    wherever the path leads. Its size is checked on the open descriptor before reading, and
+    reading stops past the cap (files under ``/proc`` report size 0)."""
+    from dsh.core import beneath
+
     where = repr(str(path))
+    folder, name = os.path.split(os.path.abspath(path))
     try:
-        data = read_regular(path, READ_CAP)
+        data = beneath.read(folder, name, READ_CAP)
+    except beneath.Refused as exc:
+        if "symbolic link" in exc.why:
+            raise AttachmentError(f"cannot attach {where}: it is a symbolic link; attach the "
+                                  "file it points to by its own path") from None
+        raise AttachmentError(f"cannot attach {where}: {exc.why}") from None
     except FileNotFoundError:
         raise AttachmentError(f"cannot attach {where}: no such file") from None
     except NotRegular as exc:
