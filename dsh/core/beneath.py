@@ -75,10 +75,25 @@ class Refused(OSError):
         return self.why
 
 
+_PROTECTED_ENV = ("HOME", "XDG_CONFIG_HOME", "DSH_CONFIG", "DSH_HOME", "XDG_DATA_HOME")
+_protected_cache: dict[tuple[str | None, ...], tuple[str, ...]] = {}
+
+
 def protected_paths() -> tuple[str, ...]:
     """dsh's own files and the home secrets, as real paths: the config directory (which
     holds the key store and the trust records), ``$DSH_CONFIG``, the data directory (sessions
-    and attachments, ``$DSH_HOME``) and :data:`HOME_SECRETS`."""
+    and attachments, ``$DSH_HOME``) and :data:`HOME_SECRETS`. Computed once per value of the
+    environment variables that place them."""
+    env = tuple(os.environ.get(k) for k in _PROTECTED_ENV)
+    found = _protected_cache.get(env)
+    if found is None:
+        if len(_protected_cache) > 16:
+            _protected_cache.clear()
+        found = _protected_cache[env] = _protected_now()
+    return found
+
+
+def _protected_now() -> tuple[str, ...]:
     home = os.path.expanduser("~")
     xdg_config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     data = os.environ.get("DSH_HOME") or os.path.join(
@@ -122,6 +137,7 @@ def parts_of(rel: str | os.PathLike[str]) -> list[str]:
 
 
 def _openat2() -> object:
+    """``(syscall, open_how type, get_errno)`` once ``ctypes`` found them, else ``None``."""
     if not _openat2_state:
         fn: object = None
         if sys.platform.startswith("linux"):
@@ -129,8 +145,11 @@ def _openat2() -> object:
                 import ctypes
 
                 libc = ctypes.CDLL(None, use_errno=True)
-                fn = libc.syscall
-                fn.restype = ctypes.c_long  # type: ignore[attr-defined]
+                call = libc.syscall
+                call.restype = ctypes.c_long
+                call.argtypes = (ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                                 ctypes.c_size_t)
+                fn = (call, ctypes.c_uint64 * 3, ctypes.get_errno, ctypes.addressof)
             except (OSError, AttributeError):  # pragma: no cover - a libc without syscall()
                 fn = None
         _openat2_state.append(fn)
@@ -141,18 +160,16 @@ def _try_openat2(dfd: int, rel: str, flags: int, mode: int, links: bool = False)
     """``openat2`` beneath ``dfd``, or ``None`` where the kernel lacks it. Its refusals
     become :class:`Refused`. With ``links``, symbolic links that stay beneath are followed
     (the kernel refuses any that would leave, and every magic link)."""
-    fn = _openat2()
-    if fn is None:
+    found = _openat2()
+    if found is None:
         return None
-    import ctypes
-
+    call, how_type, get_errno, addressof = found  # type: ignore[misc]
     resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (0 if links else RESOLVE_NO_SYMLINKS)
-    how = (ctypes.c_uint64 * 3)(flags, mode if flags & os.O_CREAT else 0, resolve)
-    fd = fn(SYS_OPENAT2, dfd, os.fsencode(rel), ctypes.byref(how),  # type: ignore[operator]
-            ctypes.c_size_t(24))
+    how = how_type(flags, mode if flags & os.O_CREAT else 0, resolve)
+    fd = call(SYS_OPENAT2, dfd, os.fsencode(rel), addressof(how), 24)
     if fd >= 0:
         return int(fd)
-    err = ctypes.get_errno()
+    err = get_errno()
     if err == errno.ENOSYS:  # no openat2 here (a kernel before 5.6): remember, use the walk
         _openat2_state[0] = None
         return None
