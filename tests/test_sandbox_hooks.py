@@ -81,3 +81,29 @@ def test_an_unknown_hook_source_in_sandbox_is_a_config_error(tmp_path: Path,
     r = dsh(tmp_path, proj, cfg, "run", "-m", "echo", "hi")
     assert r.returncode == 2
     assert "sandbox: unknown hook source 'projct'" in r.stderr
+
+
+@needs_sandbox
+def test_a_project_hook_runs_only_trusted_and_then_confined(tmp_path: Path, proj: Path) -> None:
+    """`sandbox = {project = …}` confines a project file's hooks once they are trusted;
+    before that they do not run at all, confined or not."""
+    import json
+
+    from tests.test_hooks_plugin import approve
+
+    path = proj / ".claude" / "settings.json"
+    path.write_text(json.dumps({"hooks": hook("UserPromptSubmit", _hook_command(tmp_path))}))
+    cfg = write_config(tmp_path, proj, claude_settings=["project"],
+                       sandbox={"project": "workspace-write"})
+    r = dsh(tmp_path, proj, cfg, "run", "-m", "echo", "hi")
+    assert r.returncode == 0, r.stderr
+    assert not (proj / "inside-mark.txt").exists() and not (tmp_path / "outside-mark").exists()
+    assert str(path) in r.stderr and "not trusted" in r.stderr
+    approve(path)
+    r = dsh(tmp_path, proj, cfg, "run", "-m", "echo", "hi")
+    assert r.returncode == 0, r.stderr
+    assert (proj / "inside-mark.txt").read_text() == "ran\n"
+    assert not (tmp_path / "outside-mark").exists()
+    assert (proj / "leak.txt").read_text() == ""
+    [run] = [e["data"] for e in of(ledger(tmp_path), "x/dsh-hooks/hook")]
+    assert run["sandbox"] == "workspace-write, no network" and run["source"] == str(path)

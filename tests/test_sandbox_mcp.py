@@ -64,6 +64,40 @@ def test_a_sandboxed_server_runs_confined_and_each_call_records_it(tmp_path: Pat
         client.shutdown()
 
 
+@needs_sandbox
+def test_a_project_server_is_confined_by_default(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server of the project's ``.mcp.json`` (approved) runs under the sandbox with no
+    ``sandbox`` setting at all, its workspace the project root (tests/test_mcp_trust.py)."""
+    import shutil
+
+    from dsh_mcp import client
+
+    from dsh.config import trust
+
+    proj = tmp_path / "proj"
+    marks = proj / "marks"
+    marks.mkdir(parents=True)
+    shutil.copy(SERVER, proj / "server.py")
+    data = json.dumps({"mcpServers": {"p": {
+        "command": sys.executable, "args": ["server.py", "stdio", "sbx-project"],
+        "env": {"MCP_TEST_MARKS": str(marks)}}}}).encode()
+    (proj / ".mcp.json").write_bytes(data)
+    monkeypatch.setattr(trust, "TTY", "/nonexistent/tty")
+    trust.approve(proj, ".mcp.json", trust.digest(data), "mcp")
+    monkeypatch.chdir(proj)
+    app = App.from_config({"sessions_dir": str(tmp_path / "s"),
+                           "plugins": {"mcp": {"mcp_json": ".mcp.json"}}})
+    try:
+        out = run_tool(app, "mcp__p__echo", {"text": "hi"})
+        assert out.status == "ok" and "hi" in out.output, out.output
+        [pid] = [int(e.split()[1]) for e in events(marks) if e.startswith("start ")]
+        status = _status(pid)
+        assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
+    finally:
+        client.shutdown()
+
+
 def test_servers_are_unconfined_by_default_and_the_ledger_says_so(tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()

@@ -99,7 +99,7 @@ PROBE = textwrap.dedent("""
     pid = os.getppid()
     report["parent uid of environ"] = os.stat(f"/proc/{pid}/environ").st_uid
     depth = 0
-    while pid > 1 and depth < 6:
+    while pid > 0 and depth < 6:  # in its own PID namespace, the parent is its init: 1
         who = "dsh" if depth == 0 else f"ancestor {depth}"
         look(f"{who} environ", path(f"/proc/{pid}/environ"))
         look(f"{who} cmdline", path(f"/proc/{pid}/cmdline"))
@@ -202,7 +202,9 @@ def test_a_command_running_as_a_normal_user_cannot_read_dshs_secrets(shared_dir:
     # The channels that would leak without the protection were really tried, and refused.
     assert report["dsh environ"].startswith("denied"), report
     assert report["dsh mem"].startswith("denied"), report
-    assert report["parent uid of environ"] == 0  # the kernel's mark of a non-dumpable process
+    # the kernel's mark of a non-dumpable process: root's — shown as the overflow id 65534
+    # inside a user namespace that does not map root
+    assert report["parent uid of environ"] in (0, 65534)
     assert report["/proc/self/environ"] == "clean" and report["own environment"] == "clean"
     assert report["dsh cmdline"] == "clean"
     for text in (proc.stdout, proc.stderr, *(p.read_text() for p in
@@ -327,13 +329,14 @@ def test_endless_output_is_cut_and_the_command_killed(
 def test_a_killed_flood_takes_its_process_group_with_it(make: Callable[..., App],
                                                         tmp_path: Path) -> None:
     app = make(allow=["sh"], max_output=100, timeout=30)
-    out = run_tool(app, "sh -c 'sleep 300 & echo $! > bg.pid; cat /dev/zero'")
+    mark = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a duration no other sleep has
+    out = run_tool(app, f"sh -c 'sleep {mark} & echo $! > bg.pid; cat /dev/zero'")
     assert out.startswith("killed:")
-    pid = int((tmp_path / "ws" / "bg.pid").read_text())
+    assert (tmp_path / "ws" / "bg.pid").exists()  # the background child was started
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while _alive_with(f"sleep\0{mark}") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert _alive_with(f"sleep\0{mark}") == []
 
 
 def test_a_background_child_holding_the_pipe_does_not_hold_the_call(
@@ -343,7 +346,8 @@ def test_a_background_child_holding_the_pipe_does_not_hold_the_call(
     out = run_tool(app, "sh -c 'sleep 5 & echo $! > bg.pid; echo hi'")
     assert time.monotonic() - start < 3
     assert out == "exit code: 0\n--- stdout ---\nhi"
-    os.kill(int((tmp_path / "ws" / "bg.pid").read_text()), signal.SIGKILL)
+    # (no kill of the pid it wrote: that is its own namespace's number, and the child is gone
+    # with the call — or, without namespaces, ends on its own)
 
 
 @pytest.mark.parametrize("size", [0, 1, 999, 1000, 1001, 5000, 300_000])
@@ -449,7 +453,8 @@ def test_a_terminating_signal_kills_the_command_tree_and_closes_the_turn(
     ws = tmp_path / "ws"
     ws.mkdir()
     script = tmp_path / "script.json"
-    command = "sh -c 'echo $$ > pids; sleep 1000 & echo $! >> pids; wait'"
+    mark = f"1000.{os.getpid()}{time.monotonic_ns() % 10**6}"  # no other sleep has it
+    command = f"sh -c 'echo $$ > pids; sleep {mark} & echo $! >> pids; wait'"
     script.write_text(json.dumps({"responses": [
         {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
         {"text": "resumed fine"}]}))
@@ -467,8 +472,9 @@ def test_a_terminating_signal_kills_the_command_tree_and_closes_the_turn(
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(_lines(pids_file)) < 2:
         time.sleep(0.05)
-    pids = [int(p) for p in _lines(pids_file)]
-    assert len(pids) == 2, "the command did not start"
+    assert len(_lines(pids_file)) == 2, "the command did not start"
+    # the shell (its script holds the mark) and its sleep, as this process sees them
+    assert len(_alive_with(mark)) >= 2
     proc.send_signal(signum)
     try:
         _, err = proc.communicate(timeout=20)
@@ -478,9 +484,9 @@ def test_a_terminating_signal_kills_the_command_tree_and_closes_the_turn(
     assert f"terminated by {signal.Signals(signum).name}" in err
     assert "Traceback" not in err
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while _alive_with(mark) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in pids if _alive(p)] == [], "a process of the command's tree survived"
+    assert _alive_with(mark) == [], "a process of the command's tree survived"
     [ledger] = (tmp_path / "sessions").glob("*.jsonl")
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert events[-1]["type"] == "turn/end" and events[-1]["outcome"] == "aborted"
@@ -498,3 +504,20 @@ def _lines(path: Path) -> list[str]:
         return [line for line in path.read_text().splitlines() if line.strip()]
     except FileNotFoundError:
         return []
+
+
+def _alive_with(argv_part: str) -> list[int]:
+    """Live processes with ``argv_part`` in their argv, as this process sees /proc. (A
+    confined command runs in its own PID namespace: a pid it reports is not one here.)"""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv_part.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found

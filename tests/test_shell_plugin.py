@@ -401,17 +401,19 @@ def test_missing_program_and_shell_builtin(make: Callable[..., App]) -> None:
 def test_command_timeout_kills_the_command_and_its_children(
         make: Callable[..., App], ws: Path) -> None:
     run = tool(make(allow=["sh"], timeout=0.5), "run_command")
+    mark = f"30.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a duration no other sleep has
     start = time.monotonic()
     with pytest.raises(ToolError) as err:
-        run(command="sh -c 'sleep 30 & echo $! > bg.pid; echo started; wait'")
+        run(command=f"sh -c 'sleep {mark} & echo $! > bg.pid; echo started; wait'")
     assert time.monotonic() - start < 10
     assert str(err.value).startswith("command timed out after 0.5s and was killed: sh -c")
     assert "--- stdout ---\nstarted" in str(err.value)  # partial output is kept
-    pid = int((ws / "bg.pid").read_text())
+    assert (ws / "bg.pid").exists()  # the background child was started
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while _alive_with(f"sleep\0{mark}") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid), "the background child of a timed-out command survived"
+    assert _alive_with(f"sleep\0{mark}") == [], "the background child of a timed-out " \
+        "command survived"
 
 
 def test_aborting_the_run_kills_a_running_command(
@@ -609,3 +611,20 @@ def test_cli_run_refuses_without_yes_and_runs_with_it(
         outputs.append([(e["status"], e["output"]) for e in lines if e["type"] == "tool/result"])
         assert (ws / "x.txt").exists() == (not extra)  # removed only with --yes
     assert outputs == [[("error", REFUSED)], [("ok", "exit code: 0\n(no output)")]]
+
+
+def _alive_with(argv_part: str) -> list[int]:
+    """Live processes with ``argv_part`` in their argv, as this process sees /proc. (A
+    confined command runs in its own PID namespace: a pid it reports is not one here.)"""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv_part.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found

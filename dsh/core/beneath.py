@@ -46,13 +46,8 @@ HOME_SECRETS: tuple[str, ...] = (
     ".bash_login", ".profile", ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".config/fish",
 )
 
-#: A project's files that shape later runs, relative to its root: what git runs on its own
-#: (``.git/config``, ``.git/hooks``), what dsh and Claude Code obey or put into prompts
-#: (``.claude/``, ``.mcp.json``, the instruction files) and dsh's own project folder. The
-#: sandbox makes them read-only inside a writable workspace and dsh-shell's writes refuse
-#: them, unless ``[sandbox] unprotected`` names them; dsh's readers trust them only by content.
-PERSISTENCE: tuple[str, ...] = (".git/config", ".git/hooks", ".claude", ".mcp.json",
-                                "AGENTS.md", "CLAUDE.md", "CLAUDE.local.md", ".dsh")
+#: The project's persistence paths (defined in :mod:`dsh.core.files`, which every run imports).
+PERSISTENCE = files.PERSISTENCE
 
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04

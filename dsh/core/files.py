@@ -15,6 +15,16 @@ from pathlib import Path
 
 _CHUNK = 1 << 20
 
+#: A project's files that shape later runs, relative to its root: the git directory (git
+#: runs its config's ``core.fsmonitor`` and its hooks on its own; ``.git/commondir`` and the
+#: index can point it at other configs, so only all of ``.git`` closes the class), what dsh
+#: and Claude Code obey or put into prompts (``.claude/``, ``.mcp.json``, the instruction
+#: files) and dsh's own project folder. The sandbox makes them read-only inside a writable
+#: workspace and dsh-shell's writes refuse them, unless ``[sandbox] unprotected`` names them
+#: (``unprotected = [".git"]`` lets commands commit); dsh's readers trust them only by content.
+PERSISTENCE: tuple[str, ...] = (".git", ".claude", ".mcp.json", "AGENTS.md", "CLAUDE.md",
+                                "CLAUDE.local.md", ".dsh")
+
 
 class NotRegular(OSError):
     """The path is not a regular file; ``kind`` says what it is (``a directory``, …)."""

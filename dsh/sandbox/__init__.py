@@ -43,11 +43,33 @@ _LAZY = {"Policy": "dsh.sandbox.policy", "parse_policy": "dsh.sandbox.policy",
 def policy_for(agent: Any) -> Policy:
     """The sandbox policy of ``agent`` (an :class:`dsh.AgentHandle`): ``[sandbox]`` overlaid
     by the agent's own ``sandbox`` setting, validated (a bad one is a ConfigError naming the
-    agent and key)."""
+    agent and key). The agent's project memory file (``[plugins."dsh.memory"] file``, when
+    memory is enabled) is kept read-only inside the workspace with the persistence paths."""
     from dsh.sandbox.policy import parse_policy
 
     raw = agent.settings.get("sandbox")
-    return parse_policy(raw, where=f"sandbox, agent {agent.name}")
+    policy = parse_policy(raw, where=f"sandbox, agent {agent.name}")
+    memory = _memory_file(agent)
+    if memory is None:
+        return policy
+    import attrs
+
+    return attrs.evolve(policy, read_only=(*policy.read_only, memory))
+
+
+def _memory_file(agent: Any) -> str | None:
+    """The agent's project memory file, absolute (relative to the working directory, as
+    dsh.memory reads it), or None."""
+    import os
+
+    try:
+        settings = agent.plugin_settings("dsh.memory")
+    except (AttributeError, TypeError):
+        return None
+    value = settings.get("file") if settings.get("enabled", False) else None
+    if not isinstance(value, str) or not value or "\0" in value:
+        return None
+    return os.path.abspath(os.path.expanduser(value))
 
 
 def __getattr__(name: str) -> Any:

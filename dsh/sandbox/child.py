@@ -18,6 +18,14 @@ launcher gives.
 Order, as in the launcher: ``NO_NEW_PRIVS``; the capability bounding set, then ``capset`` to
 nothing; ``landlock_restrict_self``; the seccomp filter. Then ``subprocess`` closes every other
 descriptor (the ruleset's among them) and ``execve``'s the command.
+
+With namespaces (where this machine can make them: :func:`namespaces_unavailable`), those
+steps are preceded by :class:`dsh.sandbox.namespaces.Namespaces`, prepared here as well: in the
+child, a user, mount and PID namespace, the persistence paths bound read-only, then the
+command's process forked twice (the namespace's init, then the command; the child itself
+becomes the relay ``Popen`` waits for) and a fresh ``/proc``. Those steps are Python code,
+not one loop of foreign calls: ``os`` functions (``open``, ``write``, ``pipe``, ``waitpid``,
+``kill``, ``read``) and ``select.poll``, which take no lock, besides the prepared calls.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import threading
 from typing import Any
 
 from dsh.sandbox import exec as launcher
+from dsh.sandbox import namespaces as ns_steps
 
 #: What each kind of call is called in a failure's reason (the launcher's words).
 _NAMES = ("prctl(NO_NEW_PRIVS)", "prctl(CAPBSET_DROP)", "capset", "landlock_restrict_self",
@@ -82,7 +92,8 @@ class Confinement:
     reasons). Call it in the child (``preexec_fn``); afterwards call :meth:`outcome` in the
     parent, which also releases what it holds."""
 
-    def __init__(self, network: bool, rules: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, network: bool, rules: tuple[tuple[str, str], ...],
+                 namespaces: tuple[Any, Any, bool] | None = None) -> None:
         libc = _libc()
         machine, self.abi = launcher.precheck(libc)
         self.ruleset = launcher.build_ruleset(libc, self.abi,
@@ -93,6 +104,17 @@ class Confinement:
             os.close(self.ruleset)
             raise
         self._open = True
+        #: ``(roots, binds, pid)`` of a plan with namespaces (:class:`ns_steps.Namespaces`).
+        self._ns: ns_steps.Namespaces | None = None
+        self._roots: Any = () if namespaces is None else namespaces[0]
+        self._binds: Any = () if namespaces is None else namespaces[1]
+        if namespaces is not None:
+            roots, binds, pid = namespaces
+            rights = launcher.READ_RIGHTS & launcher.FS_BY_ABI.get(self.abi,
+                                                                   launcher.FS_BY_ABI[5])
+            self._ns = ns_steps.Namespaces(libc, machine, roots, binds, pid, self.ruleset,
+                                           rights)
+            self._ns.fail = self._fail_namespace
         sys_capset = launcher.ARCHES[machine][2]
         header = libc.buffer(struct.pack("Ii", launcher.CAP_VERSION_3, 0))
         data = libc.buffer(bytes(24))
@@ -109,21 +131,35 @@ class Confinement:
                   libc.address(fprog), 0, 0),
         )
         self._errno = libc._c.get_errno
-        self._report = bytearray(2)
+        self._report = bytearray(3)
         self._write, self._exit = os.write, os._exit
 
     def __call__(self) -> None:
         """In the child, between ``fork`` and ``execve``: confine this process, or report
         which call failed and ``_exit(126)``. Only prepared calls; see the module's text."""
+        ns = self._ns
+        if ns is not None:
+            ns.enter()
+            ns.spawn()  # with a PID namespace, returns in the command's process only
+            ns.inside()
         for kind, fn, args, tolerated in self._steps:
             if fn(*args) < 0:
                 err = self._errno()
                 if err in tolerated:
                     continue
-                self._report[0] = kind
-                self._report[1] = err & 0xFF
-                self._write(self._status_w, self._report)
-                self._exit(126)
+                self._fail(kind, err, 0)
+
+    def _fail(self, code: int, err: int, arg: int) -> None:
+        """Report a call that failed — ``code`` indexes :data:`_NAMES`, then the namespace
+        steps (:data:`dsh.sandbox.namespaces.NS_STEPS`) — on the status pipe; ``_exit(126)``."""
+        self._report[0] = code
+        self._report[1] = err & 0xFF
+        self._report[2] = arg & 0xFF
+        self._write(self._status_w, self._report)
+        self._exit(126)
+
+    def _fail_namespace(self, step: int, err: int, arg: int) -> None:
+        self._fail(len(_NAMES) + step, err, arg)
 
     def outcome(self) -> str | None:
         """In the parent, once ``subprocess`` has returned (the child has exec'd or exited):
@@ -136,12 +172,15 @@ class Confinement:
         try:
             # Another thread's child forked meanwhile may hold the write end until its own
             # exec: what our child wrote is there already, so never wait for EOF.
-            data = os.read(self._status_r, 2)
+            data = os.read(self._status_r, 3)
         except BlockingIOError:
             data = b""
         self.close()
-        if len(data) == 2 and data[0] < len(_NAMES):
+        if len(data) == 3 and data[0] < len(_NAMES):
             return f"{_NAMES[data[0]]} failed: {os.strerror(data[1])}"
+        if len(data) == 3:
+            return ns_steps.step_reason(data[0] - len(_NAMES), data[1], data[2], self._roots,
+                                        self._binds)
         return None
 
     def close_child_end(self) -> None:
@@ -156,3 +195,88 @@ class Confinement:
             self.close_child_end()
             os.close(self._status_r)
             os.close(self.ruleset)
+
+
+_NS_STATE: list[str] = []  # [] not tried yet; [""] usable; [why] not
+_ns_lock = threading.Lock()
+
+
+def namespaces_unavailable() -> str:
+    """``""`` when commands can get their own namespaces here, else why not (a user
+    namespace refused: ``kernel.unprivileged_userns_clone = 0``, ``user.max_user_namespaces
+    = 0``, a container's seccomp or AppArmor profile; a ``/proc`` that cannot be mounted
+    again). Tried once per process, in a forked child the way a command is started."""
+    if not _NS_STATE:
+        with _ns_lock:
+            if not _NS_STATE:
+                _NS_STATE.append(_try_namespaces())
+    return _NS_STATE[0]
+
+
+def _try_namespaces() -> str:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    machine = os.uname().machine
+    if machine not in ns_steps.NS_CALLS:
+        return f"no namespace support for this architecture ({machine})"
+    libc = _libc()
+    tmp = tempfile.mkdtemp(prefix="dsh-sandbox-ns-")
+    r = w = -1
+    try:
+        probe = os.path.join(tmp, "probe")
+        os.close(os.open(probe, os.O_CREAT | os.O_WRONLY, 0o600))
+        ns = ns_steps.Namespaces(libc, machine, (tmp,), ((0, "probe", True),), pid=True)
+        r, w = os.pipe()
+        report = bytearray(3)
+
+        def failed(step: int, err: int, arg: int) -> None:
+            report[0], report[1], report[2] = step, err & 0xFF, arg & 0xFF
+            os.write(w, report)
+            os._exit(126)
+
+        ns.fail = failed
+        try:
+            # never exec'd: the trial's processes exit from the preexec_fn
+            proc = subprocess.Popen([sys.executable or "python3"],
+                                    preexec_fn=lambda: ns_steps.trial(ns, probe),
+                                    close_fds=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    cwd=tmp)
+        except RuntimeError:  # a subinterpreter: no preexec_fn; the launcher tries instead
+            return _try_in_launcher()
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"the trial could not start: {exc}"
+        proc.wait()
+        os.close(w)
+        w = -1
+        os.set_blocking(r, False)
+        try:
+            data = os.read(r, 3)
+        except BlockingIOError:
+            data = b""
+        status = (-proc.returncode if proc.returncode < 0 else proc.returncode << 8)
+        return ns_steps.trial_outcome(status, data, (tmp,), ns.binds)
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _try_in_launcher() -> str:
+    import json
+    import subprocess
+
+    from dsh.sandbox.spawn import INTERPRETER
+    from dsh.sandbox.spawn import LAUNCH
+
+    out = subprocess.run([INTERPRETER, *LAUNCH, "--probe"], capture_output=True, text=True,
+                         check=False)
+    try:
+        found = str(json.loads(out.stdout).get("namespaces", "not probed"))
+    except ValueError:
+        return f"the launcher failed: {out.stderr.strip()}"
+    return "" if found == "ok" else found

@@ -12,19 +12,30 @@ Python can.
 
 What it does, in order:
 
-1. reads the policy, a JSON object, from ``POLICY_FD`` (then closes it);
-2. ``prctl(PR_SET_NO_NEW_PRIVS)``: no set-uid program can gain privileges afterwards;
-3. drops every capability (bounding set, then ``capset`` to nothing): a root dsh does not hand
-   ``CAP_DAC_OVERRIDE`` or ``CAP_SYS_PTRACE`` to the command;
-4. builds a Landlock ruleset — the filesystem rights of every ABI the kernel has, TCP bind and
-   connect when the policy has no network, signal and abstract-socket scoping — adds one rule
-   per granted path (each opened ``O_PATH|O_NOFOLLOW`` and checked to be the path the parent
-   resolved, so a symlink swapped in meanwhile is refused) and restricts itself;
+1. reads the policy (NUL-separated fields, :func:`decode`) from ``POLICY_FD`` (then closes
+   it);
+2. builds a Landlock ruleset — the filesystem rights of every ABI the kernel has, TCP bind and
+   connect when the policy has no network, signal and abstract-socket scoping — and adds one
+   rule per granted path (each opened ``O_PATH|O_NOFOLLOW`` and checked to be the path the
+   parent resolved, so a symlink swapped in meanwhile is refused), before the capabilities go,
+   as the forked-child path builds it in dsh;
+3. ``prctl(PR_SET_NO_NEW_PRIVS)``: no set-uid program can gain privileges afterwards;
+4. drops every capability (bounding set, then ``capset`` to nothing): a root dsh does not hand
+   ``CAP_DAC_OVERRIDE`` or ``CAP_SYS_PTRACE`` to the command; then restricts itself with the
+   ruleset;
 5. installs a seccomp filter (a BPF program assembled here) for what Landlock cannot say:
    sockets other than Unix stream sockets, ``connect``/``bind``/``listen`` (no network),
    and always ``ptrace``, ``process_vm_*``, ``io_uring_*``, the kernel keyring, ``bpf``,
    ``perf_event_open``;
 6. writes ``A <abi>`` on ``STATUS_FD`` (close-on-exec) and ``execvp``'s the command.
+
+When the plan asks for namespaces (:mod:`dsh.sandbox.namespaces`, docs/execution.md "The
+sandbox of a tool call"), they come between steps 2 and 3: a user namespace (the same ids), a
+mount namespace in which each persistence path is a read-only bind mount, and — for a tool
+call — a PID namespace with a fresh ``/proc``, whose steps 3–6 run in the command's own
+process, a grandchild: the launcher stays outside as the relay that ``Popen`` waits for, the
+namespace's init reaps orphans until the command exits, then the kernel kills whatever the
+command left behind.
 
 Any failure before ``exec`` is one line ``E <why>`` on ``STATUS_FD`` and exit status 126
 (``N <why>``/127 when the program is not found): the parent turns it into an error and the
@@ -122,6 +133,10 @@ class _Libc:
         self._long, self._char = Long, Char
         self._syscall = Fn(("syscall", Lib))
         self._prctl = Fn(("prctl", Lib))
+        # For the namespaces' relay and init. fork of the libc, not a raw clone: it runs the
+        # libc's own fork handlers and keeps its thread data right in the child.
+        self._fork = Fn(("fork", Lib))
+        self._memset = Fn(("memset", Lib))
 
     def buffer(self, data: bytes) -> Any:
         """A C array holding a copy of ``data`` (passed as a pointer)."""
@@ -171,14 +186,38 @@ def _check(libc: _Libc, result: int, what: str) -> None:
         raise Refused(f"{what} failed: {os.strerror(libc.errno())}")
 
 
-def apply(policy: dict[str, Any]) -> int:
-    """Confine this process by ``policy``; return the Landlock ABI used."""
+def namespaces_module() -> Any:
+    """:mod:`dsh.sandbox.namespaces`: by its package in dsh, from this directory (which the
+    launcher puts on ``sys.path``) in the launcher."""
+    if __package__:
+        from dsh.sandbox import namespaces
+    else:
+        import namespaces  # type: ignore[import-not-found,no-redef]
+    return namespaces
+
+
+def apply(policy: dict[str, Any], fail: Any = None) -> int:
+    """Confine this process by ``policy``; return the Landlock ABI used. With namespaces in
+    the policy, first :class:`dsh.sandbox.namespaces.Namespaces` (``fail(step, errno, arg)``
+    reports a step that failed and never returns): with a PID namespace this returns only in
+    the command's process, a grandchild, this one becoming its relay."""
     libc = _Libc()
     machine, abi = precheck(libc)
-    _check(libc, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _drop_capabilities(libc, ARCHES[machine][2])
+    # Built before the capabilities go, as the forked-child path builds it in dsh.
     ruleset = build_ruleset(libc, abi, policy)
     try:
+        ns = policy.get("ns")
+        if ns is not None:
+            fs = FS_BY_ABI.get(abi, FS_BY_ABI[5])
+            spaces = namespaces_module().Namespaces(
+                libc, machine, policy["roots"], policy["binds"], ns == "pid", ruleset,
+                READ_RIGHTS & fs)
+            spaces.fail = fail
+            spaces.enter()
+            spaces.spawn()
+            spaces.inside()
+        _check(libc, libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        _drop_capabilities(libc, ARCHES[machine][2])
         _check(libc, libc.syscall(SYS_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     finally:
         os.close(ruleset)
@@ -322,19 +361,34 @@ def probe() -> dict[str, Any]:
     abi, why = landlock_abi()
     machine = os.uname().machine
     return {"landlock_abi": abi, "landlock_error": why, "min_abi": MIN_ABI,
-            "machine": machine, "seccomp_filter": machine in ARCHES}
+            "machine": machine, "seccomp_filter": machine in ARCHES,
+            "namespaces": namespaces_module().probe_namespaces(_Libc()) or "ok"}
 
 
 def decode(data: bytes) -> dict[str, Any]:
     """The policy as the parent wrote it (:meth:`dsh.sandbox.policy.Plan.encode`): fields
     separated by NUL (no path holds one), ``network`` then ``0``/``1``, then pairs of a kind
-    and a path. Not JSON: importing ``json`` would double the launcher's start-up."""
+    and a path — a rule (``read``, ``write``, ``device``, ``list``), or the namespaces:
+    ``ns`` (``pid`` or ``mount``), ``root`` (a writable root), ``ro``/``rw`` (``INDEX:REL``,
+    a bind mount beneath root INDEX). Not JSON: importing ``json`` would double the
+    launcher's start-up."""
     fields = data.decode("utf-8", "surrogateescape").split("\0")
     if len(fields) < 2 or fields[0] != "network" or fields[1] not in ("0", "1") or len(
             fields) % 2:
         raise ValueError("malformed policy")
-    rules = list(zip(fields[2::2], fields[3::2], strict=True))
-    return {"network": fields[1] == "1", "rules": [(path, kind) for kind, path in rules]}
+    out: dict[str, Any] = {"network": fields[1] == "1", "rules": [], "roots": [],
+                           "binds": []}
+    for kind, path in zip(fields[2::2], fields[3::2], strict=True):
+        if kind == "ns":
+            out["ns"] = path
+        elif kind == "root":
+            out["roots"].append(path)
+        elif kind in ("ro", "rw"):
+            index, _, rel = path.partition(":")
+            out["binds"].append((int(index), rel, kind == "ro"))
+        else:
+            out["rules"].append((path, kind))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -359,7 +413,14 @@ def main(argv: list[str]) -> int:
             os.set_inheritable(status, False)
             with os.fdopen(int(argv[1]), "rb") as f:
                 policy = decode(f.read())
-        abi = apply(policy)
+
+        def failed(step: int, err: int, arg: int) -> None:
+            text = namespaces_module().step_reason(step, err, arg, policy["roots"],
+                                                   policy["binds"])
+            _report(status, inline, "E", text)
+            os._exit(126)
+
+        abi = apply(policy, failed)
     except (Refused, OSError, ValueError, KeyError, TypeError) as exc:
         text = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
         _report(status, inline, "E", text)

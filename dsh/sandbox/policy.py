@@ -4,7 +4,9 @@ A policy is chosen per agent (``[sandbox]``, overlaid by ``[agents.NAME] sandbox
 ``[agents.NAME.sandbox]``; docs/config.md) and turned, for one command, into a :class:`Plan`:
 the paths it may read, the paths it may write, and whether it has a network. dsh's own
 config, key store, session store and attachment store are taken out of every plan, whatever
-the lists say (:func:`protected_paths`).
+the lists say (:func:`protected_paths`). Inside each writable root, the persistence paths
+(:data:`dsh.core.beneath.PERSISTENCE`, less ``unprotected``, plus the caller's ``read_only``)
+become read-only bind mounts where namespaces can be made (:func:`persistence_binds`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import posixpath
 import sys
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -19,11 +22,12 @@ from typing import Any
 
 import attrs
 
+from dsh.core.files import PERSISTENCE
 from dsh.core.errors import ConfigError
 
 MODES = ("workspace-write", "read-only", "off")
 BACKENDS = ("auto", "landlock")
-KEYS = ("policy", "network", "read", "write", "backend")
+KEYS = ("policy", "network", "read", "write", "backend", "unprotected")
 #: What "read the system" means: these trees (those that exist), plus the Python installation
 #: dsh runs under (commands often run ``python``). Never a home directory, ``/tmp``, ``/run``,
 #: ``/var`` or ``/dev`` as a whole.
@@ -49,6 +53,11 @@ class Policy:
     backend: str = "auto"
     #: Where the policy came from, for error messages (``agent coder``, a file).
     where: str = "sandbox"
+    #: Persistence paths (of :data:`dsh.core.beneath.PERSISTENCE`) left writable.
+    unprotected: tuple[str, ...] = ()
+    #: More paths kept read-only inside a writable root (absolute; set by code, not TOML:
+    #: the agent's project memory file, :func:`dsh.sandbox.policy_for`).
+    read_only: tuple[str, ...] = ()
 
     @property
     def confined(self) -> bool:
@@ -59,6 +68,8 @@ class Policy:
         out: dict[str, Any] = {"policy": self.mode}
         if self.confined:
             out.update(network=self.network, read=list(self.read), write=list(self.write))
+            if self.unprotected:
+                out["unprotected"] = list(self.unprotected)
         return out
 
     def describe(self) -> str:
@@ -70,7 +81,13 @@ class Policy:
             parts.append("also reads " + ", ".join(self.read))
         if self.write:
             parts.append("also writes " + ", ".join(self.write))
+        if self.unprotected:
+            parts.append("may write " + ", ".join(self.unprotected))
         return ", ".join(parts)
+
+    def persistence(self) -> tuple[str, ...]:
+        """The persistence paths kept read-only in each writable root (relative)."""
+        return tuple(p for p in PERSISTENCE if p not in self.unprotected)
 
 
 def describe_record(data: Mapping[str, Any]) -> str:
@@ -85,8 +102,18 @@ def describe_record(data: Mapping[str, Any]) -> str:
     for key, verb in (("read", "also reads"), ("write", "also writes")):
         if data.get(key):
             parts.append(f"{verb} {', '.join(map(str, data[key]))}")
+    if data.get("unprotected"):
+        parts.append(f"may write {', '.join(map(str, data['unprotected']))}")
     backend = f"{data.get('backend')}" + (f" ABI {data['abi']}" if data.get("abi") else "")
     ws = f" in {data['workspace']}" if data.get("workspace") else ""
+    spaces = data.get("namespaces")
+    if spaces:
+        backend += f", namespaces {'+'.join(map(str, spaces))}"
+        if data.get("read_only"):
+            backend += f"; read-only {', '.join(map(str, data['read_only']))}"
+    elif spaces is not None:
+        backend += (f"; no namespaces ({data.get('fallback') or 'unavailable'}): persistence "
+                    "paths stay writable, background processes may outlive the call")
     return f"sandbox{what}: {', '.join(parts)}{ws} — {backend}"
 
 
@@ -122,8 +149,35 @@ def parse_policy(raw: Any, where: str = "sandbox") -> Policy:
     if mode == "read-only" and paths["write"]:
         raise ConfigError(f"[{where}] write: a read-only policy writes nowhere; remove "
                           "'write' or use policy = \"workspace-write\"")
+    unprotected = _unprotected(raw.get("unprotected", []), where)
     return Policy(mode=mode, network=network, read=paths["read"], write=paths["write"],
-                  backend=backend, where=where)
+                  backend=backend, where=where, unprotected=unprotected)
+
+
+def _unprotected(value: Any, where: str) -> tuple[str, ...]:
+    """``unprotected``: persistence paths, relative to the workspace, left writable."""
+    known = ", ".join(PERSISTENCE)
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ConfigError(f"[{where}] unprotected: expected a list of persistence paths "
+                          f"(of {known}), got {_kind(value)}")
+    out: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item or "\0" in item:
+            raise ConfigError(f"[{where}] unprotected[{i}]: expected a path, got "
+                              f"{_kind(item)}")
+        if item.startswith(("/", "~")):
+            raise ConfigError(f"[{where}] unprotected[{i}]: {item!r} is absolute; name a path "
+                              f"relative to the workspace, one of {known}")
+        norm = posixpath.normpath(item)
+        if norm == ".." or norm.startswith("../") or "/../" in f"/{item}/":
+            raise ConfigError(f"[{where}] unprotected[{i}]: {item!r} leaves the workspace "
+                              f"('..'); name one of {known}")
+        if norm not in PERSISTENCE:
+            raise ConfigError(f"[{where}] unprotected[{i}]: {item!r} is not a persistence "
+                              f"path; the read-only ones are {known}")
+        if norm not in out:
+            out.append(norm)
+    return tuple(out)
 
 
 def merged_settings(top: Any, agent: Any) -> Any:
@@ -195,19 +249,39 @@ class PlanError(ConfigError):
 
 @attrs.frozen
 class Plan:
-    """What one command may touch: ``(path, kind)`` rules, kind ``read``/``write``/``device``."""
+    """What one command may touch: ``(path, kind)`` rules, kind ``read``/``write``/``device``;
+    and, when it gets namespaces (``namespaces``: ``"pid"`` for a tool call, ``"mount"``
+    for an MCP server, None without), the writable ``roots`` and the ``binds`` made in them
+    (``(root index, relative path, read_only)``, a directory before what lies in it)."""
 
     rules: tuple[tuple[str, str], ...]
     network: bool
+    namespaces: str | None = None
+    roots: tuple[str, ...] = ()
+    binds: tuple[tuple[int, str, bool], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"rules": [list(r) for r in self.rules], "network": self.network}
+        return {"rules": [list(r) for r in self.rules], "network": self.network,
+                "namespaces": self.namespaces, "roots": list(self.roots),
+                "binds": [list(b) for b in self.binds]}
+
+    def read_only(self) -> list[str]:
+        """The paths made read-only, as recorded: relative to the workspace (the first
+        root), absolute in the others."""
+        return [rel if i == 0 else os.path.join(self.roots[i], rel)
+                for i, rel, ro in self.binds if ro]
 
     def encode(self) -> bytes:
         """What the launcher reads (:func:`dsh.sandbox.exec.decode`): NUL-separated fields."""
         fields = ["network", "1" if self.network else "0"]
         for path, kind in self.rules:
             fields += [kind, path]
+        if self.namespaces is not None:
+            fields += ["ns", self.namespaces]
+            for root in self.roots:
+                fields += ["root", root]
+            for i, rel, ro in self.binds:
+                fields += ["ro" if ro else "rw", f"{i}:{rel}"]
         return "\0".join(fields).encode("utf-8", "surrogateescape")
 
 
@@ -216,10 +290,13 @@ def _within(path: str, root: str) -> bool:
 
 
 def build_plan(policy: Policy, workspace: str, tmp: str | None,
-               protected: Iterable[str]) -> Plan:
+               protected: Iterable[str], *, namespaces: str | None = None,
+               read_only: Iterable[str] = ()) -> Plan:
     """The rules for one command under ``policy`` in ``workspace`` (resolved), with ``tmp``
-    as its private temp directory. Raises :class:`PlanError` when a path the policy names
-    is, holds or lies in one of dsh's ``protected`` paths."""
+    as its private temp directory; with ``namespaces`` (``"pid"``/``"mount"``), the bind
+    mounts that keep the persistence paths and ``read_only`` (absolute paths) read-only in
+    each writable root. Raises :class:`PlanError` when a path the policy names is, holds or
+    lies in one of dsh's ``protected`` paths."""
     protected = tuple(protected)
     workspace = os.path.realpath(workspace)
     rules = list(_system_rules(protected))
@@ -239,7 +316,84 @@ def build_plan(policy: Policy, workspace: str, tmp: str | None,
         rules += _read_around(path, protected) if kind == "read" else [(path, kind)]
     if tmp is not None:
         rules.append((os.path.realpath(tmp), "write"))
-    return Plan(rules=tuple(rules), network=policy.network)
+    if namespaces is None:
+        return Plan(rules=tuple(rules), network=policy.network)
+    roots = ((workspace,) if ws_kind == "write" else ()) + policy.write
+    binds = persistence_binds(roots, policy.persistence(), (*policy.read_only, *read_only))
+    return Plan(rules=tuple(rules), network=policy.network, namespaces=namespaces,
+                roots=roots, binds=binds)
+
+
+def persistence_binds(roots: Iterable[str], names: Iterable[str],
+                      extra: Iterable[str] = ()) -> tuple[tuple[int, str, bool], ...]:
+    """The bind mounts that keep ``names`` (relative) and ``extra`` (absolute) read-only in
+    each of ``roots`` (resolved directories): ``(root index, relative path, read_only)``.
+
+    Only what exists now (a path created later is not covered: see docs/execution.md). A
+    path reached through a symbolic link on the way is left out (the child refuses every
+    link on the way too); a final link is kept (a mount point cannot be replaced) and so is
+    its target when that lies in the same root. Every directory on the way to a read-only
+    path becomes a writable mount point first, so that it cannot be renamed away and
+    replaced (``.git`` for ``.git/config``): the kernel refuses to rename a mount point.
+    ``.git`` itself is read-only when it is a file (a worktree's pointer to its git
+    directory). A path inside another read-only one is covered by it."""
+    names, extra = tuple(names), tuple(extra)
+    out: list[tuple[int, str, bool]] = []
+    for index, root in enumerate(roots):
+        wanted = list(names)
+        for path in extra:
+            path = os.path.abspath(os.path.expanduser(path))
+            path = os.path.join(os.path.realpath(os.path.dirname(path)),
+                                os.path.basename(path))
+            if path != root and _within(path, root):
+                wanted.append(os.path.relpath(path, root))
+        if any(n.startswith(".git/") for n in wanted) and _kind_at(root, ".git") == "file":
+            wanted.append(".git")
+        found: set[str] = set()
+        for rel in wanted:
+            found.update(_existing(root, rel))
+        ro = sorted(r for r in found
+                    if not any(r.startswith(other + "/") for other in found))
+        rw = sorted({prefix for r in ro for prefix in _prefixes(r)} - set(ro),
+                    key=lambda p: (p.count("/"), p))
+        out += [(index, p, False) for p in rw] + [(index, r, True) for r in ro]
+    return tuple(out)
+
+
+def _prefixes(rel: str) -> list[str]:
+    parts = rel.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts))]
+
+
+def _kind_at(root: str, rel: str) -> str | None:
+    """``dir``, ``file``, ``link``, ``other`` or None (missing, or a link on the way)."""
+    import stat
+
+    for prefix in _prefixes(rel):
+        if _kind_at(root, prefix) != "dir":
+            return None
+    try:
+        mode = os.lstat(os.path.join(root, rel)).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
+def _existing(root: str, rel: str) -> list[str]:
+    rel = posixpath.normpath(rel)
+    if rel.startswith(("/", "..")) or rel == ".":
+        return []
+    kind = _kind_at(root, rel)
+    if kind is None:
+        return []
+    if kind != "link":
+        return [rel]
+    target = os.path.realpath(os.path.join(root, rel))
+    if target == root or not _within(target, root) or not os.path.exists(target):
+        return [rel]
+    return [rel, os.path.relpath(target, root)]
 
 
 @functools.lru_cache(maxsize=8)

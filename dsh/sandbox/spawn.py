@@ -9,6 +9,14 @@ command is confined from its first instruction. ``launcher=True``, a subinterpre
 ``execve``'s the command). The constructor returns once the command has been exec'd: a policy
 the kernel cannot apply raises :class:`SandboxUnavailable` (fail closed) and the command never
 runs; a program that is not found raises :class:`FileNotFoundError`, as ``subprocess`` does.
+
+Where this machine can make namespaces (:func:`dsh.sandbox.child.namespaces_unavailable`),
+the command also gets its own user, mount and PID namespaces (docs/execution.md, "The sandbox
+of a tool call"): the persistence paths of each writable root are read-only bind mounts, it
+sees only its own processes in a fresh ``/proc``, and everything it starts is killed when it
+exits — ``Popen.pid`` is then the relay outside the namespace, which exits as the command did
+once nothing of it is left. Where they cannot be made, the confinement is Landlock and seccomp
+alone, as before, and the record says why (``namespaces: []``, ``fallback``).
 """
 
 from __future__ import annotations
@@ -73,14 +81,18 @@ class Popen(subprocess.Popen[bytes]):
     Keyword arguments are :class:`subprocess.Popen`'s (``cwd`` defaults to the workspace;
     ``close_fds`` is always true; ``env`` is passed as given, with ``TMPDIR`` set to the
     command's private temp directory; a ``preexec_fn`` runs first, unconfined).
+    ``read_only``: more paths (absolute, or relative to the workspace) kept read-only inside
+    the writable roots, besides the persistence paths (a project memory file).
     ``launcher=True`` confines through the launcher rather than in the forked child (same
     confinement, errors and record). ``self.sandbox`` is the record of what was applied:
-    the policy, ``backend`` (``landlock`` or ``none``) and the kernel's ``abi``.
+    the policy, ``backend`` (``landlock`` or ``none``), the kernel's ``abi``,
+    ``namespaces`` (``["user", "mount", "pid"]``, or ``[]`` with the ``fallback`` reason)
+    and ``read_only`` (the paths made read-only, relative to the workspace).
     """
 
     def __init__(self, args: Sequence[str], policy: Policy, *, workspace: str,
                  protected: Iterable[str | None] = (), launcher: bool = False,
-                 **kwargs: Any) -> None:
+                 read_only: Iterable[str] = (), **kwargs: Any) -> None:
         argv = [os.fspath(a) for a in args]
         kwargs.setdefault("cwd", workspace)
         kwargs["close_fds"] = True
@@ -96,10 +108,18 @@ class Popen(subprocess.Popen[bytes]):
         self._tmp = tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
         self._cleanup = weakref.finalize(self, _remove, tmp)
         try:
-            plan = build_plan(policy, workspace, tmp, protect)
+            why = _namespaces_unavailable()
+            plan = build_plan(policy, workspace, tmp, protect,
+                              namespaces=None if why else "pid",
+                              read_only=_absolute(read_only, workspace))
         except Exception:
             self._cleanup()
             raise
+        if why:
+            self.sandbox.update(namespaces=[], fallback=why)
+        else:
+            self.sandbox.update(namespaces=["user", "mount", "pid"],
+                                read_only=plan.read_only())
         env = dict(kwargs.pop("env", None) or os.environ)
         env["TMPDIR"] = tmp
         if not launcher:
@@ -118,8 +138,10 @@ class Popen(subprocess.Popen[bytes]):
         from dsh.sandbox.exec import Refused
 
         kwargs = dict(kwargs)  # preexec_fn is set here; a fallback to the launcher is clean
+        spaces = None if plan.namespaces is None else (
+            plan.roots, plan.binds, plan.namespaces == "pid")
         try:
-            confinement = Confinement(plan.network, plan.rules)
+            confinement = Confinement(plan.network, plan.rules, spaces)
         except (Refused, OSError) as exc:
             self._cleanup()
             why = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
@@ -246,13 +268,17 @@ class _NoPreexec(Exception):
 
 
 def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
-         protected: Iterable[str | None] = ()) -> tuple[list[str], dict[str, str], Any]:
+         protected: Iterable[str | None] = (),
+         read_only: Iterable[str] = ()) -> tuple[list[str], dict[str, str], Any]:
     """For code that starts the process itself (the MCP SDK's ``stdio_client``): the argv
     that runs ``argv`` through the launcher under ``policy``, the environment to add
     (``TMPDIR``: a private directory) and a ``finalize`` that removes that directory. The
     plan travels on the command line; if the kernel cannot apply it the launcher writes
     ``dsh: sandbox: cannot confine the command (WHY); it was not run`` on stderr and exits
-    126 (fail closed). With policy ``off`` it is ``argv`` itself, no environment."""
+    126 (fail closed). With policy ``off`` it is ``argv`` itself, no environment. Where
+    namespaces can be made, the process gets a user and a mount namespace (the persistence
+    paths read-only), not a PID namespace: a server outlives any one call, and its process
+    is the one its client waits for and signals."""
     if not policy.confined:
         return list(argv), {}, None
     import base64
@@ -260,7 +286,9 @@ def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
     protect = protected_paths([*protected, *run_protected()])
     tmp = tempfile.mkdtemp(prefix="dsh-sandbox-")
     try:
-        plan = build_plan(policy, workspace, tmp, protect)
+        plan = build_plan(policy, workspace, tmp, protect,
+                          namespaces=None if _namespaces_unavailable() else "mount",
+                          read_only=_absolute(read_only, workspace))
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -270,6 +298,16 @@ def wrap(argv: Sequence[str], policy: Policy, *, workspace: str,
     launcher = [INTERPRETER, *LAUNCH, "--inline",
                 base64.b64encode(plan.encode()).decode(), "--", *argv]
     return launcher, {"TMPDIR": tmp}, (holder, cleanup)
+
+
+def _namespaces_unavailable() -> str:
+    from dsh.sandbox.child import namespaces_unavailable
+
+    return namespaces_unavailable()
+
+
+def _absolute(paths: Iterable[str], workspace: str) -> tuple[str, ...]:
+    return tuple(os.path.join(workspace, os.fspath(p)) for p in paths)
 
 
 def _remove(tmp: str) -> None:
@@ -298,6 +336,11 @@ def check() -> dict[str, Any]:
         info.update(json.loads(out.stdout))
     except ValueError:
         return {**info, "backend": None, "why": f"the launcher failed: {out.stderr.strip()}"}
+    if info.get("namespaces") == "ok":
+        from dsh.sandbox.child import namespaces_unavailable
+
+        # What dsh's own commands get (its trial, in this process): the launcher's said ok.
+        info["namespaces"] = namespaces_unavailable() or "ok"
     abi, need = info.get("landlock_abi", 0), info.get("min_abi", 0)
     if not abi:
         info.update(backend=None, why=info.get("landlock_error") or "no Landlock")
