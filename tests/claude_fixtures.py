@@ -66,6 +66,12 @@ class Project:
                               timeout=120, cwd=cwd or self.root, input=input,
                               stdin=None if input is not None else subprocess.DEVNULL)
 
+    def approve(self, *paths: Path) -> None:
+        """``dsh trust approve PATH…``: the person trusts these files' current bytes (kept
+        under this test's ``XDG_CONFIG_HOME``, which every ``dsh`` here uses)."""
+        done = self.dsh("trust", "approve", *map(str, paths))
+        assert done.returncode == 0, done.stderr
+
     def popen(self, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(self.config),
                                  *args], env=self.env(), cwd=self.root,

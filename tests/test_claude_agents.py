@@ -36,7 +36,7 @@ def answer(text: str = "ok") -> Reply:
 
 
 def test_agent_file_runs_with_dash_a(project: Project) -> None:
-    write(project.root / ".claude/agents/reviewer.md", REVIEWER)
+    project.approve(write(project.root / ".claude/agents/reviewer.md", REVIEWER))
     project.server.script(answer("two risks"))
     run = project.dsh("run", "--json", "-a", "reviewer", "review the diff")
     assert run.returncode == 0, run.stderr
@@ -57,7 +57,7 @@ def test_agent_file_runs_with_dash_a(project: Project) -> None:
 
 def test_main_agent_delegates_and_resume_after_sigkill_is_byte_identical(
         project: Project, tmp_path: Path) -> None:
-    write(project.root / ".claude/agents/reviewer.md", REVIEWER)
+    project.approve(write(project.root / ".claude/agents/reviewer.md", REVIEWER))
     project.write_config('[agents.default]\nsubagents = ["reviewer"]\n'
                          "[limits]\nrequests = 20\n")
     s = project.server
@@ -120,7 +120,7 @@ def test_config_agent_wins_a_collision_with_a_note(project: Project) -> None:
 def test_bad_agent_files_are_skipped_with_one_line_and_the_rest_loads(
         project: Project, text: str, problem: str) -> None:
     write(project.root / ".claude/agents/bad.md", text)
-    write(project.root / ".claude/agents/reviewer.md", REVIEWER)
+    project.approve(write(project.root / ".claude/agents/reviewer.md", REVIEWER))
     project.server.script(answer())
     run = project.dsh("run", "-a", "reviewer", "hi")
     assert run.returncode == 0, run.stderr

@@ -115,10 +115,10 @@ def test_arguments_cannot_smuggle_frontmatter_files_or_shell(project: Project) -
 def test_shell_lines_run_in_the_sandbox_with_arguments_as_variables(
         project: Project, tmp_path: Path) -> None:
     outside = tmp_path / "outside-written"
-    write(project.root / ".claude/commands/st.md",
-          "---\nallowed-tools: Bash(echo:*), Read\n---\n"
-          "Status: !`echo \"got[$1]\"; echo \"$ARGUMENTS\" | wc -c`\n"
-          f"Escape: !`touch {outside} && echo escaped || echo confined`\n")
+    project.approve(write(project.root / ".claude/commands/st.md",
+                          "---\nallowed-tools: Bash(echo:*), Read\n---\n"
+                          "Status: !`echo \"got[$1]\"; echo \"$ARGUMENTS\" | wc -c`\n"
+                          f"Escape: !`touch {outside} && echo escaped || echo confined`\n"))
     project.server.script(answer())
     run = project.dsh("run", "--json", "/st '$(touch pwned)' x")
     assert run.returncode == 0, run.stderr
@@ -176,13 +176,26 @@ def test_hostile_command_files_are_refused_one_line_and_the_rest_loads(
     assert ok.returncode == 0, ok.stderr
 
 
-def test_at_file_outside_the_project_is_refused(project: Project, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("ref", "problem"), [
+    ("link.txt", "@link.txt: it goes through a symbolic link"),
+    ("../outside.txt", "@../outside.txt: leads outside the project folder"),
+    ("~/outside.txt", "@~/outside.txt: leads outside the project folder"),
+    ("OUTSIDE_ABS", "leads outside the project folder"),
+    ("sub/../../outside.txt", "leads outside the project folder"),
+])
+def test_at_file_outside_the_project_is_refused(project: Project, tmp_path: Path, ref: str,
+                                                problem: str) -> None:
     write(tmp_path / "outside.txt", "OUTSIDE")
+    write(project.home / "outside.txt", "OUTSIDE")
+    (project.root / "sub").mkdir()
     (project.root / "link.txt").symlink_to(tmp_path / "outside.txt")
-    write(project.root / ".claude/commands/peek.md", "Look at @link.txt")
+    ref = ref.replace("OUTSIDE_ABS", str(tmp_path / "outside.txt"))
+    write(project.root / ".claude/commands/peek.md", f"Look at @{ref}")
     run = project.dsh("run", "/peek")
     assert run.returncode == 2
-    assert "peek.md: @link.txt: leads outside" in run.stderr
+    assert f"peek.md: {problem}" in run.stderr or (
+        "peek.md: @" in run.stderr and problem in run.stderr), run.stderr
+    assert "OUTSIDE" not in run.stderr.replace("OUTSIDE_ABS", "")
     assert project.server.received == []
 
 

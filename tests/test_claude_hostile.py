@@ -50,8 +50,8 @@ def test_reader_refuses_huge_binary_fifo_directory_and_symlink_out(tmp_path: Pat
     (root / "loop.md").symlink_to(root / "loop.md")
     cases = {"huge.md": f"the limit is {frontmatter.MAX_FILE}", "bin.md": "binary (a NUL byte",
              "latin.md": "not UTF-8 text (byte 3)", "fifo.md": "is a FIFO",
-             "dir.md": "is a directory", "out.md": "leads outside", "dev.md": "leads outside",
-             "loop.md": "cannot be resolved", "missing.md": "does not exist"}
+             "dir.md": "is a directory", "out.md": "symbolic link", "dev.md": "symbolic link",
+             "loop.md": "symbolic link", "missing.md": "does not exist"}
     for name, expected in cases.items():
         with pytest.raises(ClaudeFileError) as info:
             frontmatter.read_text(root / name, [root])
@@ -61,7 +61,11 @@ def test_reader_refuses_huge_binary_fifo_directory_and_symlink_out(tmp_path: Pat
         assert info.value.exit_code == 2
     (root / "in.md").symlink_to(root / "ok.md")
     (root / "ok.md").write_text("\ufeffhello")
-    assert frontmatter.read_text(root / "in.md", [root]) == "hello"  # a symlink inside is fine
+    assert frontmatter.read_text(root / "ok.md", [root]) == "hello"
+    with pytest.raises(ClaudeFileError, match="symbolic link"):  # even one that stays inside
+        frontmatter.read_text(root / "in.md", [root])
+    with pytest.raises(ClaudeFileError, match="leads outside the folders"):
+        frontmatter.read_text(root / ".." / "secret.md", [root])
 
 
 # ------------------------------------------------------------------------ YAML
@@ -178,7 +182,7 @@ def test_skill_symlinked_out_and_fifo_are_skipped(tmp_path: Path) -> None:
     cat = skills.discover_skills([root])
     assert [s["name"] for s in cat.skills] == ["fine"]
     problems = " | ".join(p["problem"] for p in cat.problems)
-    assert "leads outside" in problems and "is a FIFO" in problems
+    assert "symbolic link" in problems and "is a FIFO" in problems
 
 
 @hsettings(max_examples=200, deadline=None,
@@ -253,8 +257,8 @@ def test_settings_are_checked() -> None:
 def test_any_import_graph_terminates_within_bounds(tmp_path: Path,
                                                    edges: list[tuple[int, str]]) -> None:
     """Random imports among six files, a file outside, one in home, a symlink out: collect
-    ends, reads nothing from outside the project and home, includes each file once, and every
-    problem is one line naming the file."""
+    ends, reads nothing from outside the project (home included), includes each file once, and
+    every problem is one line naming the file."""
     import shutil
 
     base = tmp_path / "g"
@@ -274,6 +278,7 @@ def test_any_import_graph_terminates_within_bounds(tmp_path: Path,
     used, texts = instructions.collect(Settings(user_agents_md="", user_claude_md=""), root,
                                        root, home)
     assert "OUTSIDE" not in "".join(texts.values())
+    assert "HOME" not in "".join(texts.values())
     paths = [e["path"] for e in used if "problem" not in e]
     assert len(paths) == len(set(paths)) <= 8
     for e in used:

@@ -89,8 +89,10 @@ def write_config(tmp: Path, server: ScriptedServer, sessions: Path) -> Path:
 def env(tmp: Path) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items()
          if k not in ("NO_COLOR", "DSH_LOAD_PLUGINS", "CLAUDE_CONFIG_DIR", "CODEX_HOME")}
+    # dsh's data folder apart from HOME: it is a protected path, which dsh never reads
+    # for a project (a user CLAUDE.md under it would be refused).
     e.update(OPENAI_API_KEY="sk-test-claude", PYTHONPATH=str(REPO), HOME=str(tmp / "home"),
-             DSH_LOAD_PLUGINS="claude")
+             DSH_LOAD_PLUGINS="claude", DSH_HOME=str(tmp / "dsh-home"))
     return e
 
 

@@ -105,6 +105,7 @@ def test_done_when_scenario(project: Project, tmp_path: Path) -> None:
     added = project.dsh("claude", "add", str(plugin))
     assert added.returncode == 0, added.stderr
     assert added.stdout == f"guard 0.3.0: {plugin.resolve()}\n"
+    project.approve(root / ".claude/agents/reviewer.md")  # a project agent file: trusted first
 
     s = project.server
     s.script(call("c1", "skill", name="release-notes"),

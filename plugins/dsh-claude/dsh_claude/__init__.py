@@ -36,7 +36,11 @@ def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path,
     """Where skills are discovered, in precedence order (the first of a name wins): the
     project's ``.claude/skills`` from the root down to the working directory, the folders of
     the ``skills`` setting, ``~/.claude/skills``, then the ``skills/`` of the enabled plugin
-    folders (``raw``: the agent's ``[plugins.claude]`` table, its ``plugins`` list)."""
+    folders (``raw``: the agent's ``[plugins.claude]`` table, its ``plugins`` list).
+
+    Every folder inside the project is read beneath the project root with no symbolic link
+    followed; the user's own folders outside it may be links, resolved once (``follow``)."""
+    from dsh_claude.frontmatter import inside
     from dsh_claude.settings import expand
     from dsh_claude.skills import SkillRoot
 
@@ -48,16 +52,19 @@ def skill_roots(settings: Settings, root: Path, cwd: Path, home: Path,
         folders = [root]
     for folder in folders:
         roots.append(SkillRoot(folder / ".claude" / "skills", "project", root))
+
+    def own(folder: Path, source: str) -> SkillRoot:
+        if inside(folder, [root]):
+            return SkillRoot(folder, source, root)
+        return SkillRoot(folder, source, follow=True)
+
     for path in settings.skills:
         folder = expand(path)
-        folder = folder if folder.is_absolute() else cwd / folder
-        roots.append(SkillRoot(folder, "settings"))
+        roots.append(own(folder if folder.is_absolute() else cwd / folder, "settings"))
     if settings.user_skills:
         from dsh_claude.settings import claude_dir
 
-        user = claude_dir().resolve()
-        roots.append(SkillRoot(user / "skills", "user", home if user.is_relative_to(home)
-                               else user))
+        roots.append(own(claude_dir() / "skills", "user"))
     if raw and raw.get("plugins"):
         from dsh_claude.folders import plugin_skill_roots
 
@@ -76,9 +83,11 @@ def _where(agent: Any) -> tuple[Settings, Path, Path, Path]:
 
 def _warn(problems: list[dict[str, Any]]) -> None:
     from dsh.core.errors import DshWarning
+    from dsh.core.escape import escape_controls
 
-    for p in problems:
-        warnings.warn(f"dsh-claude: {p['path']}: {p['problem']}", DshWarning, stacklevel=2)
+    for p in problems:  # names from the project's files: no control byte reaches stderr
+        line = escape_controls(f"{p['path']}: {p['problem']}", newlines=False)
+        warnings.warn(f"dsh-claude: {line}", DshWarning, stacklevel=2)
 
 
 @hookimpl

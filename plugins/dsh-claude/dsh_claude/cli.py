@@ -1,5 +1,10 @@
 """``dsh claude`` (docs/cli.md): ``add`` enables a Claude Code plugin folder, ``commands``
-and ``agents`` list what the project, the user and the enabled folders provide."""
+and ``agents`` list what the project, the user and the enabled folders provide.
+
+The listings are metadata made of untrusted text (file names, YAML descriptions): every field
+goes through :func:`dsh.core.escape.escape_controls` on one line, on a terminal and on a pipe
+alike, so an escape sequence (an OSC 52 clipboard write) or a bidirectional override in a
+file name or a description is shown as ``\\x1b…`` / ``\\u202e``, never acted on."""
 
 from __future__ import annotations
 
@@ -25,6 +30,18 @@ def claude() -> None:
     """Claude Code files of the project: commands, sub-agents, plugin folders."""
 
 
+def _clean(text: object) -> str:
+    from dsh.core.escape import escape_controls
+
+    return escape_controls(str(text), newlines=False)
+
+
+def _note(note: str) -> None:
+    from dsh.cli.shared import warn
+
+    warn(f"note: {_clean(note)}")
+
+
 @claude.command("add")
 @click.argument("path", type=click.Path(file_okay=False))
 @click.option("--plugin", "name", metavar="NAME",
@@ -36,12 +53,16 @@ def add(path: str, name: str | None) -> None:
     import json
 
     from dsh.config.edit import set_value
+    from dsh_claude.folders import MANIFEST
     from dsh_claude.folders import from_marketplace
     from dsh_claude.folders import load_plugin
+    from dsh_claude.folders import plugin_summary
+    from dsh_claude.folders import project_root
 
     state = click.get_current_context().obj
     folder = from_marketplace(path, name) if name else path
-    plugin = load_plugin(folder)  # a manifest that lies about its paths stops here
+    project = project_root(_settings(None))
+    plugin = load_plugin(folder, project)  # a manifest that lies about its paths stops here
     config = state.config_file()
     cfg = state.app.config
     root = str(plugin.root)
@@ -52,7 +73,18 @@ def add(path: str, name: str | None) -> None:
             raise click.UsageError(f"{config}: {key} is not a list")
         if root not in current:
             set_value(config, key, json.dumps([*current, root]))
-    click.echo(f"{plugin.name} {plugin.version}".rstrip() + f": {root}")
+    if plugin.in_project:  # a folder the workspace may write: its manifest trusted as shown
+        import os
+
+        from dsh.cli.shared import warn
+        from dsh.config import trust
+
+        rel = os.path.relpath(plugin.root / MANIFEST, plugin.base)
+        trust.approve(plugin.base, rel, trust.digest(plugin.manifest), "plugin")
+        warn(f"trusted {_clean(plugin.root / MANIFEST)} (plugin, sha256 "
+             f"{trust.digest(plugin.manifest)[:12]}…): "
+             + _clean(plugin_summary(plugin).replace(chr(10), "; ")))
+    click.echo(_clean(f"{plugin.name} {plugin.version}".rstrip() + f": {root}"))
     click.echo(f"enabled in {config} ({', '.join(KEYS)})", err=True)
 
 
@@ -61,7 +93,6 @@ def add(path: str, name: str | None) -> None:
 def list_commands(agent: str | None) -> None:
     """List the custom commands (/NAME) of the project, the user and plugin folders."""
     from dsh.cli.chat_commands import BUILTIN_COMMANDS
-    from dsh.cli.shared import warn
     from dsh_claude.commands import describe
     from dsh_claude.commands import discover
 
@@ -69,26 +100,32 @@ def list_commands(agent: str | None) -> None:
     builtin = {c.name for c in BUILTIN_COMMANDS}
     for name, cmd in sorted(table.items()):
         desc, hint = describe(cmd)
-        extra = f"  (alias of /{cmd.alias})" if cmd.alias else f"  ({cmd.origin})"
+        extra = f"  (alias of /{_clean(cmd.alias)})" if cmd.alias else f"  ({_clean(cmd.origin)})"
         if name in builtin:
             extra += "  [dsh chat: the built-in /" + name + " wins; use it with dsh run]"
-        click.echo(f"/{name}{' ' + hint if hint else ''}\t{desc}{extra}")
+        hint = _clean(hint)
+        click.echo(f"/{_clean(name)}{' ' + hint if hint else ''}\t{_clean(desc)}{extra}")
     for note in notes:
-        warn(f"note: {note}")
+        _note(note)
 
 
 @claude.command("agents")
 def list_agents() -> None:
-    """List the sub-agent files found, as the dsh agents they become."""
-    from dsh.cli.shared import warn
-    from dsh_claude.agents import discover
+    """List the sub-agent files found, as the dsh agents they become (a file in the project
+    that is not trusted is listed, marked: it takes no effect until ``dsh trust approve``)."""
+    from dsh_claude.agents import discover_files
+    from dsh_claude.frontmatter import trusted
 
     state = click.get_current_context().obj
-    agents, notes = discover(_settings(None))
+    files, notes = discover_files(_settings(None))
     config_agents = state.app.config.agents  # before the merge: the file's own view
-    for name, agent, source in agents:
-        shadow = "  [overridden by the config's own [agents." + name + "]]" if (
-            name in config_agents and state.app.agent_sources.get(name) != source) else ""
-        click.echo(f"{name}\t{agent['description'][:120]}\t{source}{shadow}")
+    for f in files:
+        name = f.name
+        mark = "  [overridden by the config's own [agents." + name + "]]" if (
+            name in config_agents and state.app.agent_sources.get(name) != f.source) else ""
+        if f.in_project and not trusted(f.root, f.rel(), f.data):
+            mark += "  [not trusted: dsh trust approve " + _clean(f.source) + "]"
+        click.echo(f"{_clean(name)}\t{_clean(f.settings['description'][:120])}\t"
+                   f"{_clean(f.source)}{mark}")
     for note in notes:
-        warn(f"note: {note}")
+        _note(note)

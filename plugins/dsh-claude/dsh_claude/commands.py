@@ -9,16 +9,19 @@ shadow plugin folders'.
 
 Expansion (so what the user types can never trigger file reads or shell):
 
-1. the file is read (bounded, inside its folder) and its frontmatter parsed — before any
-   argument is seen, so ``---`` in the arguments is plain text;
+1. the file is read (bounded, beneath its folder, no link followed) and its frontmatter
+   parsed — before any argument is seen, so ``---`` in the arguments is plain text;
 2. the body is expanded in **one pass** (what a replacement inserts is never scanned again):
    ``!`CMD``` runs ``CMD`` under the agent's sandbox policy (``sh -c``, in the project
    folder, the arguments in ``$ARGUMENTS`` and ``$1…`` as *shell variables*, never pasted
    into the command text) and its output replaces it — refused unless the command's
    ``allowed-tools`` names ``Bash`` (as in Claude Code) and ``[plugins.claude]
-   command_shell`` is not false; ``@PATH`` (at the start or after a blank) becomes the
-   file's content (bounded, inside the project); ``$ARGUMENTS`` and ``$1`` … ``$9`` become
-   the arguments.
+   command_shell`` is not false; and a command file **in the project** runs its shell lines
+   only while its bytes are the ones the person trusted (``dsh trust``, kind ``command``):
+   otherwise the ``!`…``` parts stay as they are, as text, with a note. ``@PATH`` (at the
+   start or after a blank) becomes the file's content (bounded, read beneath the project
+   root: a ``..`` past it, an absolute path or ``~`` outside it, and any link, are refused);
+   ``$ARGUMENTS`` and ``$1`` … ``$9`` become the arguments.
 
 The result is the prompt: sent and recorded as the user message (the ledger holds it).
 """
@@ -53,6 +56,8 @@ class Command:
     origin: str
     root: Path
     alias: str | None = None
+    #: The person's own folder: a file that is a link is resolved once (never a project's).
+    follow: bool = False
 
 
 def discover(settings: Mapping[str, Any]) -> tuple[dict[str, Command], list[str]]:
@@ -62,14 +67,16 @@ def discover(settings: Mapping[str, Any]) -> tuple[dict[str, Command], list[str]
     from dsh_claude.folders import markdown_files
     from dsh_claude.folders import project_root
     from dsh_claude.folders import user_dir
+    from dsh_claude.frontmatter import inside
 
     project = project_root(settings)
     plugins, notes = configured_plugins(settings)
+    user = user_dir()
     sources: list[tuple[str, Path, Path, str]] = [  # (origin, folder, root, name prefix)
         ("project", project / ".claude" / "commands", project, ""),
-        ("user", user_dir() / "commands", user_dir(), ""),
+        ("user", user / "commands", user, ""),
     ]
-    sources += [(f"plugin {p.name}", folder, p.root, p.name)
+    sources += [(f"plugin {p.name}", folder, p.base, p.name)
                 for p in plugins for folder in p.commands]
     table: dict[str, Command] = {}
     short: dict[str, list[Command]] = {}
@@ -81,7 +88,8 @@ def discover(settings: Mapping[str, Any]) -> tuple[dict[str, Command], list[str]
                 notes.append(f"command /{name} of {origin} ({path}) is shadowed by "
                              f"{table[name].origin} ({table[name].path})")
                 continue
-            table[name] = Command(name, path, origin, root)
+            table[name] = Command(name, path, origin, root,
+                                  follow=origin == "user" and not inside(root, [project]))
             if name != base:
                 short.setdefault(base, []).append(table[name])
     for base, cmds in short.items():
@@ -96,7 +104,7 @@ def describe(cmd: Command) -> tuple[str, str]:
     from dsh_claude.frontmatter import load
 
     try:
-        doc = load(cmd.path, [cmd.root])
+        doc = load(cmd.path, [cmd.root], follow=cmd.follow)
     except ClaudeFileError as exc:
         return f"(unusable: {exc.problem})", ""
     desc = doc.meta.get("description")
@@ -167,18 +175,57 @@ def run_shell(command: str, cmd: Command, arguments: str, agent: Any, project: P
 
 
 def _include(m: re.Match[str], cmd: Command, project: Path) -> str:
+    """``@PATH``: the file's content, read beneath the project root. A reference that leads
+    out of the project (``..`` past the root, an absolute path or ``~`` elsewhere) or through
+    a link is refused, without looking at its target; a name that is no file here (an e-mail
+    handle, a decorator, a folder) stays as it is."""
+    import os
+
     from dsh_claude.frontmatter import ClaudeFileError
-    from dsh_claude.frontmatter import read_text
+    from dsh_claude.frontmatter import decode
+    from dsh_claude.frontmatter import locate
+    from dsh_claude.frontmatter import read_beneath
 
     ref = m.group("at").rstrip(".,:)")
-    path = (project / Path(ref).expanduser()) if not ref.startswith("~") else Path(ref).expanduser()
-    if not path.exists() or path.is_dir():
-        return m.group(0)  # not a file reference (an e-mail handle, a decorator, …)
+    target = os.path.expanduser(ref) if ref.startswith("~") else os.path.join(project, ref)
+    found = locate(target, [project])
+    if found is None:
+        raise ClaudeFileError(cmd.path, f"@{ref}: leads outside the project folder {project}: "
+                                        "not read")
     try:
-        text = read_text(path, [project], MAX_AT_FILE)
+        data = read_beneath(found[0], found[1], MAX_AT_FILE, shown=ref)
+    except ClaudeFileError as exc:
+        if exc.problem == "does not exist" or exc.problem.startswith("is a directory"):
+            return m.group(0)  # not a file reference (an e-mail handle, a decorator, …)
+        raise ClaudeFileError(cmd.path, f"@{ref}: {exc.problem}") from None
+    try:
+        text = decode(data, ref)
     except ClaudeFileError as exc:
         raise ClaudeFileError(cmd.path, f"@{ref}: {exc.problem}") from None
     return f'<file path="{ref}">\n{text.rstrip()}\n</file>' + m.group("at")[len(ref):]
+
+
+def shell_summary(cmd: Command, body: str) -> str:
+    """What trusting a command file lets run: its ``!`…``` lines."""
+    lines = [f"/{cmd.name} runs, each time it is used:"]
+    lines += [f"  !`{c}`" for c in _SHELL.findall(body)[:15]]
+    return "\n".join(lines)
+
+
+def may_run_shell(cmd: Command, data: bytes, body: str, project: Path) -> bool:
+    """Whether the ``!`…``` lines of ``cmd`` (its bytes ``data``) may run: always for the
+    user's own and for plugin folders outside the project; for a file in the project only
+    while those bytes are trusted (asked on a terminal; one line otherwise)."""
+    import os
+
+    from dsh_claude.frontmatter import gate
+    from dsh_claude.frontmatter import in_project
+
+    if not in_project(cmd.path, project):
+        return True
+    base = os.path.normpath(os.path.abspath(project))
+    rel = os.path.relpath(os.path.normpath(os.path.abspath(cmd.path)), base)
+    return gate(base, rel, data, "command", shell_summary(cmd, body))
 
 
 def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]) -> Any:
@@ -187,15 +234,16 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
     from dsh_claude.agents import map_model
     from dsh_claude.folders import project_root
     from dsh_claude.frontmatter import ClaudeFileError
-    from dsh_claude.frontmatter import load
+    from dsh_claude.frontmatter import load_bytes
 
-    doc = load(cmd.path, [cmd.root])  # the frontmatter: before any argument is seen
+    data, doc = load_bytes(cmd.path, [cmd.root], follow=cmd.follow)  # before any argument
     allowed = _string_list(doc.meta.get("allowed-tools"), "allowed-tools", cmd.path)
     model = doc.meta.get("model")
     if model is not None and not isinstance(model, str):
         raise ClaudeFileError(cmd.path, "key 'model': expected a model name")
     project = project_root(settings)
     body = doc.body
+    shell = True
     if _SHELL.search(body):
         if settings.get("command_shell") is False:
             raise ClaudeFileError(cmd.path, "runs shell lines (!`…`) and [plugins.claude] "
@@ -204,10 +252,21 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
             raise ClaudeFileError(cmd.path, "runs shell lines (!`…`) but its allowed-tools "
                                             "does not name Bash (as Claude Code requires): "
                                             "not run")
+        shell = may_run_shell(cmd, data, body, project)
+        if not shell:
+            import sys
+
+            from dsh.core.escape import escape_controls
+
+            sys.stderr.write(escape_controls(
+                f"dsh: note: /{cmd.name}: the !`…` lines of {cmd.path} were not run (the "
+                "file is not trusted); they are sent as text\n"))
     parts = split_arguments(arguments)
 
     def one(m: re.Match[str]) -> str:
         if m.group("shell") is not None:
+            if not shell:
+                return m.group(0)
             return run_shell(m.group("shell"), cmd, arguments, agent, project)
         if m.group("at") is not None:
             return _include(m, cmd, project)
@@ -257,5 +316,10 @@ def list_commands(agent: Any) -> dict[str, str] | None:
     settings = agent.plugin_settings("claude")
     if settings.get("commands") is False or settings.get("enabled") is False:
         return None
+    from dsh.core.escape import escape_controls
+
     table, _ = discover(settings)
-    return {name: describe(cmd)[0] for name, cmd in table.items()}
+    # Names and descriptions come from the files: metadata, shown with no control byte.
+    return {escape_controls(name, newlines=False): escape_controls(describe(cmd)[0],
+                                                                   newlines=False)
+            for name, cmd in table.items()}

@@ -11,6 +11,12 @@ lies about its paths is a :class:`~dsh_claude.frontmatter.ClaudeFileError` namin
 and key. A local marketplace (``.claude-plugin/marketplace.json``) names its plugins and
 their ``source`` folders; only local sources (``./…`` inside the marketplace) are supported.
 
+A folder outside the project is the person's own (they listed it): its path is resolved once
+and its files are read beneath it. A folder **inside the project** is a place a confined
+command may write: it is read beneath the project root (no link followed) and it is used only
+while its manifest's bytes are the ones the person trusted (``dsh trust``, kind ``plugin``;
+``dsh claude add`` of such a folder approves the manifest it shows).
+
 Nothing here is imported at start-up except through the hooks that need it.
 """
 
@@ -25,8 +31,9 @@ from typing import Any
 import attrs
 
 from dsh_claude.frontmatter import ClaudeFileError
+from dsh_claude.frontmatter import decode
 from dsh_claude.frontmatter import inside
-from dsh_claude.frontmatter import read_text
+from dsh_claude.frontmatter import read_file
 
 MANIFEST = ".claude-plugin/plugin.json"
 MARKETPLACE = ".claude-plugin/marketplace.json"
@@ -40,7 +47,9 @@ MAX_DEPTH = 4
 
 @attrs.frozen
 class ClaudePlugin:
-    """An enabled Claude Code plugin folder, its manifest checked."""
+    """An enabled Claude Code plugin folder, its manifest checked. ``confine``: the folder
+    its files are read beneath (the project root for a folder inside the project, else the
+    folder itself); ``manifest``: the manifest's bytes as read (what trust is about)."""
 
     name: str
     root: Path
@@ -49,6 +58,13 @@ class ClaudePlugin:
     commands: tuple[Path, ...] = ()
     agents: tuple[Path, ...] = ()
     skills: tuple[Path, ...] = ()
+    confine: Path | None = None
+    manifest: bytes = attrs.field(default=b"", repr=False)
+    in_project: bool = False
+
+    @property
+    def base(self) -> Path:
+        return self.confine or self.root
 
 
 def project_root(settings: Mapping[str, Any] | None = None) -> Path:
@@ -67,10 +83,10 @@ def user_dir() -> Path:
     return claude_dir()
 
 
-def _json(path: Path, root: Path) -> Any:
-    text = read_text(path, [root], MAX_MANIFEST)
+def _json(path: Path, root: Path) -> tuple[bytes, Any]:
+    data = read_file(path, [root], MAX_MANIFEST)
     try:
-        return json.loads(text)
+        return data, json.loads(decode(data, path))
     except json.JSONDecodeError as exc:
         raise ClaudeFileError(path, f"line {exc.lineno}: invalid JSON: {exc.msg}") from None
 
@@ -102,14 +118,22 @@ def _paths(root: Path, data: Mapping[str, Any], key: str, default: str,
     return tuple(_inside_path(root, v, manifest, key) for v in items)
 
 
-def load_plugin(path: str | os.PathLike[str]) -> ClaudePlugin:
-    """The plugin folder at ``path``, its ``.claude-plugin/plugin.json`` checked."""
-    root = Path(os.path.expanduser(os.fspath(path))).resolve()
+def load_plugin(path: str | os.PathLike[str], project: Path | None = None) -> ClaudePlugin:
+    """The plugin folder at ``path``, its ``.claude-plugin/plugin.json`` checked. Inside
+    ``project`` (the project root) the folder is taken by name, never through a link, and
+    read beneath the project root; elsewhere its path is resolved once."""
+    given = Path(os.path.normpath(os.path.abspath(os.path.expanduser(os.fspath(path)))))
+    if project is not None and inside(given, [project]):
+        root, confine = given, Path(os.path.normpath(os.path.abspath(project)))
+    else:
+        root = given.resolve()
+        confine = (Path(os.path.normpath(os.path.abspath(project)))
+                   if project is not None and inside(root, [project]) else root)
     if not root.is_dir():
         raise ClaudeFileError(root, "is not a folder (a Claude Code plugin folder holds "
                                     f"{MANIFEST})")
     manifest = root / MANIFEST
-    data = _json(manifest, root)
+    raw, data = _json(manifest, confine)
     if not isinstance(data, dict):
         raise ClaudeFileError(manifest, "expected a JSON object")
     name = data.get("name")
@@ -132,14 +156,27 @@ def load_plugin(path: str | os.PathLike[str]) -> ClaudePlugin:
         commands=_paths(root, data, "commands", "commands", manifest),
         agents=_paths(root, data, "agents", "agents", manifest),
         skills=_paths(root, data, "skills", "skills", manifest),
+        confine=confine, manifest=raw,
+        in_project=project is not None and inside(root, [project]),
     )
+
+
+def plugin_summary(plugin: ClaudePlugin) -> str:
+    """What trusting a plugin folder's manifest lets in (the trust question's lines)."""
+    lines = [f"plugin {plugin.name} {plugin.version}".rstrip(),
+             *([plugin.description[:200]] if plugin.description else [])]
+    for what, folders in (("commands", plugin.commands), ("agents", plugin.agents),
+                          ("skills", plugin.skills)):
+        if folders:
+            lines.append(f"{what}: " + ", ".join(str(f) for f in folders))
+    return "\n".join(lines)
 
 
 def from_marketplace(path: str | os.PathLike[str], name: str) -> Path:
     """The folder of plugin ``name`` of the local marketplace at ``path``."""
     root = Path(os.path.expanduser(os.fspath(path))).resolve()
     manifest = root / MARKETPLACE
-    data = _json(manifest, root)
+    _, data = _json(manifest, root)
     plugins = data.get("plugins") if isinstance(data, dict) else None
     if not isinstance(plugins, list):
         raise ClaudeFileError(manifest, "key 'plugins': expected a list of plugins")
@@ -173,16 +210,23 @@ def configured_plugins(settings: Mapping[str, Any]) -> tuple[list[ClaudePlugin],
     value = settings.get("plugins") or []
     if not isinstance(value, list):
         return [], [f"[plugins.claude] plugins: expected a list of folders, not {value!r}"]
+    from dsh_claude.frontmatter import gate
+
+    project = project_root(settings)
     seen: set[str] = set()
     for item in value:
         if not isinstance(item, str):
             problems.append(f"[plugins.claude] plugins: expected a folder path, not {item!r}")
             continue
         try:
-            plugin = load_plugin(item)
+            plugin = load_plugin(item, project)
         except ClaudeFileError as exc:
             problems.append(str(exc))
             continue
+        if plugin.in_project and not gate(plugin.base, os.path.relpath(
+                plugin.root / MANIFEST, plugin.base), plugin.manifest, "plugin",
+                plugin_summary(plugin)):
+            continue  # a folder in the project, its manifest not trusted: inert (gate said)
         if plugin.name in seen:
             problems.append(f"{plugin.root}: plugin name {plugin.name!r} is already used by "
                             "another folder in [plugins.claude] plugins: skipped")
@@ -194,14 +238,21 @@ def configured_plugins(settings: Mapping[str, Any]) -> tuple[list[ClaudePlugin],
 
 def markdown_files(folder: Path, root: Path, depth: int = MAX_DEPTH) -> list[tuple[str, Path]]:
     """``(namespace, path)`` of the ``*.md`` files under ``folder`` (``""`` at its top,
-    ``a:b`` in ``a/b/``), sorted; subfolders that are symlinks are not followed, and at
-    most :data:`MAX_FILES` are returned. A file that is a symlink is returned: the bounded
-    reader refuses it when it leads out of ``root``."""
-    out: list[tuple[str, Path]] = []
+    ``a:b`` in ``a/b/``), sorted; at most :data:`MAX_FILES`. The folder is listed from its
+    descriptor, opened beneath ``root`` with no symbolic link followed (a folder that is a link
+    lists nothing; subfolders that are links are not entered). A file that is a link is
+    returned: the reader refuses it, with a line naming it."""
+    from dsh.core import beneath
+    from dsh_claude.frontmatter import locate
 
-    def walk(d: Path, ns: tuple[str, ...]) -> None:
+    out: list[tuple[str, Path]] = []
+    found = locate(folder, [root])
+    if found is None:
+        return out
+
+    def walk(dfd: int, d: Path, ns: tuple[str, ...]) -> None:
         try:
-            entries = sorted(os.scandir(d), key=lambda e: e.name)
+            entries = sorted(os.scandir(dfd), key=lambda e: e.name)
         except OSError:
             return
         for e in entries:
@@ -211,20 +262,33 @@ def markdown_files(folder: Path, root: Path, depth: int = MAX_DEPTH) -> list[tup
                 continue
             if e.is_dir(follow_symlinks=False):
                 if len(ns) < depth:
-                    walk(Path(e.path), (*ns, e.name))
+                    try:
+                        sub = beneath.open_dir(dfd, e.name)
+                    except OSError:
+                        continue
+                    try:
+                        walk(sub, d / e.name, (*ns, e.name))
+                    finally:
+                        os.close(sub)
             elif e.name.endswith(".md"):
-                out.append((":".join(ns), Path(e.path)))
+                out.append((":".join(ns), d / e.name))
 
-    if folder.is_dir():
-        walk(folder, ())
+    try:
+        top = beneath.open_dir(found[0], found[1])
+    except OSError:
+        return out
+    try:
+        walk(top, Path(found[0]) / found[1], ())
+    finally:
+        os.close(top)
     return out
 
 
 def plugin_skill_roots(settings: Mapping[str, Any]) -> list[Any]:
     """The ``skills/`` folders of the enabled plugin folders, as
-    :class:`dsh_claude.skills.SkillRoot` (origin ``plugin NAME``, read within the folder),
-    for :func:`dsh_claude.skill_roots` to append."""
+    :class:`dsh_claude.skills.SkillRoot` (origin ``plugin NAME``, read beneath the folder, or
+    beneath the project root for a folder inside it), for :func:`dsh_claude.skill_roots`."""
     from dsh_claude.skills import SkillRoot
 
     plugins, _ = configured_plugins(settings)
-    return [SkillRoot(folder, f"plugin {p.name}", p.root) for p in plugins for folder in p.skills]
+    return [SkillRoot(folder, f"plugin {p.name}", p.base) for p in plugins for folder in p.skills]

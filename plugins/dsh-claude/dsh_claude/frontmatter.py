@@ -1,14 +1,19 @@
-"""Reading a project's Markdown files: one bounded reader, and a frontmatter parser that is
-safe by construction.
+"""Reading a project's Markdown files: one reader that follows no link the workspace left, and a
+frontmatter parser that is safe by construction.
 
-**The reader** (:func:`read_text`) is the only way dsh-claude reads AGENTS.md, CLAUDE.md,
-SKILL.md, skill resources (and i24b's command and agent files): through
-:func:`dsh.core.files.read_regular` (a FIFO, a device, a directory or a socket is refused
-before any read, the size is capped before and while reading), after resolving the path and
-refusing it when it leads out of the folders it may be in (``roots``: a symlink out of the
-project is refused, as is a ``..`` that climbs out). The bytes must be UTF-8 text without NUL
+**The reader** (:func:`read_beneath`, and :func:`read_text` for a path) is the only way
+dsh-claude reads AGENTS.md, CLAUDE.md and their ``@imports``, SKILL.md and skill resources,
+command and agent files and plugin manifests. It goes through :mod:`dsh.core.beneath`: the file
+is opened *relative to a root folder's descriptor* (the project root for a project's files, the
+user's Claude folder for the user's), in one kernel call that refuses a ``..``, an absolute path
+and **any symbolic link on the way** — and the bytes are read from that descriptor, never from
+a second open by name, so no check-then-use race can swap a file for a link to a secret. dsh's
+protected paths (its config and key store, its session store, ``~/.ssh``, ``~/.aws`` …) are
+refused whatever the path. A FIFO, a device, a directory or a socket is refused before any
+read, the size is capped before and while reading. The bytes must be UTF-8 text without NUL
 (a binary file is refused, naming the byte). Every refusal is a :class:`ClaudeFileError`
-naming the file and what is wrong with it.
+naming the file and what is wrong with it. Claude Code follows symbolic links in a project;
+dsh does not, for any file a confined command may have written.
 
 **The frontmatter** (:func:`parse`) is a YAML block between a first line ``---`` and the
 next line ``---`` (or ``...``), then the Markdown body. It is parsed with PyYAML's
@@ -77,57 +82,60 @@ class Document:
 
 
 def inside(path: Path, roots: Iterable[Path]) -> bool:
-    """Whether the resolved ``path`` is one of the resolved ``roots`` or under one."""
+    """Whether ``path`` is one of ``roots`` or under one (by name: no link is resolved)."""
+    from dsh.core.beneath import within
+
+    text = os.path.normpath(os.path.abspath(path))
+    return any(within(text, os.path.normpath(os.path.abspath(r))) for r in roots)
+
+
+def locate(path: str | os.PathLike[str],
+           roots: Iterable[str | os.PathLike[str]]) -> tuple[str, str] | None:
+    """``(root, rel)``: the first of ``roots`` that ``path`` lies beneath, by name, and the
+    path relative to it (``..`` folded by name: no link is ever followed below a root, so the
+    name is where the kernel will look). ``None`` when it lies beneath none of them."""
+    from dsh.core.beneath import within
+
+    full = os.path.normpath(os.path.abspath(os.fspath(path)))
     for root in roots:
-        try:
-            path.relative_to(root)
-            return True
-        except ValueError:
-            continue
-    return False
+        base = os.path.normpath(os.path.abspath(os.fspath(root)))
+        if within(full, base):
+            return base, os.path.relpath(full, base)
+    return None
 
 
-def read_text(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]],
-              cap: int = MAX_FILE) -> str:
-    """The UTF-8 text of the regular file at ``path``, which must resolve (symlinks
-    followed) inside one of ``roots``; at most ``cap`` bytes. A leading BOM is dropped.
+def read_beneath(root: str | os.PathLike[str] | int, rel: str, cap: int = MAX_FILE, *,
+                 shown: str | os.PathLike[str] | None = None) -> bytes:
+    """The bytes of the regular file ``rel`` beneath the folder ``root`` (a path or a
+    descriptor), read from the descriptor :func:`dsh.core.beneath.open_beneath` opened: no
+    ``..``, no absolute path, no symbolic link anywhere below ``root``, none of dsh's
+    protected paths; at most ``cap`` bytes.
 
-    :raises ClaudeFileError: missing, not a regular file, too large, outside the roots,
-        binary (a NUL byte) or not UTF-8 — naming the file."""
+    :raises ClaudeFileError: naming ``shown`` (default: ``root/rel``)."""
+    from dsh.core import beneath
     from dsh.core.files import NotRegular
     from dsh.core.files import TooLarge
-    from dsh.core.files import read_regular
     from dsh.core.files import reason
 
-    shown = Path(path)
+    name = shown if shown is not None else (
+        rel if isinstance(root, int) else os.path.join(os.fspath(root), rel))
     try:
-        real = shown.resolve(strict=True)
-    except FileNotFoundError:
-        raise ClaudeFileError(shown, "does not exist") from None
-    except (OSError, RuntimeError) as exc:  # a symlink loop is a RuntimeError before 3.13
-        why = reason(exc) if isinstance(exc, OSError) else "symlink loop"
-        raise ClaudeFileError(shown, f"cannot be resolved: {why}") from None
-    resolved_roots = []
-    for root in roots:
-        try:
-            resolved_roots.append(Path(root).resolve())
-        except (OSError, RuntimeError):
-            continue
-    if not inside(real, resolved_roots):
-        where = ", ".join(str(r) for r in resolved_roots) or "no allowed folder"
-        raise ClaudeFileError(shown, f"leads outside the folders it may be read from "
-                                     f"(it is {real}; allowed: {where}): not read")
-    try:
-        data = read_regular(real, cap)
+        return beneath.read(root, rel, cap)
+    except beneath.Refused as exc:
+        raise ClaudeFileError(name, f"{exc.why}: not read") from None
     except NotRegular as exc:
-        raise ClaudeFileError(shown, f"is {exc.kind}, not a regular file: not read") from None
+        raise ClaudeFileError(name, f"is {exc.kind}, not a regular file: not read") from None
     except TooLarge as exc:
         size = f"{exc.size} bytes" if exc.exact else f"more than {cap} bytes"
-        raise ClaudeFileError(shown, f"is {size}; the limit is {cap}: not read") from None
-    except FileNotFoundError:
-        raise ClaudeFileError(shown, "does not exist") from None
+        raise ClaudeFileError(name, f"is {size}; the limit is {cap}: not read") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise ClaudeFileError(name, "does not exist") from None
     except OSError as exc:
-        raise ClaudeFileError(shown, f"cannot be read: {reason(exc)}") from None
+        raise ClaudeFileError(name, f"cannot be read: {reason(exc)}") from None
+
+
+def decode(data: bytes, shown: str | os.PathLike[str]) -> str:
+    """``data`` as UTF-8 text (a leading BOM dropped); binary or not UTF-8 is refused."""
     nul = data.find(b"\0")
     if nul >= 0:
         raise ClaudeFileError(shown, f"is binary (a NUL byte at offset {nul}): not read")
@@ -136,6 +144,38 @@ def read_text(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[st
     except UnicodeDecodeError as exc:
         raise ClaudeFileError(shown, f"is not UTF-8 text (byte {exc.start}): not read") from None
     return text.removeprefix("\ufeff")
+
+
+def read_file(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]],
+              cap: int = MAX_FILE, *, follow: bool = False) -> bytes:
+    """The bytes of the file at ``path``, read beneath the first of ``roots`` it lies in
+    (:func:`read_beneath`); a path beneath none of them is refused unread.
+
+    ``follow``, for the person's own folders only (``~/.claude``, never a project's): a file
+    there that is a link (into a dotfiles checkout) is resolved once and read beneath its real
+    folder — still by descriptor, still never a protected path."""
+    roots = list(roots)
+    found = locate(path, roots)
+    if found is None:
+        where = ", ".join(str(r) for r in roots) or "no allowed folder"
+        raise ClaudeFileError(path, f"leads outside the folders it may be read from "
+                                    f"({where}): not read")
+    if follow:
+        real = os.path.realpath(path)
+        found = (os.path.dirname(real), os.path.basename(real))
+    return read_beneath(found[0], found[1], cap, shown=path)
+
+
+def read_text(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]],
+              cap: int = MAX_FILE, *, follow: bool = False) -> str:
+    """The UTF-8 text of the regular file at ``path``, read beneath the first of ``roots``
+    it lies in (no symbolic link followed below it); at most ``cap`` bytes. A leading BOM is
+    dropped.
+
+    :raises ClaudeFileError: missing, not a regular file, too large, outside the roots, a
+        symbolic link on the way, a protected path, binary (a NUL byte) or not UTF-8 —
+        naming the file."""
+    return decode(read_file(path, roots, cap, follow=follow), path)
 
 
 def _split(text: str, shown: str) -> tuple[str | None, str, int]:
@@ -270,9 +310,51 @@ def parse(text: str, path: str | os.PathLike[str]) -> Document:
 
 
 def load(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]],
-         cap: int = MAX_FILE) -> Document:
+         cap: int = MAX_FILE, *, follow: bool = False) -> Document:
     """:func:`read_text` then :func:`parse`."""
-    return parse(read_text(path, roots, cap), path)
+    return parse(read_text(path, roots, cap, follow=follow), path)
+
+
+def load_bytes(path: str | os.PathLike[str], roots: Iterable[str | os.PathLike[str]],
+               cap: int = MAX_FILE, *, follow: bool = False) -> tuple[bytes, Document]:
+    """:func:`load`, with the bytes read (what a trust decision is about)."""
+    data = read_file(path, roots, cap, follow=follow)
+    return data, parse(decode(data, path), path)
+
+
+# ------------------------------------------------------------------------ trust
+
+_gated: dict[tuple[str, str, str], bool] = {}
+
+
+def gate(root: str | os.PathLike[str], rel: str, data: bytes, kind: str,
+         summary: str = "") -> bool:
+    """:func:`dsh.config.trust.gate`, asked at most once per process for the same bytes (a
+    turn reads a command or plugin folder many times; a question answered no is not asked
+    again, and its one line on stderr is not repeated)."""
+    from dsh.config import trust
+
+    key = (trust.key_of(root, rel), trust.digest(data), kind)
+    held = _gated.get(key)
+    if held is None:
+        held = _gated[key] = trust.gate(root, rel, data, kind, summary)
+    return held
+
+
+def trusted(root: str | os.PathLike[str], rel: str, data: bytes) -> bool:
+    """Whether ``data`` are the approved bytes of ``rel`` (no question, no note)."""
+    from dsh.config import trust
+
+    try:
+        return trust.state(root, rel, data) == "trusted"
+    except ConfigError:
+        return False
+
+
+def in_project(path: str | os.PathLike[str], project: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies in the project (by name): a file a confined command may have
+    written, so one that shapes execution is trusted only by content."""
+    return locate(path, [project]) is not None
 
 
 def as_bool(value: Any, key: str, path: str) -> bool:

@@ -12,6 +12,7 @@ changed since is recorded, and used, at the next turn's start.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +20,6 @@ from typing import Any
 
 from dsh.ledger.state import StateKey
 from dsh_claude.frontmatter import ClaudeFileError
-from dsh_claude.frontmatter import read_text
 from dsh_claude.settings import PLUGIN
 from dsh_claude.settings import Settings
 from dsh_claude.settings import expand
@@ -138,33 +138,53 @@ def imports_of(text: str) -> list[str]:
 
 
 class _Collector:
+    """Reads the files in order. Each is read beneath a root folder (``root`` for the
+    project's, the user's Claude or Codex folder for the user's) and its ``@imports`` stay
+    beneath the same root: an import that leads out (``~/…``, ``/…``, ``..`` past the root)
+    is recorded as a problem and not read — its target is not even looked at."""
+
     def __init__(self, root: Path, home: Path) -> None:
         self.root = root
         self.home = home
         self.entries: list[dict[str, Any]] = []
-        self.seen: set[Path] = set()
+        self.seen: set[str] = set()
         self.total = 0
+        self.texts: dict[str, str] = {}
 
-    def add(self, path: Path, roots: list[Path], *, via: str | None = None,
-            chain: tuple[Path, ...] = (), imports: bool = False, quiet: bool = True) -> None:
-        try:
-            real = path.resolve()
-        except (OSError, RuntimeError):
-            real = path
-        shown = shown_path(path if via is None else real, self.root, self.home)
-        if real in chain:
-            loop = " -> ".join(shown_path(p, self.root, self.home) for p in (*chain, real))
+    def add(self, path: Path, base: Path, *, via: str | None = None,
+            chain: tuple[str, ...] = (), imports: bool = False,
+            ref: str | None = None, follow: bool = False) -> None:
+        """Read ``path`` beneath ``base``; ``ref``: the import as written (for messages);
+        ``follow``: the person's own folder, where a file that is a link is resolved once."""
+        from dsh_claude.frontmatter import decode
+        from dsh_claude.frontmatter import locate
+        from dsh_claude.frontmatter import read_beneath
+
+        full = os.path.normpath(os.path.abspath(path))
+        shown = shown_path(Path(full), self.root, self.home)
+        found = locate(full, [base])
+        if found is None:
+            where = ("the project folder" if base == self.root else
+                     shown_path(base, self.root, self.home))
+            self.problem(ref if ref is not None else shown,
+                         f"leads outside {where} (imports stay inside it): not read", via)
+            return
+        if full in chain:
+            loop = " -> ".join(shown_path(Path(p), self.root, self.home)
+                               for p in (*chain, full))
             self.problem(shown, f"an import loop ({loop}): not read again", via)
             return
-        if real in self.seen:
+        if full in self.seen:
             return
-        if quiet and not path.exists() and not path.is_symlink():
-            return
+        if follow:
+            real = os.path.realpath(full)
+            found = (os.path.dirname(real), os.path.basename(real))
         try:
-            text = read_text(path, roots, MAX_INSTRUCTION)
+            data = read_beneath(found[0], found[1], MAX_INSTRUCTION, shown=shown)
+            text = decode(data, shown)
         except ClaudeFileError as exc:
-            if via is not None and exc.problem == "does not exist":
-                return  # "@name" in prose that names no file: not an import
+            if exc.problem == "does not exist":
+                return  # no such file here; "@name" in prose that names no file
             self.problem(shown, exc.problem, via)
             return
         size = len(text.encode("utf-8"))
@@ -173,7 +193,7 @@ class _Collector:
                          via)
             return
         self.total += size
-        self.seen.add(real)
+        self.seen.add(full)
         entry: dict[str, Any] = {"path": shown,
                                  "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
         if via:
@@ -183,15 +203,15 @@ class _Collector:
         if not imports:
             return
         depth = len(chain) + 1
-        for ref in imports_of(text):
+        for found_ref in imports_of(text):
             if depth > MAX_IMPORT_DEPTH:
-                self.problem(ref, f"imported by {shown} past the import depth limit "
-                                  f"({MAX_IMPORT_DEPTH}): not read", shown)
+                self.problem(found_ref, f"imported by {shown} past the import depth limit "
+                                        f"({MAX_IMPORT_DEPTH}): not read", shown)
                 continue
-            target = expand(ref) if ref.startswith("~/") else (
-                Path(ref) if ref.startswith("/") else real.parent / ref)
-            self.add(target, [self.root, self.home], via=shown, chain=(*chain, real),
-                     imports=True)
+            target = expand(found_ref) if found_ref.startswith("~/") else (
+                Path(found_ref) if found_ref.startswith("/") else Path(full).parent / found_ref)
+            self.add(target, base, via=shown, chain=(*chain, full), imports=True,
+                     ref=found_ref, follow=follow)
 
     def problem(self, shown: str, problem: str, via: str | None) -> None:
         entry = {"path": shown, "problem": problem}
@@ -200,20 +220,38 @@ class _Collector:
         if entry not in self.entries:
             self.entries.append(entry)
 
-    texts: dict[str, str]
+
+def user_root(path: Path) -> Path:
+    """The folder a user-level instruction file is read beneath, and imports from: the user's
+    Claude folder (``~/.claude``, ``$CLAUDE_CONFIG_DIR``) or Codex folder when the file is in
+    one, else the file's own folder."""
+    from dsh_claude.frontmatter import inside
+    from dsh_claude.settings import claude_dir
+    from dsh_claude.settings import codex_dir
+
+    for folder in (claude_dir(), codex_dir()):
+        if inside(path, [folder]):
+            return Path(os.path.normpath(os.path.abspath(folder)))
+    return Path(os.path.normpath(os.path.abspath(path))).parent
 
 
 def collect(settings: Settings, root: Path, cwd: Path, home: Path) -> tuple[list[dict[str, Any]],
                                                                              dict[str, str]]:
     """The instruction files now, in order: the ``used`` entries and the texts by path."""
     c = _Collector(root, home)
-    c.texts = {}
     if not settings.any_instructions:
         return [], {}
+    from dsh_claude.frontmatter import inside
+
+    # The user's own files (outside the project) may be links, resolved once; never inside.
     if settings.agents_md and settings.user_agents_md:
-        c.add(expand(settings.user_agents_md), [home])
+        user = expand(settings.user_agents_md)
+        base = user_root(user)
+        c.add(user, base, follow=not inside(base, [root]))
     if settings.claude_md and settings.user_claude_md:
-        c.add(expand(settings.user_claude_md), [home], imports=True)
+        user = expand(settings.user_claude_md)
+        base = user_root(user)
+        c.add(user, base, imports=True, follow=not inside(base, [root]))
     try:
         rel = cwd.relative_to(root)
         folders = [root] + [root.joinpath(*rel.parts[:i + 1]) for i in range(len(rel.parts))]
@@ -221,10 +259,10 @@ def collect(settings: Settings, root: Path, cwd: Path, home: Path) -> tuple[list
         folders = [root]
     for folder in folders:
         if settings.agents_md:
-            c.add(folder / "AGENTS.md", [root])
+            c.add(folder / "AGENTS.md", root)
         if settings.claude_md:
             for name in ("CLAUDE.md", ".claude/CLAUDE.md", "CLAUDE.local.md"):
-                c.add(folder / name, [root], imports=True)
+                c.add(folder / name, root, imports=True)
     return c.entries, c.texts
 
 

@@ -19,6 +19,7 @@ catalogue, loaded on demand (docs/claude.md, "Agent Skills").
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -29,7 +30,6 @@ import attrs
 
 from dsh.ledger.state import StateKey
 from dsh_claude.frontmatter import ClaudeFileError
-from dsh_claude.frontmatter import load
 from dsh_claude.frontmatter import parse
 from dsh_claude.frontmatter import read_text
 from dsh_claude.settings import PLUGIN
@@ -58,13 +58,19 @@ ALWAYS_ALLOWED = ("skill", "skill_file")
 
 @attrs.frozen
 class SkillRoot:
-    """A folder to discover skills in. ``confine``: the folder reads must stay inside
-    (symlinks resolved; default: ``folder``); ``source``: where it comes from, for messages
-    (``project``, ``user``, ``settings``, ``plugin NAME``)."""
+    """A folder to discover skills in. ``confine``: the folder every read happens beneath,
+    by descriptor, with no symbolic link followed below it (default: ``folder``); ``source``:
+    where it comes from, for messages (``project``, ``user``, ``settings``, ``plugin NAME``).
+
+    ``follow``: for the user's own folders (outside the project): each skill folder is
+    resolved once, when the skills are discovered, and its real folder is then the one read
+    beneath — so ``~/.claude/skills/NAME`` may be a link into a dotfiles checkout. Never for a
+    project's folders: there a link is refused, wherever it leads."""
 
     folder: Path
     source: str = "settings"
     confine: Path | None = None
+    follow: bool = False
 
 
 @attrs.frozen
@@ -153,6 +159,11 @@ def _candidates(root: SkillRoot) -> list[Path]:
         return []
 
 
+def _normal(path: Path) -> Path:
+    """``path`` absolute, ``.`` and ``..`` folded by name (no link is resolved)."""
+    return Path(os.path.normpath(os.path.abspath(path)))
+
+
 def discover_skills(roots: Iterable[SkillRoot | Path]) -> Catalogue:
     """The skills under ``roots``, in order; the first of a name wins (a later one is a
     problem, as is a built-in name). Never raises for a bad file: it is a problem."""
@@ -169,8 +180,11 @@ def discover_skills(roots: Iterable[SkillRoot | Path]) -> Catalogue:
                 problems.append({"path": shown, "problem": f"more than {MAX_SKILLS} skills: "
                                                            "skipped"})
                 continue
+            folder, base = _normal(path.parent), _normal(confine)
+            if root.follow:  # the user's own folder: resolved once, here
+                folder = base = Path(os.path.realpath(path.parent))
             try:
-                text = read_text(path, [confine])
+                text = read_text(folder / "SKILL.md", [base])
                 doc = parse(text, path)
                 checked = validate(doc.meta, path.parent.name, shown)
             except ClaudeFileError as exc:
@@ -187,9 +201,8 @@ def discover_skills(roots: Iterable[SkillRoot | Path]) -> Catalogue:
                 continue
             taken[name] = shown
             text_sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-            skills.append({**checked, "path": shown, "dir": str(path.parent.resolve()),
-                           "confine": str(Path(confine).resolve()), "sha256": text_sha,
-                           "source": root.source})
+            skills.append({**checked, "path": shown, "dir": str(folder), "confine": str(base),
+                           "sha256": text_sha, "source": root.source})
     return Catalogue(tuple(skills), tuple(problems))
 
 
@@ -280,18 +293,50 @@ def _entry(state: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     raise ToolError(f"no skill named {name!r} (skills: {names})")
 
 
-def _resources(folder: Path) -> list[str]:
+def _resources(confine: Path, folder: Path) -> list[str]:
+    """The files of the skill ``folder`` (beneath ``confine``), relative to it: listed from
+    the folder's descriptor; links, hidden names and ``SKILL.md`` left out."""
+    from dsh.core import beneath
+    from dsh_claude.frontmatter import locate
+
+    found = locate(folder, [confine])
+    if found is None:
+        return []
     out: list[str] = []
-    for path in sorted(folder.rglob("*")):
-        if len(out) >= MAX_LISTED:
-            out.append("…")
-            break
-        rel = path.relative_to(folder)
-        if rel.as_posix() == "SKILL.md" or any(p.startswith(".") for p in rel.parts):
-            continue
-        if path.is_file() and not path.is_symlink():
-            out.append(rel.as_posix())
-    return out
+
+    def walk(dfd: int, prefix: str) -> None:
+        try:
+            entries = sorted(os.scandir(dfd), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            if len(out) > MAX_LISTED:
+                return
+            if e.name.startswith("."):
+                continue
+            rel = prefix + e.name
+            if e.is_dir(follow_symlinks=False):
+                try:
+                    sub = beneath.open_dir(dfd, e.name)
+                except OSError:
+                    continue
+                try:
+                    walk(sub, rel + "/")
+                finally:
+                    os.close(sub)
+            elif e.is_file(follow_symlinks=False) and rel != "SKILL.md":
+                out.append(rel)
+
+    try:
+        top = beneath.open_dir(found[0], found[1])
+    except OSError:
+        return []
+    try:
+        walk(top, "")
+    finally:
+        os.close(top)
+    out.sort()
+    return out[:MAX_LISTED] + (["…"] if len(out) > MAX_LISTED else [])
 
 
 def load_skill(name: str) -> str:
@@ -302,15 +347,14 @@ def load_skill(name: str) -> str:
     ctx = context()
     state = SKILLS.read(ctx.ledger.projection)
     entry = _entry(state, name)
-    path = Path(entry["path"])
+    folder, confine = Path(entry["dir"]), Path(entry["confine"])
     try:
-        doc = load(path, [Path(entry["confine"])])
+        doc = parse(read_text(folder / "SKILL.md", [confine]), entry["path"])
     except ClaudeFileError as exc:
         raise ToolError(f"skill {name}: {exc}") from None
     SKILLS.update({"op": "load", "name": name, "turn": ctx.ledger.projection.turn,
                    "summary": f"loaded skill {name} ({entry['path']})"})
-    folder = Path(entry["dir"])
-    files = _resources(folder)
+    files = _resources(confine, folder)
     head = [f"# Skill {name}", f"Folder: {folder}"]
     if files:
         head.append("Files (read with skill_file): " + ", ".join(files))
@@ -329,19 +373,21 @@ def read_resource(name: str, path: str) -> str:
     state = SKILLS.read(context().ledger.projection)
     entry = _entry(state, name)
     try:
-        return read_inside(Path(entry["dir"]), path)
+        return read_inside(Path(entry["dir"]), path, Path(entry["confine"]))
     except ClaudeFileError as exc:
         raise ToolError(f"skill_file {name}: {exc}") from None
 
 
-def read_inside(folder: Path, path: str) -> str:
+def read_inside(folder: Path, path: str, confine: Path | None = None) -> str:
     """The text of ``path`` relative to ``folder``, never outside it: an empty or absolute
-    path, a ``..`` part or a symlink leading out is a :class:`ClaudeFileError`."""
+    path or a ``..`` part is a :class:`ClaudeFileError`, and the file is read beneath
+    ``confine`` (default: ``folder``) by descriptor, so a symbolic link anywhere on the way
+    is refused, not followed — whatever a process swaps in between two calls."""
     rel = Path(path)
     if not path or "\0" in path or rel.is_absolute() or ".." in rel.parts:
         raise ClaudeFileError(repr(path), "must be a path inside the skill's folder, relative "
                                           "to it, without '..'")
-    return read_text(folder / rel, [folder], MAX_RESOURCE)
+    return read_text(folder / rel, [confine or folder], MAX_RESOURCE)
 
 
 def refusal(state: Mapping[str, Any], turn: int, tool: str) -> str | None:
