@@ -243,6 +243,14 @@ def dsh(tmp: Path, proj: Path, config: Path, *args: str, stdin: str = "",
                           timeout=timeout, start_new_session=True)
 
 
+def approve(path: Path, kind: str = "hooks") -> None:
+    """Trust the current bytes of a project file (as `dsh trust approve PATH` does); the
+    record is in this test's XDG_CONFIG_HOME, which the dsh subprocesses inherit."""
+    from dsh.config import trust
+
+    trust.approve(path.parent, path.name, trust.digest(path.read_bytes()), kind)
+
+
 def ledger(tmp: Path) -> list[dict[str, Any]]:
     files = sorted((tmp / "sessions").glob("*.jsonl"))
     assert files, "no session ledger was written"
@@ -557,6 +565,15 @@ def test_claude_settings_files_are_read_when_opted_in(tmp_path: Path, proj: Path
     home.mkdir(parents=True)
     (home / "settings.json").write_text(json.dumps({"hooks": hook("SessionEnd", "true")}))
     cfg = write_config(tmp_path, proj, claude_settings=["project", "local", "user"])
+    r = dsh(tmp_path, proj, cfg, "hooks", "list")  # not trusted yet: listed, never asked
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [x[3].endswith("(ignored: not trusted: dsh trust approve "
+                          f"{proj / '.claude' / name})") for x, name in
+            zip(rows[::2], ["settings.json", "settings.local.json"], strict=True)] == [True] * 2
+    assert rows[3][3] == str(home / "settings.json")  # the user's own: trusted
+    approve(proj / ".claude" / "settings.json")
+    approve(proj / ".claude" / "settings.local.json")
     r = dsh(tmp_path, proj, cfg, "hooks", "list")
     assert r.returncode == 0, r.stderr
     rows = [line.split("\t") for line in r.stdout.splitlines()]
@@ -610,6 +627,10 @@ def test_config_errors_are_one_line(tmp_path: Path, proj: Path) -> None:
         App.from_config({"plugins": {"hooks": {"hooks": {"PreToolUse2": []}}}}).agent()
     (proj / ".claude" / "settings.json").write_text("{not json")
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
+    r = dsh(tmp_path, proj, cfg, "run", "-m", "echo", "hi")
+    assert r.returncode == 0, r.stderr  # not trusted: inert, whatever it holds
+    assert "not trusted: not used" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    approve(proj / ".claude" / "settings.json")
     r = dsh(tmp_path, proj, cfg, "run", "-m", "echo", "hi")
     assert r.returncode != 0
     assert f"{proj / '.claude' / 'settings.json'}: not valid JSON" in r.stderr

@@ -12,14 +12,17 @@ import click
 from dsh_hooks.config import EVENTS
 
 
-def _settings(agent: str | None) -> tuple[Any, Any]:
+def _settings(agent: str | None, review: bool = False) -> tuple[Any, Any]:
+    """The agent's hooks; ``review`` (``list``): a project file not trusted is not asked
+    about, its hooks are listed as ignored with how to approve it."""
     from dsh_hooks import config
     from dsh_hooks.engine import _where
 
     app = click.get_current_context().find_root().obj.app
     info = app.agent(agent).info
     workspace = info.plugin_settings("shell").get("workspace")
-    return config.load(info.plugin_settings("hooks"), _where(info), workspace), workspace
+    return config.load(info.plugin_settings("hooks"), _where(info), workspace,
+                       review=review), workspace
 
 
 def _line(text: str) -> str:
@@ -37,13 +40,17 @@ def hooks() -> None:
 @click.option("--agent", help="The agent whose hooks to list (default: the config's agent).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per hook.")
 def list_hooks(agent: str | None, as_json: bool) -> None:
-    """Every configured hook: event, matcher, command and the file it comes from."""
-    settings, _ = _settings(agent)
+    """Every configured hook: event, matcher, command and the file it comes from.
+
+    A project file's hooks that are not trusted (or changed since) are listed as ignored,
+    with the ``dsh trust approve`` that would let them run; nothing is asked."""
+    settings, _ = _settings(agent, review=True)
     for h in settings.hooks:
         if as_json:
             click.echo(json.dumps({"event": h.event, "matcher": h.matcher,
                                    "command": h.command, "timeout": h.timeout,
-                                   "source": h.source, "ignored": h.ignored or None}))
+                                   "source": h.source, "ignored": h.ignored or None,
+                                   "project": h.from_project}))
             continue
         state = f"  (ignored: {h.ignored})" if h.ignored else ""
         click.echo(_line(f"{h.event}\t{h.matcher or '*'}\t{h.command}\t{h.source}{state}"))

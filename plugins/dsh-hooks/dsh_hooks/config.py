@@ -9,6 +9,13 @@ A malformed table is a :class:`dsh.core.errors.ConfigError` naming the file and 
 that silently does not load is worse than a run that does not start. Events dsh does not map
 (``Notification``, …) and hook types other than ``command`` are kept aside, listed by
 ``dsh hooks list`` and never run.
+
+The project's files (``.claude/settings.json``, ``.claude/settings.local.json``, a plugin
+folder inside the project) may have been written by a confined command, a model or a
+``git pull``: they are read through :mod:`dsh.core.beneath` (no symbolic link followed, dsh's
+protected paths refused) and their hooks run only while the person trusts those exact bytes
+(:func:`dsh.config.trust.gate`, :func:`admit`); a file not trusted, or changed since, is
+inert. Their hooks are :attr:`Hook.from_project`: they may deny or ask, never approve.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ EVENTS = ("PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop", "SubagentStop
 MATCHED = frozenset({"PreToolUse", "PostToolUse", "PreCompact", "SessionStart"})
 SOURCES = {"project": ".claude/settings.json", "local": ".claude/settings.local.json",
            "user": "~/.claude/settings.json"}
+#: The settings files that lie in the project: read beneath it, used only once trusted.
+PROJECT_SOURCES = frozenset({"project", "local"})
 KEYS = ("hooks", "claude_settings", "claude_plugins", "project_dir", "tools", "env_keep",
         "max_output", "timeout", "sandbox")
 #: The hook sources a ``sandbox`` table names: ``config`` (dsh's own TOML) and each settings
@@ -74,6 +83,9 @@ class Hook:
     policy: Any = None
     #: The Claude Code plugin folder it comes from (``CLAUDE_PLUGIN_ROOT``), else "".
     plugin_root: str = ""
+    #: From a file in the project (trusted by content): its PreToolUse ``allow`` approves
+    #: nothing (dsh's approval rules still apply); ``deny`` and ``ask`` work.
+    from_project: bool = False
 
 
 @attrs.frozen
@@ -125,8 +137,13 @@ def check(raw: Mapping[str, Any], where: str) -> None:
                 default_timeout=float(raw.get("timeout", DEFAULT_TIMEOUT)))
 
 
-def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSettings:
-    """The hooks of one agent: the TOML table, then each opted-in settings file (I/O)."""
+def load(raw: Mapping[str, Any], where: str, workspace: str | None, *,
+         review: bool = False) -> HookSettings:
+    """The hooks of one agent: the TOML table, then each opted-in settings file (I/O).
+
+    A project file's hooks are kept only when :func:`admit` lets them (it asks on a terminal,
+    else says one line on stderr); ``review`` (``dsh hooks list``) asks nothing and keeps them,
+    marked ignored with why."""
     check(raw, where)
     project = os.path.realpath(os.path.expanduser(
         raw.get("project_dir") or workspace or os.getcwd()))
@@ -138,48 +155,133 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None) -> HookSetti
     missing = []
     for name in raw.get("claude_settings", []):
         rel = SOURCES[name]
-        path = os.path.expanduser(rel) if rel.startswith("~") else os.path.join(project, rel)
-        from dsh.core import files
-
-        try:  # bounded, and a FIFO or a device is refused instead of blocking the run
-            text = files.read_regular(path, SETTINGS_CAP).decode("utf-8")
-        except FileNotFoundError:
+        ours = name in PROJECT_SOURCES
+        path = os.path.join(project, rel) if ours else os.path.expanduser(rel)
+        data = read_settings(path, project if ours else None, rel)
+        if data is None:
             missing.append(path)
             continue
-        except files.NotRegular as exc:
-            raise ConfigError(f"{path}: cannot read hook settings: it is {exc.kind}, "
-                              "not a regular file") from None
-        except files.TooLarge:
-            raise ConfigError(f"{path}: cannot read hook settings: larger than "
-                              f"{SETTINGS_CAP} bytes") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read hook settings: {files.reason(exc)}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
         try:
-            data = json.loads(text)
-        except RecursionError:
-            raise ConfigError(f"{path}: nested too deeply to read; its hooks would not "
-                              "run") from None
-        except ValueError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc}); its hooks would not run") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
-        if data.get("disableAllHooks") is True:
-            continue
-        hooks.extend(attrs.evolve(h, policy=confine.get(name))
-                     for h in parse_hooks(data.get("hooks", {}), path, strict=False,
-                                          default_timeout=timeout))
+            found, problem = settings_hooks(data, path, timeout), None
+        except ConfigError as exc:
+            found, problem = [], exc
+        why = ""
+        if ours:
+            found = [attrs.evolve(h, from_project=True) for h in found]
+            why = admit(project, rel, data, "hooks", found, problem, review=review)
+            if why and not review:
+                continue  # inert: the gate said so (one line on stderr)
+        if problem is not None:
+            raise problem
+        hooks.extend(attrs.evolve(h, policy=confine.get(name), ignored=h.ignored or why)
+                     for h in found)
     if raw.get("claude_plugins"):
         from dsh_hooks import plugin_folders
 
         hooks.extend(attrs.evolve(h, policy=confine.get("claude_plugins"))
-                     for h in plugin_folders.load(raw["claude_plugins"], where, project,
-                                                  timeout))
+                     for h in plugin_folders.load(
+                         raw["claude_plugins"], where, project, timeout, review=review,
+                         workspace=os.path.expanduser(workspace) if workspace else None))
     tools = dict(DEFAULT_TOOLS)
     tools.update(_tools(raw.get("tools", {}), where))
     return HookSettings(tuple(hooks), project, tools, tuple(raw.get("env_keep", [])),
                         int(raw.get("max_output", DEFAULT_MAX_OUTPUT)), tuple(missing))
+
+
+def read_settings(path: str, root: str | None, rel: str) -> bytes | None:
+    """The bytes of a hook settings file (None when it does not exist): ``rel`` beneath the
+    project ``root`` (:func:`dsh.core.beneath.read`: no symbolic link followed, dsh's protected
+    paths refused), or the user's own file ``path`` by name (``root`` None). Bounded; a FIFO
+    or a device is refused instead of blocking the run. Other problems: a ConfigError."""
+    from dsh.core import beneath
+    from dsh.core import files
+
+    try:
+        if root is None:
+            return files.read_regular(path, SETTINGS_CAP)
+        return beneath.read(root, rel, SETTINGS_CAP)
+    except FileNotFoundError:
+        return None
+    except beneath.Refused as exc:
+        raise ConfigError(f"{path}: cannot read hook settings: {exc.why}; its hooks would "
+                          "not run (replace a link with the file itself)") from None
+    except files.NotRegular as exc:
+        raise ConfigError(f"{path}: cannot read hook settings: it is {exc.kind}, "
+                          "not a regular file") from None
+    except files.TooLarge:
+        raise ConfigError(f"{path}: cannot read hook settings: larger than "
+                          f"{SETTINGS_CAP} bytes") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read hook settings: {files.reason(exc)}") from None
+
+
+def settings_hooks(data: bytes, path: str, timeout: float) -> list[Hook]:
+    """The hooks of a Claude Code settings file's bytes (``disableAllHooks``: none)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to read; its hooks would not "
+                          "run") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); its hooks would not run") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    if obj.get("disableAllHooks") is True:
+        return []
+    return parse_hooks(obj.get("hooks", {}), path, strict=False, default_timeout=timeout)
+
+
+#: Files whose bytes the person declined in this process, ``(path, sha256)``: not asked again.
+_declined: set[tuple[str, str]] = set()
+#: Lines of a trust question's summary (the question shows at most 20).
+SUMMARY_LINES = 19
+
+
+def admit(root: str, rel: str, data: bytes, kind: str, hooks: list[Hook],
+          problem: ConfigError | None, *, review: bool = False) -> str:
+    """Whether the hooks read from ``rel`` in the project ``root`` (the bytes ``data``) may
+    run: "" when they may, else why not (the file is then inert).
+
+    A file none of whose hooks would run (none, all of unsupported events, or
+    ``disableAllHooks``) needs no trust. Otherwise :func:`dsh.config.trust.gate` decides: the
+    approved digest, or the person's answer on a terminal (shown every hook's event, matcher
+    and exact command); without one it prints one line naming the file and how to approve it.
+    ``review``: no question and no line, only the state (``dsh hooks list``)."""
+    runnable = [h for h in hooks if not h.ignored]
+    if problem is None and not runnable:
+        return ""
+    from dsh.config import trust
+
+    if review:
+        state = trust.state(root, rel, data)
+        if state == "trusted":
+            return ""
+        what = "changed since it was trusted" if state == "changed" else "not trusted"
+        return f"{what}: dsh trust approve {os.path.join(root, rel)}"
+    key = (trust.key_of(root, rel), trust.digest(data))
+    if key in _declined:
+        return "not trusted"
+    if trust.gate(root, rel, data, kind, summary(runnable, problem)):
+        return ""
+    _declined.add(key)
+    return "not trusted"
+
+
+def summary(hooks: list[Hook], problem: ConfigError | None = None) -> str:
+    """What a file would run, for the trust question: one line per hook, its event, matcher
+    and exact command (as a JSON string: a newline in it cannot forge another line)."""
+    if problem is not None:
+        return _one_line(f"its hooks cannot be read: {problem}")
+    lines = [_one_line(f"hook {h.event}, matcher {h.matcher or '*'}: "
+                       f"{json.dumps(h.command, ensure_ascii=False)}") for h in hooks]
+    if len(lines) > SUMMARY_LINES:
+        more = len(lines) - SUMMARY_LINES + 1
+        lines = [*lines[:SUMMARY_LINES - 1], f"… and {more} more hooks (dsh hooks list)"]
+    return "\n".join(lines)
 
 
 def policies(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -245,6 +347,18 @@ def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -
                 out.append(Hook(str(event), matcher, str(command or ""), float(timeout),
                                 where, why))
     return out
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every character that ends a line (for :meth:`str.splitlines`) escaped:
+    JSON leaves U+0085, U+2028 and U+2029 as they are."""
+    out = []
+    for c in text:
+        if c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029":
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _positive(value: Any) -> bool:

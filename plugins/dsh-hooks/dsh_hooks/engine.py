@@ -60,6 +60,8 @@ class Engine:
         self.ledger = ledger if ledger is not None else getattr(ctx, "ledger", None)
         self.workspace = workspace
         self.env = runner.child_env(settings.env_keep, settings.project_dir)
+        #: A project file's hooks: the same, less any secret ``env_keep`` let in.
+        self.project_env = without_secrets(self.env)
         #: Turns continued by a Stop hook (``stop_hook_active`` on re-entry).
         self.stop_active: set[int] = set()
         #: Tool calls whose approval a hook gave: ``id(call) → approve_all before``.
@@ -132,12 +134,12 @@ class Engine:
         payload = json.dumps({**self.base(event), **fields}, ensure_ascii=False,
                              default=str).encode()
         cap = self.settings.max_output
-        child_env = {**self.env, **env} if env else self.env
         cancel = getattr(self.ctx, "cancel", None) if cancellable else None
 
         def one(h: Hook) -> Answer:
-            env_h = {**child_env, "CLAUDE_PLUGIN_ROOT": h.plugin_root} if h.plugin_root \
-                else child_env
+            env_h = {**(self.project_env if h.from_project else self.env), **(env or {})}
+            if h.plugin_root:
+                env_h["CLAUDE_PLUGIN_ROOT"] = h.plugin_root
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
                              env=env_h, max_output=cap, cancel=cancel, policy=h.policy)
             try:
@@ -251,6 +253,18 @@ class Engine:
             if known is None or inner in known:
                 out[inner] = value
         return out
+
+
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less what a project file's hook never gets, whatever ``env_keep`` lets in:
+    variables named as credentials (``*_API_KEY``, ``*TOKEN*``…), values dsh's redaction would
+    hide (a provider key's shape) and dsh's own variables (``DSH_*`` but the project's)."""
+    from dsh.core.redact import credential_name
+    from dsh.core.redact import redact
+
+    return {k: v for k, v in env.items()
+            if k == "DSH_PROJECT_DIR" or not (
+                credential_name(k) or k.startswith("DSH_") or redact(v) != v)}
 
 
 def _where(info: Any) -> str:

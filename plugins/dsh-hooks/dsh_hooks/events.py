@@ -187,7 +187,11 @@ def pre_execute(eng: Engine, call: Any) -> None:
         d, r = _permission(ans)
         if ans.kind == "error":
             notes.append(f"{ans.name}: {ans.reason} (not applied)")
-        if rank[d] > rank[decision]:
+        # Ties go to the first hook, except that a user's own allow outranks a project
+        # file's (which approves nothing): the call is then approved by the user's hook.
+        if rank[d] > rank[decision] or (d == decision == "allow" and by is not None
+                                        and by.hook.from_project
+                                        and not ans.hook.from_project):
             decision, why, by = d, r, ans
         updated = ans.specific.get("updatedInput")
         if isinstance(updated, Mapping) and d != "deny":
@@ -209,7 +213,14 @@ def pre_execute(eng: Engine, call: Any) -> None:
     # for a sequential tool (dsh-shell's run_command, write_file): a step with one never runs
     # its calls concurrently, so no other call sees the flag.
     sequential = call.tool is not None and call.tool.sequential
-    if decision == "allow" and by is not None:
+    if decision == "allow" and by is not None and by.hook.from_project:
+        # A project file may narrow what runs (deny, ask), never widen it: dsh's own approval
+        # rules decide the call, as if the hook had said nothing.
+        notes.append(f"{by.name} ({by.hook.source}) allowed the call; a project hook cannot "
+                     "approve one: dsh's approval rules apply")
+        eng.decided("PreToolUse", "allow", by, why, approval="unchanged (a project hook)",
+                    **about)
+    elif decision == "allow" and by is not None:
         if sequential:
             eng.approved[id(call)] = eng.ctx.approve_all
             eng.ctx.approve_all = True
@@ -224,10 +235,14 @@ def pre_execute(eng: Engine, call: Any) -> None:
         if refusal:
             call.block(refusal, plugin="hooks")
             return
-        if sequential:
-            eng.approved[id(call)] = eng.ctx.approve_all
-            eng.ctx.approve_all = True
-        notes.append(f"{by.name} asked; the user approved")
+        if by.hook.from_project:  # it asked; dsh's own approval still follows
+            notes.append(f"{by.name} asked; the user approved (dsh's approval rules apply: "
+                         "a project hook)")
+        else:
+            if sequential:
+                eng.approved[id(call)] = eng.ctx.approve_all
+                eng.ctx.approve_all = True
+            notes.append(f"{by.name} asked; the user approved")
     if notes:
         eng.ctx.data.setdefault(KEY + ":notes", {})[id(call)] = notes
 
