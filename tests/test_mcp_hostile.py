@@ -457,21 +457,23 @@ def test_expanded_values_never_reach_errors_the_ledger_or_the_terminal(
     from dsh_mcp import cache
     from dsh_mcp.settings import read_mcp_json
 
+    # A value dsh does not know as a secret (a variable named like one never reaches a command
+    # line: tests/test_mcp_trust.py), in the person's own file (outside the project).
     secret = "sk-proj-f23mcp-expanded-0123456789"
     (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"bad": {
         "command": sys.executable,
-        "args": ["-c", "import sys; sys.exit(3)", "--key", "${F23_TEST_API_KEY}"]}}}))
-    env = home_env(tmp_path, F23_TEST_API_KEY=secret)
+        "args": ["-c", "import sys; sys.exit(3)", "--key", "${F23_TEST_ARG}"]}}}))
+    env = home_env(tmp_path, F23_TEST_ARG=secret)
     cfg = tmp_path / "dsh.toml"
     import tomli_w
 
     cfg.write_text(tomli_w.dumps({"sessions_dir": str(tmp_path / "sessions"),
                                   "plugins": {"mcp": {"mcp_json": str(tmp_path / ".mcp.json")}}}))
     # a listing cached earlier, so the model can call a tool of a server that now fails
-    monkeypatch.setenv("F23_TEST_API_KEY", secret)
+    monkeypatch.setenv("F23_TEST_ARG", secret)
     (server,) = read_mcp_json(tmp_path / ".mcp.json")
     cache.store(server, [{"name": "t", "inputSchema": {"type": "object"}}], {}, None)
-    monkeypatch.delenv("F23_TEST_API_KEY")
+    monkeypatch.delenv("F23_TEST_ARG")
     model = script(tmp_path, call("mcp__bad__t"), {"text": "done"})
     proc = dsh("--config", str(cfg), "run", "-m", model, "go", env=env)
     assert proc.returncode == 0, proc.stderr

@@ -194,27 +194,42 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
 
 
 def test_settings_stdio_http_and_mcp_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsh.config import trust
+
     monkeypatch.setenv("GH_TOKEN_FOR_TEST", "ghp-from-env-123456")
-    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {
+    own, project = tmp_path / "own", tmp_path / "project"
+    own.mkdir()
+    project.mkdir()
+    data = json.dumps({"mcpServers": {
         "gh": {"type": "http", "url": "https://api.example.com/mcp",
                "headers": {"Authorization": "Bearer ${GH_TOKEN_FOR_TEST}"}},
         "fs": {"command": "npx", "args": ["-y", "@mcp/fs", "${HOME_X:-/srv}"],
                "env": {}, "autoApprove": ["read"]},
         "off": {"command": "x", "disabled": True},
-    }}))
-    got = parse_settings({"mcp_json": ".mcp.json",
+    }}).encode()
+    (own / ".mcp.json").write_bytes(data)
+    # a file of the person's own, outside the project: read as it is
+    mine = str(own / ".mcp.json")
+    got = parse_settings({"mcp_json": mine,
                           "servers": {"fs": {"command": "uvx", "args": ["fs"]}}},
-                         "plugins.mcp", base_dir=tmp_path)
+                         "plugins.mcp", base_dir=project)
     assert sorted(got.servers) == ["fs", "gh"]  # disabled skipped
     assert got.servers["gh"].headers == {"Authorization": "Bearer ghp-from-env-123456"}
     assert got.servers["gh"].transport == "http"
     assert got.servers["fs"].command == "uvx"  # the TOML table wins over the file
-    from_file = parse_settings({"mcp_json": [".mcp.json"]}, "p", base_dir=tmp_path)
+    from_file = parse_settings({"mcp_json": [mine]}, "p", base_dir=project)
     assert from_file.servers["fs"].args == ("-y", "@mcp/fs", "/srv")  # ${VAR:-default}
+    assert from_file.servers["fs"].sandbox is None  # the person's own: as configured
     # a missing file is skipped (a global config may name a per-project file)
-    assert parse_settings({"mcp_json": "nope.json"}, "p", base_dir=tmp_path).servers == {}
+    assert parse_settings({"mcp_json": "nope.json"}, "p", base_dir=project).servers == {}
     # describe() never shows env or header values
     assert "ghp-from-env" not in got.servers["gh"].describe()
+    # the same file in the project, trusted: its token is not expanded (tests/test_mcp_trust.py)
+    (project / ".mcp.json").write_bytes(data)
+    trust.approve(project, ".mcp.json", trust.digest(data), "mcp")
+    with pytest.raises(ConfigError, match=r"mcpServers\.gh: headers\.Authorization: "
+                                          r"\$\{GH_TOKEN_FOR_TEST\} is not expanded"):
+        parse_settings({"mcp_json": ".mcp.json"}, "p", base_dir=project)
 
 
 @pytest.mark.parametrize(("raw", "message"), [

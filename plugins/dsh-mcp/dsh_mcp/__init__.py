@@ -11,13 +11,16 @@ enable it. Its settings come from ``[plugins.mcp]``, overlaid (key by key) with
 ``mcp_json``
     a path or list of paths of ``mcpServers`` files (Claude Code's ``.mcp.json``, Cursor's
     ``mcp.json``) read as they are; relative to the current directory; missing files skipped;
+    one inside the project is used only once its content is trusted, and its servers are
+    confined to the project (:mod:`dsh_mcp.project`);
 ``use``
     the names of the servers this agent uses (default: all);
 ``timeout`` / ``startup_timeout``
     defaults for every server (60 s per call, 30 s to start and initialize);
 ``sandbox``
     the kernel sandbox of stdio servers (a policy name or table, as ``[sandbox]``; per server
-    too, ``servers.NAME.sandbox``); default ``off`` (docs/mcp.md, "Sandbox").
+    too, ``servers.NAME.sandbox``); default ``off``, ``workspace-write`` for a project's
+    servers (docs/mcp.md, "Sandbox").
 
 Each server tool becomes ``mcp__SERVER__TOOL``. Tool lists are cached on disk
 (:mod:`dsh_mcp.cache`), so assembly starts no server once a list is cached; the first
@@ -183,7 +186,8 @@ def _record_sandbox(server: Server) -> None:
     policy = server.sandbox
     record: dict[str, Any] = {"policy": "off", "backend": "none"}
     if policy is not None:
-        record = {**policy.record(), "workspace": server.cwd or ".", "backend": "landlock"}
+        record = {**policy.record(), "workspace": server.workspace or server.cwd or ".",
+                  "backend": "landlock"}
     try:
         record_event("mcp", "sandbox", {"call_id": call.call.id, "tool": call.call.name,
                                         "server": server.name, **record})

@@ -137,7 +137,8 @@ class Connection:
                     if server.sandbox is not None:  # the launcher confines it, then execs
                         from dsh.sandbox.spawn import wrap
 
-                        root = os.path.realpath(server.cwd or os.getcwd())
+                        # a project's server: the project root, whatever its cwd
+                        root = server.workspace or os.path.realpath(server.cwd or os.getcwd())
                         argv, env, self._sandbox_temp = wrap(
                             [command, *args], server.sandbox, workspace=root)
                         command, args = argv[0], argv[1:]

@@ -13,11 +13,15 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import attrs
 
 from dsh.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dsh_mcp.project import Project
 
 #: The most bytes of an ``mcpServers`` file read.
 MCP_JSON_CAP = 4 * 1024 * 1024
@@ -58,8 +62,11 @@ class Server:
     #: :mod:`dsh.core.redact` when the file is read).
     expanded: tuple[str, ...] = attrs.field(default=(), hash=False, repr=False)
     #: The kernel sandbox of a stdio server's process (:class:`dsh.sandbox.Policy`); None:
-    #: ``off`` (the default for servers: docs/mcp.md, "Sandbox").
+    #: ``off`` (the default for the servers of the person's config: docs/mcp.md, "Sandbox").
     sandbox: Any = None
+    #: The project root (real path) for a server a project file defines: its sandbox's
+    #: workspace, and where its ``cwd`` must lie; ``None`` for the person's own servers.
+    workspace: str | None = None
 
     @property
     def key(self) -> str:
@@ -69,6 +76,8 @@ class Server:
                  "env": dict(self.env), "cwd": self.cwd, "url": self.url,
                  "headers": dict(self.headers),
                  "sandbox": self.sandbox.record() if self.sandbox is not None else None}
+        if self.workspace is not None:
+            ident["workspace"] = self.workspace
         raw = json.dumps(ident, sort_keys=True, ensure_ascii=False).encode()
         return hashlib.sha256(raw).hexdigest()
 
@@ -120,19 +129,31 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
         files = [files]
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise ConfigError(f"{where}: 'mcp_json' must be a path or a list of paths")
+    project = None
+    if files or raw.get("claude_plugins"):
+        from dsh_mcp.project import project_of
+
+        project = project_of(raw, where, base_dir)
     for name in files:
         path = Path(name).expanduser()
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
+        rel = project.rel_of(path) if project is not None else None
+        if project is not None and rel is not None:  # the project's: trusted by content
+            for server in read_project_mcp_json(project, rel, timeout, startup):
+                servers[server.name] = attrs.evolve(server, max_output=cap)
+            continue
         for server in read_mcp_json(path, timeout, startup):
-            # A project's .mcp.json cannot choose its own sandbox: dsh's settings do.
+            # A file of the person's own, named by their config; it cannot choose its own
+            # sandbox: dsh's settings do.
             servers[server.name] = attrs.evolve(server, max_output=cap, sandbox=default_policy)
     if "claude_plugins" in raw:
         from dsh_mcp.plugin_folders import read_plugins
 
         for server in read_plugins(raw["claude_plugins"], where, base_dir or Path.cwd(),
-                                   timeout, startup):
-            servers[server.name] = attrs.evolve(server, max_output=cap, sandbox=default_policy)
+                                   timeout, startup, project):
+            own = {} if server.workspace is not None else {"sandbox": default_policy}
+            servers[server.name] = attrs.evolve(server, max_output=cap, **own)
     table = raw.get("servers", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: 'servers' must be a table of servers")
@@ -156,10 +177,11 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
 
 def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
                   startup: float = DEFAULT_STARTUP_TIMEOUT) -> list[Server]:
-    """The servers of an ``mcpServers`` file (Claude Code ``.mcp.json``, Cursor
-    ``mcp.json``, Claude Desktop ``claude_desktop_config.json``), as written there: keys dsh
-    does not use (``disabled``, ``autoApprove``, …) are ignored; ``${VAR}`` /
-    ``${VAR:-default}`` are expanded from the environment."""
+    """The servers of an ``mcpServers`` file of the person's own (Claude Code ``.mcp.json``,
+    Cursor ``mcp.json``, Claude Desktop ``claude_desktop_config.json``), as written there:
+    keys dsh does not use (``disabled``, ``autoApprove``, …) are ignored; ``${VAR}`` /
+    ``${VAR:-default}`` are expanded from the environment (a secret never into ``command``
+    or ``args``). A file in the project is read by :func:`read_project_mcp_json`."""
     try:
         data = read_json(path)
     except FileNotFoundError:
@@ -170,10 +192,34 @@ def read_mcp_json(path: Path, timeout: float = DEFAULT_TIMEOUT,
     return servers_of(entries, f"{path}: mcpServers", timeout, startup)
 
 
+def read_project_mcp_json(project: Project, rel: str, timeout: float = DEFAULT_TIMEOUT,
+                          startup: float = DEFAULT_STARTUP_TIMEOUT) -> list[Server]:
+    """The servers of the ``mcpServers`` file ``rel`` in the project
+    (:class:`dsh_mcp.project.Project`): read beneath its root, used only when the person
+    trusted these bytes (none otherwise: the file is inert), ``${VAR}`` refusing dsh's
+    secrets and loader variables, each stdio server confined with the project root as its
+    workspace."""
+    from dsh_mcp import project as proj
+
+    data = proj.load_gated(project, rel, proj.KIND, lambda raw: proj.summary(raw, project))
+    if data is None:
+        return []
+    path = project.shown(rel)
+    entries = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}: expected an object with 'mcpServers'")
+    servers = servers_of(entries, f"{path}: mcpServers", timeout, startup, project=True)
+    return [project.confine(s) for s in servers]
+
+
 def servers_of(entries: Mapping[str, Any], where: str, timeout: float, startup: float,
-               expand: Any = None) -> list[Server]:
+               expand: Any = None, *, project: bool = False) -> list[Server]:
     """The servers of an ``mcpServers`` object (``where`` names it in errors); ``expand``
-    rewrites each entry first (``${CLAUDE_PLUGIN_ROOT}``)."""
+    rewrites each entry first (``${CLAUDE_PLUGIN_ROOT}``); ``project``: the object comes
+    from a project file (``${VAR}`` refuses dsh's secrets and loader variables)."""
+    from dsh_mcp.project import Expansion
+
+    rules = Expansion(project=project)
     servers = []
     for name, entry in entries.items():
         if isinstance(entry, dict) and entry.get("disabled") is True:
@@ -181,8 +227,10 @@ def servers_of(entries: Mapping[str, Any], where: str, timeout: float, startup: 
         if expand is not None:
             entry = expand(entry)
         expanded: list[str] = []
-        server = parse_server(name, _expand(entry, expanded), f"{where}.{name}",
-                              timeout, startup, strict=False)
+        here = f"{where}.{name}"
+        if isinstance(entry, dict):
+            entry = {k: _expand(v, expanded, rules, here, str(k)) for k, v in entry.items()}
+        server = parse_server(name, entry, here, timeout, startup, strict=False)
         servers.append(attrs.evolve(server, expanded=tuple(expanded)))
     return servers
 
@@ -242,26 +290,33 @@ def parse_server(name: str, entry: Any, where: str, timeout: float, startup: flo
                   **common)
 
 
-def _expand(value: Any, expanded: list[str]) -> Any:
-    """``value`` with ``${VAR}`` / ``${VAR:-default}`` expanded. Every expanded value is
-    registered as a secret (:func:`dsh.core.redact.register`, which skips values too short or
-    plain to be one) before anything can show it — an ``args`` entry ``${OPENAI_API_KEY}``
-    is in the server's command line, which error lines show — and appended to
+def _expand(value: Any, expanded: list[str], rules: Any, where: str, key: str) -> Any:
+    """``value`` (at ``key`` of the server ``where``) with ``${VAR}`` / ``${VAR:-default}``
+    expanded. A variable ``rules`` (:class:`dsh_mcp.project.Expansion`) refuses — a secret on
+    the command line, dsh's secrets or loader variables in a project file — is a
+    :class:`ConfigError` naming the server, the key and the variable (never its value).
+    Every expanded value is registered as a secret (:func:`dsh.core.redact.register`, which
+    skips values too short or plain to be one) before anything can show it, and appended to
     ``expanded``."""
     if isinstance(value, str):
         def sub(m: re.Match[str]) -> str:
             from dsh.core.redact import register
 
-            got = os.environ.get(m.group(1), m.group(2) or "")
+            var = m.group(1)
+            got = os.environ.get(var, m.group(2) or "")
+            why = rules.refusal(var, got, key)
+            if why is not None:
+                raise ConfigError(f"{where}: {key}: ${{{var}}} is not expanded: {why}; the "
+                                  "server is not started")
             register(got)
             expanded.append(got)
             return got
 
         return _VAR.sub(sub, value)
     if isinstance(value, list):
-        return [_expand(v, expanded) for v in value]
+        return [_expand(v, expanded, rules, where, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
-        return {k: _expand(v, expanded) for k, v in value.items()}
+        return {k: _expand(v, expanded, rules, where, f"{key}.{k}") for k, v in value.items()}
     return value
 
 
