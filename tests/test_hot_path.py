@@ -138,7 +138,7 @@ RUN_MODULES_DSH = {
     "dsh.core.modeldata", "dsh.core.redact", "dsh.core.sanitize", "dsh.hookspecs", "dsh.host",
     "dsh.host.manager", "dsh.host.runcontext", "dsh.host.scope", "dsh.host.stash",
     "dsh.ledger", "dsh.ledger.blobs", "dsh.ledger.events", "dsh.ledger.history",
-    "dsh.ledger.plugin_events", "dsh.ledger.scan", "dsh.ledger.serialize", "dsh.ledger.state",
+    "dsh.ledger.owners", "dsh.ledger.plugin_events", "dsh.ledger.scan", "dsh.ledger.serialize", "dsh.ledger.state",
     "dsh.ledger.store", "dsh.ledger.writer", "dsh.llm", "dsh.llm.base", "dsh.llm.builtin",
     "dsh.llm.invariant", "dsh.llm.record", "dsh.llm.schema", "dsh.llm.transport", "dsh.run",
     "dsh.run.agent", "dsh.run.app", "dsh.run.budget", "dsh.run.compaction",
@@ -157,8 +157,8 @@ HELP_MODULES_DSH = {
     "dsh.cli.run_command", "dsh.cli.shared", "dsh.core", "dsh.core.errors",
     # each command's module, for its short help in the list
     "dsh.cli.commands", *(f"dsh.cli.commands.{c}" for c in (
-        "batch", "chat", "config", "install", "inventory", "keys", "sandbox", "sessions",
-        "trust")),
+        "batch", "chat", "config", "install", "inventory", "keys", "permissions", "sandbox",
+        "sessions", "trust")),
 }
 
 #: attrs classes alive after ``dsh run -m echo hi``: attrs' own, then dsh's. Each costs

@@ -19,6 +19,7 @@ from dsh.core.messages import FrozenList
 from dsh.core.messages import thaw
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
+from dsh.ledger import owners
 from dsh.ledger import plugin_events as pe
 from dsh.ledger.events import PluginEvent
 from dsh.ledger.serialize import InvalidLine
@@ -118,12 +119,12 @@ class _App:
 
 def test_distribution_cache_follows_the_loaded_modules() -> None:
     app = _App()
-    first = pe._module_dists(app, frozenset({"pluggy"}))
+    first = owners._module_dists(app, frozenset({"pluggy"}))
     assert "pluggy" in first
-    assert pe._module_dists(app, frozenset({"pluggy"})) is first  # cached for the same set
-    second = pe._module_dists(app, frozenset({"attr"}))
+    assert owners._module_dists(app, frozenset({"pluggy"})) is first  # cached for the same set
+    second = owners._module_dists(app, frozenset({"attr"}))
     assert "attrs" in second and "pluggy" not in second  # a changed set is read again
-    assert pe._module_dists(app, frozenset()) == frozenset()
+    assert owners._module_dists(app, frozenset()) == frozenset()
 
 
 def test_is_installed_by_registered_name_dist_or_app(tmp_path: Path) -> None:
@@ -288,8 +289,8 @@ def test_read_names_which_name_is_invalid() -> None:
 
 
 def test_distribution_names_compare_as_pypi_does() -> None:
-    assert pe._normal("Dsh_Hooks") == "dsh-hooks"
-    assert pe._normal("a.-_b__c") == "a-b-c" and pe._normal("plain") == "plain"
+    assert owners._normal("Dsh_Hooks") == "dsh-hooks"
+    assert owners._normal("a.-_b__c") == "a-b-c" and owners._normal("plain") == "plain"
 
 
 def test_from_raw_depth_limit_counts_objects_as_lists() -> None:

@@ -432,3 +432,58 @@ def test_threads_sharing_one_store_never_interleave_its_transactions(
     assert "session index" not in capsys.readouterr().err  # never passed over
     assert os.stat(SessionIndex(store).path).st_ino == inode  # never taken for damaged
     assert_consistent(store)
+
+
+def _forge(env: dict[str, str], rows: list[tuple[Any, ...]]) -> None:
+    conn = sqlite3.connect(db(env))
+    with conn:
+        conn.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                         "NULL)", rows)
+    conn.close()
+
+
+def test_a_forged_row_never_yields_a_path_outside_the_store(env: dict[str, str],
+                                                             six: JsonlStore,
+                                                             tmp_path: Path) -> None:
+    """Rows naming ``../outside/victim``, ``/abs/outside/victim`` (each with the outside
+    file's true stamp, so nothing looks stale) and ``evil`` (a ``*.jsonl`` symlink to the
+    outside ledger): ``sessions list`` never shows them, ``show`` / ``path`` / ``rm`` never
+    reach the outside file, which is still there, unchanged."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.jsonl"
+    scratch = JsonlStore(tmp_path / "scratch")
+    make_session(scratch, IDS[0], prompt="the outside secret prompt")
+    victim.write_bytes(scratch.path(IDS[0]).read_bytes())
+    before = (victim.read_bytes(), os.stat(victim).st_mtime_ns)
+    listed(env)
+    age_folder(env)
+    listed(env)
+    (folder(env) / "evil.jsonl").symlink_to(victim)
+    age_folder(env)
+    st = os.stat(victim)
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    relative = os.path.relpath(outside, folder(env)) + "/victim"
+    forged = [relative, str(outside / "victim"), "evil"]
+    _forge(env, [(sid, stamp, "ok", "default", "m", "2027-01-01", 1, "forged row", None)
+                 for sid in forged]
+           + [("zz-permanent", PERMANENT, "ok", "default", "m", "s", 1, "forged", None)])
+    rows, warnings = listed(env)
+    assert [r["id"] for r in rows] == IDS[::-1]
+    assert all(Path(r["path"]).parent == folder(env) for r in rows)
+    assert "forged row" not in json.dumps(rows) and "outside secret" not in json.dumps(rows)
+    assert len(warnings) == 1 and "evil.jsonl is a symbolic link" in warnings[0], warnings
+    left = index_rows(db(env))
+    assert relative not in left and str(outside / "victim") not in left
+    assert "zz-permanent" not in left and left["evil"][2] == "error"
+    for args in (("show", relative), ("show", str(outside / "victim")), ("path", relative),
+                 ("rm", relative), ("rm", str(outside / "victim")), ("rm", "../"),
+                 ("show", "ev"), ("rm", "ev")):
+        proc = run(env, "sessions", *args)
+        assert proc.returncode != 0 and "outside secret" not in proc.stdout, args
+        assert (victim.read_bytes(), os.stat(victim).st_mtime_ns) == before, args
+    # the symlink, named in full, is removed as a name in the folder: its target stays
+    assert run(env, "sessions", "rm", "evil").returncode == 0
+    assert not os.path.lexists(folder(env) / "evil.jsonl")
+    assert (victim.read_bytes(), os.stat(victim).st_mtime_ns) == before
+    assert [r["id"] for r in listed(env)[0]] == IDS[::-1]

@@ -86,22 +86,35 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+MODE_HELP = ("Permission mode: read-only, ask (default: writes and unlisted commands ask), "
+             "auto-edit (writes in the workspace run), full-auto (everything inside the "
+             "sandbox runs).")
+
+
 def agent_overrides(model: str | None, system: str | None, max_steps: int | None,
-                    options: tuple[str, ...]) -> dict[str, Any]:
-    """The agent overrides of ``dsh run`` and ``dsh chat`` (``-m -s --max-steps -o``)."""
+                    options: tuple[str, ...], mode: str | None = None) -> dict[str, Any]:
+    """The agent overrides of ``dsh run``, ``dsh chat`` and ``dsh batch`` (``-m -s
+    --max-steps -o --mode``)."""
     overrides: dict[str, Any] = {"model": model, "system": _utf8(system, "-s"),
-                                 "max_steps": max_steps,
+                                 "max_steps": max_steps, "mode": mode,
                                  "options": _utf8(parse_options(options) or None, "-o")}
     return {k: v for k, v in overrides.items() if v is not None}
 
 
 def assemble_agent(app: App, agent: str | None, overrides: dict[str, Any],
-                   tools: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+                   tools: tuple[str, ...], no_tools: bool = False) -> tuple[Any, dict[str, Any]]:
     """The agent with ``overrides`` and the ``-T`` allow list (an unknown tool is a usage
-    error naming the available ones); says so when the offline default model answers."""
+    error naming the available ones; ``-T ''`` and ``--no-tools`` mean no tool at all); says
+    so when the offline default model answers."""
     allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
     overrides = dict(overrides)
-    if allow:
+    if no_tools or (tools and not allow):
+        if allow:
+            from dsh.core.errors import UsageError
+
+            raise UsageError("--no-tools cannot be combined with -T NAME")
+        overrides["tools"] = []
+    elif allow:
         known = app.agent(agent, **overrides).tools
         for name in allow:
             if name not in known:
@@ -113,6 +126,13 @@ def assemble_agent(app: App, agent: str | None, overrides: dict[str, Any],
     assembled = app.agent(agent, **overrides)
     note_default_model(app, assembled, overrides)
     return assembled, overrides
+
+
+def note_yes(yes: bool, agent: Any) -> None:
+    """``--yes`` says in one line what it approves."""
+    if yes:
+        warn(f"--yes: every tool call that would ask is approved in this run (mode "
+             f"{agent.mode}: calls the mode refuses stay refused)")
 
 
 def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None) -> str | None:

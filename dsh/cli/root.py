@@ -64,6 +64,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "batch": "dsh.cli.commands.batch:batch",
     "sandbox": "dsh.cli.commands.sandbox:sandbox",
     "trust": "dsh.cli.commands.trust:trust",
+    "permissions": "dsh.cli.commands.permissions:permissions",
 }
 
 #: Other names that moved from this module to dsh/cli/commands/. They, and the commands above,

@@ -15,9 +15,11 @@ from typing import Any
 
 import click
 
+from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
 from dsh.cli.options import session_to_resume
 from dsh.cli.shared import State
@@ -67,7 +69,9 @@ def read_prompt(prompt: str | None) -> str:
               help="Model option, e.g. -o temperature=0.2 (repeatable).")
 @click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
               help="Allow only this tool (repeatable, or comma-separated).")
-@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@click.option("--no-tools", is_flag=True, help="Offer the model no tool at all (also -T '').")
+@click.option("--mode", metavar="MODE", default=None, help=MODE_HELP)
+@click.option("--yes", is_flag=True, help="Approve every tool call that would ask, in this run.")
 @click.option("--attach", metavar="FILE|URL|-", multiple=True, expose_value=False,
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.attach", value),
               help="Attach an image (PNG, JPEG, GIF, WebP) or a PDF: a file, an http(s) URL "
@@ -84,7 +88,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
         as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
         timeout: float | None, limits: tuple[str, ...], options: tuple[str, ...],
-        tools: tuple[str, ...], yes: bool, schema: str | None) -> None:
+        tools: tuple[str, ...], no_tools: bool, mode: str | None, yes: bool,
+        schema: str | None) -> None:
     """Run PROMPT as one turn and print the answer.
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
@@ -117,7 +122,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         text = prompt
     else:
         text = read_prompt(prompt)  # as given: its user/message records what was sanitised
-    overrides = agent_overrides(model, system, max_steps, options)
+    overrides = agent_overrides(model, system, max_steps, options, mode)
     from dsh.cli.streams import Stdout
     from dsh.cli.terminal import RunOutput
     from dsh.core.errors import DshError
@@ -129,7 +134,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         output.show_reasoning()
     try:
         app = state.app
-        assembled, overrides = assemble_agent(app, agent, overrides, tools)
+        assembled, overrides = assemble_agent(app, agent, overrides, tools, no_tools)
+        note_yes(yes, assembled)
         text, assembled = expand_command(state, assembled, overrides, tools,
                                          prompt if prompt else text, text)
         resume = session_to_resume(app, assembled, continue_, session_id)

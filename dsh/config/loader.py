@@ -61,6 +61,8 @@ class AgentConfig:
     context_window: int | None = None
     summary_model: str | None = None
     sandbox: SandboxSetting = None  #: over ``[sandbox]``: a policy name or a table
+    #: The permission mode of its runs (``ask`` when unset; docs/security.md).
+    mode: str | None = None
 
 
 @attrs.frozen(kw_only=True)

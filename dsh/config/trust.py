@@ -63,13 +63,32 @@ def key_of(root: str | os.PathLike[str], rel: str) -> str:
     return os.path.join(os.path.realpath(root), os.path.normpath(rel))
 
 
-def load() -> dict[str, dict[str, Any]]:
-    """``{path: {"sha256", "kind", "approved"}}``; ``{}`` when nothing is trusted."""
+def read_record(path: str | os.PathLike[str]) -> object:
+    """A record dsh keeps of the person's decisions (trust, grants): JSON, refused — a
+    :class:`ConfigError` naming the file — when it is a symbolic link, belongs to another
+    user or others may write it (then it is not the person's decision). FileNotFoundError
+    when it is missing."""
+    import stat
+
     from dsh.core import files
 
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"{path}: is a symbolic link; dsh keeps the person's decisions in a "
+                          "real file (remove it to start afresh)")
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise ConfigError(f"{path}: belongs to another user (uid {st.st_uid}); not used")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"{path}: others may write it (mode {stat.S_IMODE(st.st_mode):o}); "
+                          f"not used until it is private: chmod 600 {path}")
+    return files.read_json(path, CAP)
+
+
+def load() -> dict[str, dict[str, Any]]:
+    """``{path: {"sha256", "kind", "approved"}}``; ``{}`` when nothing is trusted."""
     path = trust_path()
     try:
-        data = files.read_json(path, CAP)
+        data = read_record(path)
     except FileNotFoundError:
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("files"), dict):

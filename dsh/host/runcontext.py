@@ -270,6 +270,27 @@ class Budget:
         return None
 
 
+#: The permission modes, from the narrowest to the widest (:mod:`dsh.tools.approval`).
+MODES = ("read-only", "ask", "auto-edit", "full-auto")
+DEFAULT_MODE = "ask"
+
+
+def check_mode(mode: str, where: str = "--mode") -> str:
+    """``mode`` if it is one of :data:`MODES`, else a usage error naming ``where``."""
+    if mode not in MODES:
+        from dsh.core.errors import UsageError
+        from dsh.core.errors import unknown_name
+
+        raise UsageError(f"{where}: " + unknown_name("mode", mode, MODES, "known"))
+    return mode
+
+
+def narrower(a: str, b: str) -> str:
+    """The narrower of two modes (a sub-agent runs under the narrower of its own and its
+    parent's)."""
+    return a if MODES.index(a) <= MODES.index(b) else b
+
+
 @attrs.define(eq=False)
 class RunContext:
     """The state of one run. Obtain it with :func:`dsh.context` inside the run."""
@@ -295,6 +316,9 @@ class RunContext:
     stop_requested: bool = False
     #: Tool calls that need approval are approved without asking (``dsh run --yes``).
     approve_all: bool = False
+    #: The permission mode (``--mode``; :data:`dsh.tools.approval.MODES`): what runs without
+    #: a question, what asks and what is refused.
+    mode: str = "ask"
     #: Price per million tokens of the run's model, ``(input, output)``, for cost budgets.
     price: tuple[float | None, ...] | None = None
     #: The parent run, for a nested run (a sub-agent).

@@ -91,7 +91,10 @@ class AgentHandle:
     def record_event(self, plugin: str, name: str, data: Mapping[str, Any] | None = None, *,
                      version: int = 1) -> Any:
         """Append the plugin's own persistent event ``x/PLUGIN/NAME`` to the current run's
-        session: :func:`dsh.ledger.plugin_events.record_event`."""
+        session: :func:`dsh.ledger.plugin_events.record_event`. ``PLUGIN`` is the calling
+        plugin's own name (registered or distribution): the handle is shared by every plugin
+        of the agent, and one plugin's hook or tool naming another plugin is refused with a
+        :class:`~dsh.ledger.plugin_events.PluginEventError` naming both."""
         from dsh import plugin_events  # only plugins that write events import it
 
         return plugin_events.record_event(plugin, name, data, version=version)

@@ -70,6 +70,9 @@ class TurnStarted(Event):
     #: or inert: ``{"path", "kind", "sha256", "decision"}``); ``None`` when unchanged since
     #: the previous turn of the session.
     trust: tuple[dict[str, Any], ...] | None = attrs.field(default=None, hash=False)
+    #: The permission mode of the turn's tool calls (``ask``, ``auto-edit``…); ``None`` when
+    #: unchanged since the previous turn of the session.
+    mode: str | None = None
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -226,3 +229,95 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TurnEnded,
     ContextCompacted,
 )
+
+
+# --------------------------------------------------------------------- content and metadata
+
+#: A field that carries **content**: text a person, a model, a tool, a project file or a plugin
+#: wrote — messages, tool arguments and outputs, the system prompt and tool descriptions,
+#: reasoning, reasons that quote errors, plugin data. An exporter sends it only when the
+#: person asked for content (dsh-otel: ``capture_content = true``), redacted.
+CONTENT = "content"
+#: A field that carries **metadata**: ids, sequence numbers, times, counts, token usage,
+#: durations, statuses and outcomes, and names from dsh's own configuration (agents, models,
+#: plugins, strategies). An exporter may always send it.
+METADATA = "metadata"
+#: A tool name the *model* chose (``tool/call``, ``tool/result``): metadata when it names a
+#: tool registered for the turn (the ``tools`` of the session's latest ``turn/start``),
+#: content otherwise — an unregistered name is the model's own text (20 KB of it, a secret).
+#: Without content, an exporter shows :data:`UNKNOWN_TOOL` in its place.
+TOOL_NAME = "tool-name"
+#: What an exporter shows instead of a model-chosen tool name that is not a registered tool.
+UNKNOWN_TOOL = "unknown"
+
+_BASE = {"seq": METADATA, "ts": METADATA, "session": METADATA,
+         # fields of a newer schema: nobody here knows what they hold
+         "extra": CONTENT}
+
+#: Every field of every event, marked :data:`CONTENT`, :data:`METADATA` or
+#: :data:`TOOL_NAME`: the one declaration every exporter of events honours (dsh-otel's spans;
+#: ``tests/test_content_metadata.py`` checks that no field is left out).
+FIELD_KINDS: dict[type[Event], dict[str, str]] = {
+    TurnStarted: {**_BASE, "turn": METADATA, "agent": METADATA, "model": METADATA,
+                  "system": CONTENT,
+                  # names, descriptions and schemas (from MCP servers, project files); the
+                  # names alone are the registry TOOL_NAME fields are checked against
+                  "tools": CONTENT,
+                  "options": CONTENT, "parent": METADATA, "parent_call": METADATA,
+                  "reasoning_withheld": METADATA,
+                  # paths of workspace files, which a model can name
+                  "trust": CONTENT,
+                  "mode": METADATA},
+    StepStarted: {**_BASE, "turn": METADATA, "step": METADATA},
+    UserMessage: {**_BASE, "text": CONTENT, "source": METADATA, "attachments": CONTENT},
+    ContextInjected: {**_BASE, "text": CONTENT, "source": METADATA},
+    AssistantMessage: {**_BASE, "text": CONTENT, "tool_calls": CONTENT, "usage": METADATA,
+                       "tool_call_source": METADATA, "model": METADATA,
+                       "stop_reason": METADATA, "reasoning": CONTENT},
+    ToolCalled: {**_BASE, "call_id": METADATA, "name": TOOL_NAME, "arguments": CONTENT,
+                 "child_session": METADATA},
+    ToolReturned: {**_BASE, "call_id": METADATA, "name": TOOL_NAME, "status": METADATA,
+                   "output": CONTENT, "duration_ms": METADATA},
+    StepRejected: {**_BASE, "turn": METADATA, "step": METADATA, "reason": CONTENT,
+                   "plugin": METADATA, "text": CONTENT},
+    StepEnded: {**_BASE, "turn": METADATA, "step": METADATA},
+    # ``reason`` may quote an error's text (a provider's, a tool's, a plugin's)
+    TurnEnded: {**_BASE, "turn": METADATA, "outcome": METADATA, "reason": CONTENT},
+    ContextCompacted: {**_BASE, "start": METADATA, "end": METADATA, "messages": CONTENT,
+                       "strategy": METADATA, "plugin": METADATA, "reason": METADATA,
+                       "tokens_before": METADATA, "tokens_after": METADATA,
+                       "summary_session": METADATA},
+    UnknownEvent: {**_BASE, "tag": METADATA},
+    PluginEvent: {**_BASE, "plugin": METADATA, "name": METADATA, "data": CONTENT,
+                  "version": METADATA},
+}
+
+
+def field_kind(cls: type[Event], name: str) -> str:
+    """:data:`CONTENT`, :data:`METADATA` or :data:`TOOL_NAME` for field ``name`` of event
+    class ``cls``; a field nobody declared (a subclass's own) is content."""
+    for klass in cls.__mro__:
+        kinds = FIELD_KINDS.get(klass)  # type: ignore[call-overload]
+        if kinds is not None and name in kinds:
+            return kinds[name]
+    return CONTENT
+
+
+def tool_name(name: str, registered: frozenset[str] | set[str]) -> str:
+    """A model-chosen tool name as metadata: ``name`` when it is a registered tool, else
+    :data:`UNKNOWN_TOOL`."""
+    return name if name in registered else UNKNOWN_TOOL
+
+
+def metadata(event: Event, registered: frozenset[str] | set[str] = frozenset()
+             ) -> dict[str, Any]:
+    """The metadata fields of ``event`` by name (``extra`` and every content field left out;
+    a :data:`TOOL_NAME` field shown through :func:`tool_name`)."""
+    out: dict[str, Any] = {}
+    for f in attrs.fields(type(event)):
+        kind = field_kind(type(event), f.name)
+        if kind == METADATA:
+            out[f.name] = getattr(event, f.name)
+        elif kind == TOOL_NAME:
+            out[f.name] = tool_name(getattr(event, f.name), registered)
+    return out

@@ -22,6 +22,12 @@ How it stays true, cheaply:
   file is gone is dropped. Only the rows shown are checked, so ``--limit 20`` costs 20 stats.
 * **Rows not yet settled** (a ledger that was empty, unreadable or had no user message yet
   when it was summarised) are checked on every listing; there are few.
+* **A row never names a file outside the folder.** The index is a file anyone with the
+  user's rights can edit: a row whose id is not a plain file name of the folder (``../x``,
+  ``/elsewhere/x``) is dropped before anything is ``stat``-ed, opened or listed, and a
+  ``*.jsonl`` name that is a symbolic link is not a session ledger (listed as skipped, never
+  read through). Ids come back as the folder's own names, so ``sessions show`` and ``rm``
+  never reach past it through the index.
 * **A damaged index** (not a database, truncated, a wrong schema, wrong types in a row) is
   deleted and rebuilt from the ledgers; a **locked** one (busy past the timeout) is passed
   over for this listing. Either way the listing never fails: it falls back to reading the
@@ -36,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import sys
 import threading
 import time
@@ -97,12 +104,24 @@ def warn_once(message: str) -> None:
 
 
 def stamp_of(path: Path) -> str | None:
-    """``size:mtime_ns:inode`` of a ledger file, None when there is none."""
+    """``size:mtime_ns:inode`` of a ledger file (of the link itself, for a symbolic link:
+    never of what it points to), None when there is none."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except (OSError, ValueError):
         return None
     return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def inside(sid: Any) -> bool:
+    """Whether a row's id can name a file directly in the sessions folder: a string with no
+    ``/`` and no NUL. Every name the folder lists is one; a forged row's ``../x`` or
+    ``/elsewhere/x`` is not (``folder / "/elsewhere/x.jsonl"`` would be that path)."""
+    return type(sid) is str and "/" not in sid and "\0" not in sid
+
+
+#: The reason recorded for a ``*.jsonl`` name that is a symbolic link.
+SYMLINK = "is a symbolic link, not a session ledger file (not followed)"
 
 
 def _escaped(name: str) -> str:
@@ -208,6 +227,9 @@ class SessionIndex:
         except UsageError as exc:
             return (_escaped(sid), PERMANENT, "error", "", "", "", 0, "", None, str(exc))
         stamp = stamp_of(path) or "missing"
+        if not _plain(path) and os.path.lexists(path):
+            # read through, it would list (and show) a file outside the folder
+            return (sid, stamp, "error", "", "", "", 0, "", None, f"{path} {SYMLINK}")
         try:
             info, settled = self.store.summary(sid)
         except (LedgerError, UsageError) as exc:
@@ -269,7 +291,9 @@ class SessionIndex:
     def _fresh(self, row: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """``row`` if its ledger has not moved since, else the ledger's row now (None: gone)."""
         sid, stamp = row[0], row[1]
-        if stamp == PERMANENT:
+        if not inside(sid):  # a forged row: nothing outside the folder is looked at
+            return None
+        if stamp == PERMANENT and row[2] == "error" and _well_typed(row):
             return row
         now = stamp_of(self.store.directory / f"{sid}.jsonl")
         if now is None:
@@ -361,8 +385,16 @@ class SessionIndex:
             "SELECT id FROM sessions WHERE id >= ?" + (" AND id < ?" if upper else "")
             + " AND stamp != ? ORDER BY id DESC", (prefix, upper, PERMANENT) if upper
             else (prefix, PERMANENT)).fetchall())
-        return [r[0] for r in rows if isinstance(r[0], str) and r[0].startswith(prefix)
-                and os.path.lexists(self.store.directory / f"{r[0]}.jsonl")]
+        return [r[0] for r in rows if inside(r[0]) and r[0].startswith(prefix)
+                and _plain(self.store.directory / f"{r[0]}.jsonl")]
+
+
+def _plain(path: Path) -> bool:
+    """Whether ``path`` exists and is not a symbolic link."""
+    try:
+        return not stat.S_ISLNK(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _fetch(conn: sqlite3.Connection, query: str, params: tuple[Any, ...]) -> list[Any]:

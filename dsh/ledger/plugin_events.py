@@ -14,7 +14,10 @@ ledger (docs/events.md, "Plugin events"):
 * names: ``PLUGIN`` and ``NAME`` match :data:`NAME_RE` (letters, digits, ``._-``, at most
   64 characters, no ``/``); ``PLUGIN`` must be a plugin of this app — its registered name
   (``hooks``, ``dsh.compaction``) or its distribution's (``dsh-hooks``) — or :data:`APP`,
-  the namespace of the application embedding dsh;
+  the namespace of the application embedding dsh. A plugin records only under its own name:
+  while a plugin's code runs (one of its hooks, or a tool it registered), ``PLUGIN`` must be
+  that plugin's registered or distribution name (:func:`owner_problem`); library code may
+  write for any plugin of the app;
 * ``data``: a JSON object — ``str`` keys; values ``None``, ``bool``, ``int`` within 64 bits,
   finite ``float``, ``str`` without lone surrogates, lists/tuples and objects, nested at most
   :data:`MAX_DEPTH` deep — of at most :data:`MAX_DATA_BYTES` as written; strings go through
@@ -34,7 +37,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import weakref
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
@@ -49,6 +51,9 @@ from dsh.core.messages import FrozenDict
 from dsh.core.messages import FrozenList
 from dsh.ledger.events import SCHEMA_VERSION
 from dsh.ledger.events import PluginEvent
+from dsh.ledger.owners import APP
+from dsh.ledger.owners import is_installed
+from dsh.ledger.owners import owner_problem
 from dsh.ledger.serialize import InvalidLine
 
 if TYPE_CHECKING:
@@ -68,8 +73,6 @@ MAX_READ_DEPTH = 128
 INT_RANGE = (-(2**63), 2**63 - 1)
 #: The largest payload schema version.
 MAX_VERSION = 2**31 - 1
-#: The namespace of the application embedding dsh (library code, not a plugin).
-APP = "app"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _FIELDS = frozenset({"v", "type", "seq", "ts", "session", "plugin", "name", "data", "version"})
@@ -97,50 +100,6 @@ def check_name(value: Any, what: str) -> str:
             f"invalid plugin event {what} {shown}: use 1-{MAX_NAME} letters, digits, '.', "
             "'_' or '-', starting with a letter or digit")
     return value
-
-
-def is_installed(app: App, plugin: str, pm: Any = None) -> bool:
-    """Whether ``plugin`` names a plugin of ``app`` (or of the agent plugin manager ``pm``):
-    its registered name or its distribution's name; :data:`APP` always does."""
-    if plugin == APP:
-        return True
-    for manager in (pm, app.pm):
-        if manager is not None and manager.get_plugin(plugin) is not None:
-            return True
-    loaded = [r for r in app.plugins if r.obj is not None]
-    if any(r.name == plugin or r.dist == plugin for r in loaded):
-        return True
-    # A distribution's plugin loaded by module (``load = ["dsh_hooks"]``): no entry point
-    # tells its distribution; the installed packages' top-level modules do.
-    modules = frozenset((r.module or getattr(r.obj, "__name__", "")).partition(".")[0]
-                        for r in loaded)
-    return _normal(plugin) in _module_dists(app, modules)
-
-
-#: Per app: the distributions owning its plugins' top-level modules (reading them scans every
-#: installed package, ~80 ms: once per app and set of loaded modules, not once per event).
-_DISTS: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], frozenset[str]]] = \
-    weakref.WeakKeyDictionary()
-
-
-def _module_dists(app: Any, modules: frozenset[str]) -> frozenset[str]:
-    cached = _DISTS.get(app)
-    if cached is not None and cached[0] == modules:
-        return cached[1]
-    from importlib.metadata import packages_distributions
-
-    owners = packages_distributions()
-    dists = frozenset(_normal(d) for m in modules for d in owners.get(m, ()))
-    try:
-        _DISTS[app] = (modules, dists)
-    except TypeError:  # an app object that takes no weak reference: not cached
-        pass
-    return dists
-
-
-def _normal(name: str) -> str:
-    """A distribution name compared as PyPI does (PEP 503): ``dsh_hooks`` is ``dsh-hooks``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _where(path: str) -> str:
@@ -261,7 +220,8 @@ def record(ledger: Ledger, plugin: str, name: str, data: Mapping[str, Any] | Non
            durable: bool = False) -> PluginEvent:
     """Check and append one plugin event to ``ledger``; return it as recorded.
 
-    :param app: when given, ``plugin`` must be one of its plugins (:func:`is_installed`).
+    :param app: when given, ``plugin`` must be one of its plugins (:func:`is_installed`),
+        and, when a plugin's code is recording, that plugin's own (:func:`owner_problem`).
     :param durable: make it durable now (per the ledger's fsync policy), as a step boundary
         does: for an event written outside a run.
     """
@@ -273,6 +233,10 @@ def record(ledger: Ledger, plugin: str, name: str, data: Mapping[str, Any] | Non
             f"plugin event x/{plugin}/{name}: no plugin {plugin!r} is registered in this app "
             f"(use a plugin's registered or distribution name, or {APP!r} for the "
             "application itself)")
+    if app is not None:
+        problem = owner_problem(app, pm, plugin, f"plugin event x/{plugin}/{name}")
+        if problem is not None:
+            raise PluginEventError(problem)
     clean = clean_data(plugin, name, data)
     event = ledger.append(PluginEvent, plugin=plugin, name=name, data=clean, version=version)
     if durable:

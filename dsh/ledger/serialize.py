@@ -79,8 +79,9 @@ _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
 #: there are any, which keeps every other line as it was before they existed.
 _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
-#: Fields written only when set (``turn/start``'s ``trust``): older lines stay as they were.
-_OMITTED_WHEN_NONE = {"tuple[dict[str, Any], ...] | None": "_plain"}
+#: Fields written only when set (``turn/start``'s ``trust`` and ``mode``), by name: older
+#: lines stay as they were.
+_OMITTED_WHEN_NONE = {"trust": "_plain", "mode": ""}
 
 
 def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
@@ -98,14 +99,14 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
         if f.name in ("seq", "ts", "session", "extra"):
             continue
         ann = str(f.type)
-        if ann in _PLAIN_DUMP:
+        if f.name in _OMITTED_WHEN_NONE and cls.type == "turn/start":
+            items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_NONE[f.name]}(e.{f.name})}} "
+                         f"if e.{f.name} is not None else {{}})")
+        elif ann in _PLAIN_DUMP:
             items.append(f"{f.name!r}: e.{f.name}")
         elif ann in _OMITTED_WHEN_EMPTY:  # written only when there are any (issue 17)
             items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_EMPTY[ann]}(e.{f.name})}} "
                          f"if e.{f.name} else {{}})")
-        elif ann in _OMITTED_WHEN_NONE:
-            items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_NONE[ann]}(e.{f.name})}} "
-                         f"if e.{f.name} is not None else {{}})")
         elif ann in _NESTED_DUMP:
             items.append(f"{f.name!r}: " + _NESTED_DUMP[ann].format(f.name))
         else:
@@ -145,7 +146,7 @@ def _generic_dict(event: Event) -> dict[str, Any]:
         value = getattr(event, name)
         if value == () and name in ("attachments", "reasoning"):  # see _OMITTED_WHEN_EMPTY
             continue
-        if value is None and name == "trust":  # see _OMITTED_WHEN_NONE
+        if value is None and name in _OMITTED_WHEN_NONE and event.type == "turn/start":
             continue
         if value is not None and not isinstance(value, (str, int, float, bool)):
             value = _plain(value)
@@ -470,7 +471,8 @@ _RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
     "step/start": (),
     "step/end": (("turn", _INT, True), ("step", _INT, True)),
     "turn/start": (("parent", _OPTIONAL_STR, False), ("parent_call", _OPTIONAL_STR, False),
-                   ("reasoning_withheld", _INT, False), ("trust", (list, type(None)), False)),
+                   ("reasoning_withheld", _INT, False), ("trust", (list, type(None)), False),
+                   ("mode", _OPTIONAL_STR, False)),
     "turn/end": (("turn", _INT, True), ("outcome", _STR, True), ("reason", _STR, False)),
 }
 

@@ -34,8 +34,11 @@ plugin's own events in the ledger::
   the model through a recorded route: a ``turn_prompt`` fragment (recorded on ``turn/start``
   as part of the system prompt) or injected context (``context/injected``), so the next
   request is always reconstructible from the ledger alone (C3).
-* **A key is a plugin's own.** Events of a plugin that is not installed are kept as they are
-  (``dsh sessions show`` marks them); without its :class:`StateKey` their state is opaque.
+* **A key is a plugin's own.** Only the plugin that owns a key updates it: an update made
+  while another plugin's code runs (its hook, or a tool it registered) is refused with a
+  :class:`StateError` naming both plugins, so plugin X cannot shape ``dsh.memory``'s part of
+  the next prompt. Events of a plugin that is not installed are kept as they are (``dsh
+  sessions show`` marks them); without its :class:`StateKey` their state is opaque.
 
 A ``{"$state": VALUE}`` update sets the value without calling the reducer: what
 ``App.parallel`` records into each child session so that it starts from a frozen copy of the
@@ -62,6 +65,7 @@ from dsh.ledger.plugin_events import check_name
 from dsh.ledger.plugin_events import check_version
 from dsh.ledger.plugin_events import clean_data
 from dsh.ledger.plugin_events import is_installed
+from dsh.ledger.plugin_events import owner_problem
 
 T = TypeVar("T")
 
@@ -193,11 +197,17 @@ class StateKey(Generic[T]):
 
         The reducer runs first, under the ledger's lock, on the value that includes every
         earlier update; only if it succeeds (and its value is JSON within ``max_bytes``) is
-        the event appended. With ``app``, the plugin must be one of its plugins."""
+        the event appended. With ``app``, the plugin must be one of its plugins, and the
+        plugin whose code is running must be that one (a plugin updates only its own keys:
+        :func:`dsh.ledger.plugin_events.owner_problem`)."""
         event = f"x/{self.plugin}/{self.name}"
         if app is not None and not is_installed(app, self.plugin, pm):
             raise StateError(f"state {event}: no plugin {self.plugin!r} is registered in this "
                              "app", plugin=self.plugin)
+        if app is not None:
+            problem = owner_problem(app, pm, self.plugin, f"state {event}")
+            if problem is not None:
+                raise StateError(problem, plugin=self.plugin)
         clean = clean_data(self.plugin, self.name, data)
         with ledger._lock:
             current = self.read(ledger.projection)

@@ -54,7 +54,7 @@ class Agent:
     def __init__(self, app: App, name: str, *, model: str | None = None,
                  system: str | None = None, tools: list[str] | None = None,
                  max_steps: int | None = None, options: Mapping[str, Any] | None = None,
-                 compaction: str | None = None) -> None:
+                 compaction: str | None = None, mode: str | None = None) -> None:
         cfg = app.config
         acfg = cfg.agent_config(name)
         self.app = app
@@ -63,6 +63,16 @@ class Agent:
         self.model_id = model or own or app.default_model.id
         self.max_steps = max_steps if max_steps is not None else (
             acfg.max_steps if acfg.max_steps is not None else cfg.max_steps)
+        #: The permission mode of its runs: ``mode=`` (``--mode``), else ``[agents.NAME]
+        #: mode``, else ``ask`` (a sub-agent's run takes the narrower of it and its parent's).
+        from dsh.host.runcontext import check_mode
+
+        if mode:
+            self.mode = check_mode(mode, "--mode")
+        elif acfg.mode:
+            self.mode = check_mode(acfg.mode, f"{cfg.source or 'config'}: [agents.{name}] mode")
+        else:
+            self.mode = "ask"
         if options:
             problem = options_error(options, "options")
             if problem is not None:

@@ -308,7 +308,7 @@ class App:
         Agent overrides (``model``, ``system``, ``tools``, ``max_steps``, ``options``) and
         :meth:`Session.send` options are accepted as keywords.
         """
-        overrides = {k: kwargs.pop(k) for k in ("model", "system", "tools", "max_steps",
+        overrides = {k: kwargs.pop(k) for k in ("model", "system", "tools", "max_steps", "mode",
                                                 "options") if kwargs.get(k) is not None}
         with self.session(agent, session, save=save, **overrides) as s:
             for item in inject or ():

@@ -12,6 +12,7 @@ run. Also here: steering and injecting from other threads, attachments, plugin e
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ from dsh.host.runcontext import CancelToken
 from dsh.host.runcontext import Limits
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
+from dsh.host.runcontext import narrower
 from dsh.host.stash import Stash
 from dsh.ledger.events import PluginEvent
 from dsh.ledger.events import StepEnded
@@ -58,11 +60,13 @@ if TYPE_CHECKING:
     from dsh.run.agent import Agent
 
 
-def _trust_in_force() -> tuple[dict[str, Any], ...]:
-    """This process's workspace-trust decisions (:mod:`dsh.config.trust`): none when no
-    reader has loaded that module, so a run with no project files pays nothing."""
-    import sys
+def _mode(agent: Agent, parent: RunContext | None) -> str:
+    """The agent's permission mode, narrowed by its parent run's (for a sub-agent)."""
+    return agent.mode if parent is None else narrower(agent.mode, parent.mode)
 
+
+def _trust_in_force() -> tuple[dict[str, Any], ...]:
+    """This process's workspace-trust decisions: none unless a reader loaded the module."""
     module = sys.modules.get("dsh.config.trust")
     return tuple(module.decisions()) if module is not None else ()
 
@@ -88,6 +92,8 @@ class Session:
         self._attached: list[Any] = []
         #: The trust decisions last written on this session's ``turn/start`` by this object.
         self._trust_recorded: tuple[dict[str, Any], ...] = ()
+        #: The permission mode last written on this session's ``turn/start`` by this object.
+        self._mode_recorded: str | None = None
 
     @property
     def id(self) -> str:
@@ -326,7 +332,7 @@ class Session:
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else budget_parent),
             approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
-            session=self, handle=agent.info,
+            session=self, handle=agent.info, mode=_mode(agent, parent),
         )
         if context_hook is not None:
             context_hook(ctx)
@@ -357,6 +363,8 @@ class Session:
                     tools=agent.tool_specs, options=options)
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
+                if ctx.mode != self._mode_recorded:  # docs/security.md: permission modes
+                    changed["mode"] = self._mode_recorded = ctx.mode
                 trust = _trust_in_force()
                 if trust and trust != self._trust_recorded:  # docs/security.md: trust
                     changed["trust"] = self._trust_recorded = trust

@@ -11,6 +11,11 @@ is part of the system prompt (after the memory, ``order`` :data:`ORDER`), record
 
 Bounds: at most :data:`MAX_TASKS` items of at most :data:`MAX_CONTENT` characters; a longer
 list is refused with a message saying so, and nothing is recorded.
+
+A task's text is the model's: rendered, its later lines are indented under its item and a
+line that would open a heading or a fence is escaped (:func:`dsh.core.prompttext.item`), so a
+task holding ``\\n## Memory\\n- a fact`` stays one task and forges no section of the prompt.
+Only ``dsh.tasks`` records the list (a plugin records only under its own name).
 """
 
 from __future__ import annotations
@@ -102,11 +107,15 @@ def reduce(state: Any, data: Mapping[str, Any]) -> Any:
 
 
 def render(tasks: Sequence[Mapping[str, Any]]) -> str:
-    """The list as the model and ``dsh sessions show`` see it."""
+    """The list as the model and ``dsh sessions show`` see it: one item per task, a task's
+    later lines indented under it and escaped (:func:`dsh.core.prompttext.item`), so no task
+    text can start a section of the system prompt (``\\n## Memory``)."""
     if not tasks:
         return "(no tasks)"
-    return "\n".join(f"{_MARK.get(t['status'], '[?]')} {i}. {t['content']}"
-                     for i, t in enumerate(tasks, 1))
+    from dsh.core.prompttext import item  # only with a task list: not on every run's path
+
+    return "\n".join(f"{_MARK.get(t['status'], '[?]')} {i}. {item(t['content'])}"
+                      for i, t in enumerate(tasks, 1))
 
 
 TASKS: StateKey[list[dict[str, str]]] = StateKey(PLUGIN, "tasks", [], reduce, show=render,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import parse_limits
 from dsh.cli.shared import State
@@ -34,12 +35,13 @@ from dsh.cli.shared import pass_state
 @click.option("--executor", default="local", show_default=True,
               help="Where tasks run: local (threads), or an executor a plugin adds.")
 @click.option("--ordered", is_flag=True, help="Write result lines in input order.")
-@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@click.option("--mode", metavar="MODE", default=None, help=MODE_HELP)
+@click.option("--yes", is_flag=True, help="Approve every tool call that would ask.")
 @pass_state
 def batch(state: State, tasks: str, results: Path | None, workers: int, agent: str | None,
           model: str | None, options: tuple[str, ...], limits: tuple[str, ...],
           task_limits: tuple[str, ...], retries: int, executor: str, ordered: bool,
-          yes: bool) -> None:
+          mode: str | None, yes: bool) -> None:
     """Run every task of TASKS.jsonl (`-`: stdin), one JSON object a line.
 
     A task has an `id`, a `prompt`, and optionally `input`, `agent`, `model`, `options`,
@@ -48,7 +50,7 @@ def batch(state: State, tasks: str, results: Path | None, workers: int, agent: s
     Exit codes: 0 all completed, 1 some failed or left, 3 batch limit reached, 130
     interrupted.
     """
-    overrides = agent_overrides(model, None, None, options)
+    overrides = agent_overrides(model, None, None, options, mode)
     batch_limits, each = parse_limits(limits), parse_limits(task_limits)
     from dsh.batch.runner import run_batch
 

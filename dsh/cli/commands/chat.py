@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import click
 
+from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
 from dsh.cli.options import session_to_resume
 from dsh.cli.shared import State
@@ -27,12 +29,14 @@ from dsh.cli.shared import pass_state
               help="Model option, e.g. -o temperature=0.2 (repeatable).")
 @click.option("-T", "--tool", "tools", multiple=True, metavar="NAME",
               help="Allow only this tool (repeatable, or comma-separated).")
-@click.option("--yes", is_flag=True, help="Approve tool calls that need approval.")
+@click.option("--no-tools", is_flag=True, help="Offer the model no tool at all (also -T '').")
+@click.option("--mode", metavar="MODE", default=None, help=MODE_HELP)
+@click.option("--yes", is_flag=True, help="Approve every tool call that would ask.")
 @pass_state
 def chat(state: State, model: str | None, system: str | None, agent: str | None,
          continue_: bool, session_id: str | None, max_steps: int | None,
          limits: tuple[str, ...], options: tuple[str, ...], tools: tuple[str, ...],
-         yes: bool) -> None:
+         no_tools: bool, mode: str | None, yes: bool) -> None:
     """Talk with an agent: type while it works to steer it.
 
     A line typed while a turn runs is taken at the turn's next step boundary; start it with
@@ -44,7 +48,8 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     budget = parse_limits(limits)
     app = state.app
     assembled, overrides = assemble_agent(
-        app, agent, agent_overrides(model, system, max_steps, options), tools)
+        app, agent, agent_overrides(model, system, max_steps, options, mode), tools, no_tools)
+    note_yes(yes, assembled)
     resume = session_to_resume(app, assembled, continue_, session_id)
     from dsh.cli.repl import Chat
 

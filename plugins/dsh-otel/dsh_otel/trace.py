@@ -10,8 +10,15 @@ A turn is an ``invoke_agent AGENT`` span (the root of a trace, or the child of t
 ``chat MODEL`` span (from its step's start to the response, with the model, token usage,
 cost and finish reason) and each tool call an ``execute_tool NAME`` span (its call id,
 status, and an ERROR status when it failed). A compaction is an event on the turn's span.
-Message content (prompts, answers, tool arguments and results) is recorded only with
-``capture_content = true``, redacted and capped.
+
+What a span may carry follows the ledger's one declaration of content and metadata
+(:data:`dsh.ledger.events.FIELD_KINDS`): metadata (ids, counts, usage, durations, statuses,
+outcomes, configured names) always; content (prompts, answers, tool arguments and results,
+reasons quoting an error) only with ``capture_content = true``, redacted and capped — never
+in a span name. A tool name the model chose is metadata only when it names a tool registered
+for the turn (``turn/start``'s ``tools``); any other name is shown as ``unknown``. Without
+content, an ERROR status says only what failed (``tool call error``, ``turn error``) and
+``error.type`` its kind, never the tool's output or the error's text.
 
 Export is an OTLP/HTTP exporter behind a bounded batch processor. A collector that cannot be
 reached costs at most ``timeout`` seconds once: after a failed export the next exports are
@@ -44,6 +51,8 @@ from opentelemetry.trace import StatusCode
 from dsh.core.redact import redact
 from dsh.core.redact import redact_url
 from dsh.hookspecs import hookimpl
+from dsh.ledger.events import CONTENT
+from dsh.ledger.events import METADATA
 from dsh.ledger.events import AssistantMessage
 from dsh.ledger.events import ContextCompacted
 from dsh.ledger.events import Event
@@ -53,15 +62,22 @@ from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
+from dsh.ledger.events import field_kind
+from dsh.ledger.events import tool_name
 from dsh_otel.settings import Settings
 
 #: Characters of one captured content attribute at most.
 CONTENT_CHARS = 8192
+#: Characters of a captured unregistered tool name at most.
+NAME_CHARS = 256
 #: Seconds exports are dropped after one failed (a down collector is not asked again).
 DOWN_SECONDS = 30.0
 _FAILED_OUTCOMES = frozenset({"error", "aborted"})
 
 Price = Callable[[str], "tuple[float | None, ...] | None"]
+#: ``tools_of(session) -> names``: the tools registered for a session whose ``turn/start``
+#: said "unchanged" before this observer saw one (a resumed session), or None.
+ToolsOf = Callable[[str], "frozenset[str] | None"]
 
 
 def _ns(ts: str) -> int:
@@ -142,10 +158,13 @@ class Spans:
     """Turns ledger events into spans (see the module's docstring)."""
 
     def __init__(self, tracer: Any, *, price: Price | None = None,
-                 capture_content: bool = False) -> None:
+                 capture_content: bool = False, tools_of: ToolsOf | None = None) -> None:
         self.tracer = tracer
         self.price = price
         self.capture = capture_content
+        self.tools_of = tools_of
+        #: Per session: the names of the tools registered for its turns (metadata).
+        self.registered: dict[str, frozenset[str]] = {}
         self.turns: dict[str, Any] = {}
         self.tools: dict[tuple[str, str], Any] = {}
         self.step_start: dict[str, int] = {}
@@ -166,7 +185,7 @@ class Spans:
             self.step_start[sid] = _ns(e.ts)
         elif isinstance(e, UserMessage):
             span = self.turns.get(sid)
-            if span is not None and self.capture:
+            if span is not None and self.captures(e, "text"):
                 span.set_attribute("gen_ai.input.messages", _content(
                     [{"role": "user", "parts": [{"type": "text", "content": e.text}]}]))
         elif isinstance(e, AssistantMessage):
@@ -180,15 +199,48 @@ class Spans:
         elif isinstance(e, TurnEnded):
             self.turn_ended(e)
 
+    def meta(self, e: Event, name: str) -> Any:
+        """Field ``name`` of ``e``, which the ledger declares metadata (a field declared
+        content is a mistake here: it would reach a span without ``capture_content``)."""
+        if field_kind(type(e), name) != METADATA:
+            raise AssertionError(f"{type(e).__name__}.{name} is not metadata")
+        return getattr(e, name)
+
+    def captures(self, e: Event, *names: str) -> bool:
+        """Whether fields ``names`` of ``e`` (declared content) may reach a span: only with
+        ``capture_content``."""
+        for name in names:
+            if field_kind(type(e), name) != CONTENT:
+                raise AssertionError(f"{type(e).__name__}.{name} is not content")
+        return self.capture
+
+    def content(self, e: Event, name: str) -> str | None:
+        """Field ``name`` of ``e`` (declared content), redacted and capped, with
+        ``capture_content``; None without."""
+        return _content(getattr(e, name)) if self.captures(e, name) else None
+
+    def tool(self, e: ToolCalled | ToolReturned) -> str:
+        """The tool's name as metadata: the model's name when it is a registered tool of the
+        session, else ``unknown``."""
+        return tool_name(e.name, self.registered.get(e.session, frozenset()))
+
     def _parent(self, sid: str) -> Any:
         span = self.turns.get(sid)
         return otel_trace.set_span_in_context(span) if span is not None else None
 
     def turn_started(self, e: TurnStarted) -> None:
         sid = e.session
-        if e.model:
-            self.model[sid] = e.model
-        self.agent[sid] = e.agent
+        model, agent = self.meta(e, "model"), self.meta(e, "agent")
+        if model:
+            self.model[sid] = model
+        self.agent[sid] = agent
+        # the registered tools' names are metadata (the rest of ``tools`` is content)
+        if e.tools is not None:
+            self.registered[sid] = frozenset(t.name for t in e.tools)
+        elif sid not in self.registered and self.tools_of is not None:
+            known = self.tools_of(sid)
+            if known is not None:
+                self.registered[sid] = known
         parent = None
         if e.parent:
             span = self.tools.get((e.parent, e.parent_call or "")) or self.turns.get(e.parent)
@@ -198,22 +250,22 @@ class Spans:
         if old is not None:  # a turn that never ended (a crash): closed here
             old.end(end_time=_ns(e.ts))
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": e.agent,
-            "gen_ai.conversation.id": sid, "dsh.turn": e.turn,
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
+            "gen_ai.conversation.id": sid, "dsh.turn": self.meta(e, "turn"),
             "openinference.span.kind": "AGENT", "session.id": sid}
         if sid in self.model:
             attrs["gen_ai.request.model"] = self.model[sid]
         if e.parent:
-            attrs["dsh.parent_session"] = e.parent
-        self.turns[sid] = self.tracer.start_span(f"invoke_agent {e.agent}", context=parent,
+            attrs["dsh.parent_session"] = self.meta(e, "parent")
+        self.turns[sid] = self.tracer.start_span(f"invoke_agent {agent}", context=parent,
                                                  kind=SpanKind.INTERNAL, attributes=attrs,
                                                  start_time=_ns(e.ts))
         self.usage[sid] = [0, 0, 0.0]
 
     def response(self, e: AssistantMessage) -> None:
         sid = e.session
-        model = self.model.get(sid, "") or e.model or ""
-        u = e.usage
+        model = self.model.get(sid, "") or self.meta(e, "model") or ""
+        u = self.meta(e, "usage")
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
             "gen_ai.usage.input_tokens": u.input_tokens,
@@ -228,7 +280,7 @@ class Spans:
         if u.cache_write_tokens:
             attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_write_tokens
         if e.stop_reason:
-            attrs["gen_ai.response.finish_reasons"] = [e.stop_reason]
+            attrs["gen_ai.response.finish_reasons"] = [self.meta(e, "stop_reason")]
         if e.tool_calls:
             attrs["dsh.tool_calls"] = len(e.tool_calls)
         price = self.price(model) if self.price is not None and model else None
@@ -238,7 +290,7 @@ class Spans:
 
             cost = request_cost(u, price)
             attrs["dsh.cost"] = cost
-        if self.capture and (e.text or e.tool_calls):
+        if self.captures(e, "text", "tool_calls") and (e.text or e.tool_calls):
             parts: list[dict[str, Any]] = [{"type": "text", "content": e.text}] if e.text else []
             parts += [{"type": "tool_call", "id": c.id, "name": c.name,
                        "arguments": dict(c.arguments)} for c in e.tool_calls]
@@ -254,42 +306,48 @@ class Spans:
         total[2] += cost
 
     def tool_called(self, e: ToolCalled) -> None:
+        name = self.tool(e)
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": e.name,
-            "gen_ai.tool.call.id": e.call_id, "gen_ai.tool.type": "function",
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": self.meta(e, "call_id"), "gen_ai.tool.type": "function",
             "openinference.span.kind": "TOOL"}
         if e.child_session:
-            attrs["dsh.child_session"] = e.child_session
-        if self.capture:
-            attrs["gen_ai.tool.call.arguments"] = _content(dict(e.arguments))
+            attrs["dsh.child_session"] = self.meta(e, "child_session")
+        arguments = self.content(e, "arguments")
+        if arguments is not None:
+            attrs["gen_ai.tool.call.arguments"] = arguments
+            if name != e.name:  # the model's own name for a tool that does not exist
+                attrs["dsh.tool.requested_name"] = redact(e.name[:NAME_CHARS])
         old = self.tools.pop((e.session, e.call_id), None)
         if old is not None:  # the same call id again (a hostile ledger): the first one ends
             old.end(end_time=_ns(e.ts))
         self.tools[(e.session, e.call_id)] = self.tracer.start_span(
-            f"execute_tool {e.name}", context=self._parent(e.session), kind=SpanKind.INTERNAL,
+            f"execute_tool {name}", context=self._parent(e.session), kind=SpanKind.INTERNAL,
             attributes=attrs, start_time=_ns(e.ts))
 
     def tool_returned(self, e: ToolReturned) -> None:
         span = self.tools.pop((e.session, e.call_id), None)
         if span is None:
             return
-        span.set_attribute("dsh.tool.status", e.status)
-        if self.capture:
-            span.set_attribute("gen_ai.tool.call.result", _content(e.output))
-        if e.status != "ok":
-            span.set_status(Status(StatusCode.ERROR, redact(e.output[:200])))
+        status = self.meta(e, "status")
+        span.set_attribute("dsh.tool.status", status)
+        output = self.content(e, "output")
+        if output is not None:
+            span.set_attribute("gen_ai.tool.call.result", output)
+        if status != "ok":
+            span.set_attribute("error.type", status)
+            # the output (a file's text, an error quoting it) is content
+            span.set_status(Status(StatusCode.ERROR, redact(e.output[:200]) if output is not None
+                                   else f"tool call {status}"))
         span.end(end_time=_ns(e.ts))
 
     def compacted(self, e: ContextCompacted) -> None:
-        attrs: dict[str, Any] = {
-            "dsh.compaction.start": e.start, "dsh.compaction.end": e.end,
-            "dsh.compaction.messages": len(e.messages), "dsh.compaction.strategy": e.strategy,
-            "dsh.compaction.reason": e.reason, "dsh.compaction.tokens_before": e.tokens_before,
-            "dsh.compaction.tokens_after": e.tokens_after}
-        if e.plugin:
-            attrs["dsh.compaction.plugin"] = e.plugin
-        if e.summary_session:
-            attrs["dsh.compaction.summary_session"] = e.summary_session
+        attrs: dict[str, Any] = {f"dsh.compaction.{name}": self.meta(e, name) for name in (
+            "start", "end", "strategy", "reason", "tokens_before", "tokens_after")}
+        attrs["dsh.compaction.messages"] = len(e.messages)  # a count: metadata
+        for name in ("plugin", "summary_session"):
+            if getattr(e, name):
+                attrs[f"dsh.compaction.{name}"] = self.meta(e, name)
         span = self.turns.get(e.session)
         if span is not None:
             span.add_event("dsh.context.compacted", attributes=attrs, timestamp=_ns(e.ts))
@@ -314,9 +372,14 @@ class Spans:
         span.set_attribute("gen_ai.usage.output_tokens", int(out))
         if self.price is not None and cost:
             span.set_attribute("dsh.cost", float(cost))
-        span.set_attribute("dsh.outcome", e.outcome)
-        if e.outcome in _FAILED_OUTCOMES:
-            span.set_status(Status(StatusCode.ERROR, redact(e.reason[:200])))
+        outcome = self.meta(e, "outcome")
+        span.set_attribute("dsh.outcome", outcome)
+        if outcome in _FAILED_OUTCOMES:
+            span.set_attribute("error.type", outcome)
+            # the reason may quote an error's text (a provider's, a tool's): content
+            reason = self.content(e, "reason")
+            span.set_status(Status(StatusCode.ERROR, redact(e.reason[:200]) if reason is not None
+                                   else f"turn {outcome}"))
         span.end(end_time=end)
 
     def close(self) -> None:
@@ -338,7 +401,7 @@ class Observer:
         self.settings = settings
         self.provider, self.exporter = provider_for(settings)
         self.spans = Spans(self.provider.get_tracer("dsh"), price=price,
-                           capture_content=settings.capture_content)
+                           capture_content=settings.capture_content, tools_of=_tools_of_run)
         atexit.register(self.shutdown)
 
     @hookimpl
@@ -353,6 +416,18 @@ class Observer:
     def shutdown(self) -> None:
         self.spans.close()
         self.provider.shutdown()
+
+
+def _tools_of_run(sid: str) -> frozenset[str] | None:
+    """The tools registered for session ``sid`` when it is the current run's (the ledger's
+    projection follows every ``turn/start``, those before a resume included), else None."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    ledger = getattr(ctx, "ledger", None)
+    if ledger is None or getattr(ledger, "session_id", None) != sid:
+        return None
+    return frozenset(t.name for t in ledger.projection.tools)
 
 
 def feed_session(spans: Spans, read: Callable[[str], Iterable[Event]], sid: str,

@@ -94,7 +94,7 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
         :param content: the complete new content of the file (UTF-8 text).
         """
         root = workspace.workspace_root(settings.workspace_path())
-        return workspace.write_text(root, path, content, unprotected, memory_file)
+        return workspace.write_text(root, path, content, unprotected, memory_file, ask=True)
 
     summary, _ = parse_docstring(run_command.__doc__)
     allowed = ", ".join(settings.allow) or "none"

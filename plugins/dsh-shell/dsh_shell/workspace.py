@@ -158,7 +158,7 @@ def _skip_lines(f: BinaryIO, count: int) -> int:
 
 
 def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] = (),
-               protect: tuple[str, ...] = ()) -> str:
+               protect: tuple[str, ...] = (), *, ask: bool = False) -> str:
     """Write ``content`` to ``path``, creating parent directories.
 
     The file is *replaced*, never written in place: the content goes to a new file in the
@@ -170,7 +170,9 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
     The project's persistence paths (:data:`dsh.core.beneath.PERSISTENCE`: ``.git/config``,
     ``.git/hooks``, ``.claude/``, ``.mcp.json``, the instruction files, and ``protect``, the
     project memory file) are refused unless ``unprotected`` (``[sandbox] unprotected``)
-    names them.
+    names them. With ``ask``, the write goes through the approval service first
+    (:func:`dsh.tools.approval.request`, showing the diff it would make): the permission mode
+    runs it, refuses it, or the person is asked.
     """
     rel = resolve(root, path)
     parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
@@ -184,6 +186,13 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
     data = content.encode("utf-8", errors="replace")
     from dsh.core import beneath
 
+    if ask:
+        from dsh.tools import approval
+
+        approval.request(approval.Ask(tool="write_file", action="write",
+                                      subject="/".join(parts), root=root,
+                                      detail=_diff_of(root, "/".join(parts), content)))
+
     try:
         old = beneath.write(root, "/".join(parts), data, create_dirs=True)
     except IsADirectoryError:
@@ -195,6 +204,25 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
     linked = (f"; it had {old.st_nlink - 1} other hard link(s), which keep the old content"
               if stat.S_ISREG(old.st_mode) and old.st_nlink > 1 else "")
     return f"replaced {path} ({len(data)} bytes){linked}"
+
+
+def _diff_of(root: str, rel: str, content: str, limit: int = 40) -> str:
+    """The unified diff the write would make, at most ``limit`` lines (for the question)."""
+    import difflib
+
+    from dsh.core import beneath
+
+    try:
+        old = beneath.read(root, rel, 1 << 20).decode("utf-8", "replace")
+    except FileNotFoundError:
+        old = ""
+    except OSError:
+        return ""
+    lines = list(difflib.unified_diff(old.splitlines(), content.splitlines(), f"a/{rel}",
+                                      f"b/{rel}", lineterm="", n=2))
+    if len(lines) > limit:
+        lines = [*lines[:limit], f"… ({len(lines) - limit} more lines of diff)"]
+    return "\n".join(lines)
 
 
 def persistence_of(rel: str, unprotected: tuple[str, ...] = (),

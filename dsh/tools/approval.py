@@ -1,0 +1,443 @@
+"""The one approval service: whether a tool call that changes the world may run, and who said so
+(docs/security.md, "Permission modes and approvals").
+
+Every tool that reads, writes or runs asks :func:`request` with an :class:`Ask` before it acts.
+The answer comes, in this order, from:
+
+1. **the mode** the person chose (``--mode``, ``[agents.NAME] mode``; :data:`MODES`): it runs
+   what the mode allows at once and refuses what the mode forbids;
+2. ``--yes`` (``RunContext.approve_all``): the person approved every call of this run;
+3. **a grant**: an earlier "always for this project" answer (kept in dsh's own config
+   directory, per project root, never in the workspace; ``dsh permissions``) or "for this
+   session";
+4. **the person**, asked on the terminal (``/dev/tty``): yes once, always for this project,
+   for this session, no, or no with a reason the model reads;
+5. **no one to ask means no**: without a terminal the call is refused with a tool error naming
+   the option that allows it; the run goes on.
+
+Outside any run (a test or a script calling a tool's function itself) there is no model to
+guard against: the call is the program's own, and runs.
+
+Each decision is recorded in the session (``x/dsh.tools/approval``: the call, what it
+asked, allowed or refused, and ``by``: ``mode``, ``yes``, ``grant``, ``session``, ``person``,
+``no-terminal``), so ``dsh sessions show`` can say why each call ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from dsh.core.errors import ToolError
+from dsh.core.errors import UsageError
+from dsh.host.runcontext import DEFAULT_MODE
+from dsh.host.runcontext import MODES
+from dsh.host.runcontext import check_mode
+from dsh.host.runcontext import narrower
+
+__all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "check_mode", "narrower",
+           "request"]
+#: What each mode lets run without a question (``True``), refuses (``False``) or asks (None),
+#: per kind of action: ``read`` (files, read-only commands), ``write`` (files in the
+#: workspace), ``command`` (any other program, inside the sandbox), ``outside`` (anything
+#: leaving the sandbox: network, policy ``off``, protected paths).
+RULES: dict[str, dict[str, bool | None]] = {
+    "read-only": {"read": True, "write": False, "command": False, "outside": False},
+    "ask": {"read": True, "write": None, "command": None, "outside": None},
+    "auto-edit": {"read": True, "write": True, "command": None, "outside": None},
+    "full-auto": {"read": True, "write": True, "command": True, "outside": None},
+}
+#: Decisions are recorded as ``x/dsh.tools/approval``: the tool registry's built-in name.
+PLUGIN = "dsh.tools"
+EVENT = "approval"
+_question_lock = threading.Lock()
+
+
+@attrs.frozen
+class Ask:
+    """What a tool call is about to do, for the approval service."""
+
+    #: The tool's name (``write_file``, ``run_command``).
+    tool: str
+    #: ``read``, ``write``, ``command`` or ``outside`` (see :data:`RULES`).
+    action: str
+    #: What it acts on: the command line, or the path written (relative to ``root``).
+    subject: str
+    #: The project root the call acts in (where grants are kept for).
+    root: str
+    #: More to show in the question: the diff of a write, the sandbox of a command.
+    detail: str = ""
+    #: For a command: its program (a grant may be for the program, any arguments).
+    program: str | None = None
+
+
+@attrs.frozen
+class Decision:
+    allowed: bool
+    #: Who decided: ``mode``, ``yes``, ``grant``, ``session``, ``person``, ``no-terminal``
+    #: (or ``caller``: outside any run).
+    by: str
+    #: Why, in words (the refusal's text for the model).
+    why: str = ""
+
+
+def _option_for(ask: Ask) -> str:
+    for mode in MODES:
+        if RULES[mode][ask.action] is True:
+            return f"--mode {mode}"
+    return "--yes"
+
+
+# -- grants ------------------------------------------------------------------------------------
+
+
+def grants_path() -> str:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(xdg, "dsh", "permissions.json")
+
+
+def load_grants() -> dict[str, list[dict[str, Any]]]:
+    """``{project root: [grant, ...]}``; a grant is ``{"tool", "scope", "value", "granted"}``
+    with ``scope`` ``command`` (that exact command line), ``program`` (any arguments) or
+    ``path`` (writes under that path prefix)."""
+    from dsh.config.trust import read_record
+    from dsh.core.errors import ConfigError
+
+    path = grants_path()
+    try:
+        data = read_record(path)
+    except FileNotFoundError:
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("projects"), dict):
+        raise ConfigError(f"{path}: not a dsh permissions file (want {{\"version\": 1, "
+                          "\"projects\": {...}}); `dsh permissions revoke --all` starts afresh")
+    return data["projects"]
+
+
+def _save(change: Any) -> Any:
+    import fcntl
+    import json
+    import tempfile
+
+    path = grants_path()
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    lock = os.open(os.path.join(folder, ".permissions.lock"),
+                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        projects = load_grants()  # a corrupt file is replaced only by revoke --all
+        result = change(projects)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".permissions-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"version": 1, "projects": projects}, f, indent=1, sort_keys=True,
+                          ensure_ascii=False)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return result
+    finally:
+        os.close(lock)
+
+
+def add_grant(root: str, tool: str, scope: str, value: str) -> None:
+    key = os.path.realpath(root)
+
+    def change(projects: dict[str, Any]) -> None:
+        held = projects.setdefault(key, [])
+        grant = {"tool": tool, "scope": scope, "value": value}
+        if not any({k: g.get(k) for k in grant} == grant for g in held):
+            held.append({**grant, "granted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+    _save(change)
+
+
+def revoke_grants(root: str | None, index: int | None = None) -> int:
+    """Forget the grants of ``root`` (its ``index``-th only, from 1), or every grant when
+    ``root`` is None; how many were forgotten."""
+
+    def change(projects: dict[str, Any]) -> int:
+        key = os.path.realpath(str(root))
+        held = projects.get(key, [])
+        if index is None:
+            projects.pop(key, None)
+            return len(held)
+        if not 1 <= index <= len(held):
+            raise UsageError(f"no grant {index} for {key} (it has {len(held)})")
+        del held[index - 1]
+        if not held:
+            projects.pop(key, None)
+        return 1
+
+    if root is None:  # everything, a corrupt file too
+        path = grants_path()
+        if not os.path.lexists(path):
+            return 0
+        try:
+            n = sum(len(v) for v in load_grants().values())
+        except Exception:
+            n = 0
+        os.unlink(path)
+        return n
+    return int(_save(change))
+
+
+def matches(grant: dict[str, Any], ask: Ask) -> bool:
+    if grant.get("tool") != ask.tool:
+        return False
+    scope, value = grant.get("scope"), grant.get("value")
+    if not isinstance(value, str):
+        return False
+    if scope == "command":
+        return ask.action in ("command", "read", "outside") and value == ask.subject
+    if scope == "program":
+        return ask.action in ("command", "read") and value == ask.program
+    if scope == "path":
+        if ask.action != "write":
+            return False
+        from dsh.core.beneath import within
+
+        subject = os.path.normpath(ask.subject)
+        return not subject.startswith("..") and (value in ("", ".") or within(subject, value))
+    return False
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+def request(ask: Ask) -> Decision:
+    """Whether the call may do what ``ask`` says; records the decision. Raises
+    :class:`ToolError` (the model reads it) when it may not."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        # Outside any run there is no model: the caller is the program itself (a test, a
+        # script calling a tool's function), which is the person's own code.
+        return Decision(True, "caller", "called outside a run")
+    mode = getattr(ctx, "mode", DEFAULT_MODE)
+    rule = RULES.get(mode, RULES[DEFAULT_MODE]).get(ask.action)
+    if rule is True:
+        decision = Decision(True, "mode", f"mode {mode} allows it")
+    elif rule is False:
+        decision = Decision(False, "mode", f"the permission mode is {mode}, which does not "
+                                           f"allow this; the person may choose "
+                                           f"{_option_for(ask)}")
+    elif ctx is not None and ctx.approve_all:
+        decision = Decision(True, "yes", "--yes approved every call of this run")
+    else:
+        decision = _granted(ask, ctx) or _ask_person(ask, ctx)
+    _record(ask, decision)
+    if not decision.allowed:
+        raise ToolError(f"{ask.tool} was not run: {decision.why}; do not retry it")
+    return decision
+
+
+_by_session: Any = None  # weakref.WeakKeyDictionary: session -> its grants "for this session"
+
+
+def _session_grants(ctx: Any) -> list[dict[str, Any]]:
+    global _by_session
+    session = getattr(ctx, "session", None)
+    if session is None:
+        return []
+    if _by_session is None:
+        import weakref
+
+        _by_session = weakref.WeakKeyDictionary()
+    return _by_session.setdefault(session, [])
+
+
+def _granted(ask: Ask, ctx: Any) -> Decision | None:
+    for grant in _session_grants(ctx):
+        if matches(grant, ask):
+            return Decision(True, "session", f"granted for this session ({grant['scope']} "
+                                             f"{grant['value']})")
+    from dsh.core.errors import ConfigError
+
+    try:
+        held = load_grants()
+    except ConfigError as exc:  # said once; no grant comes from a file dsh cannot vouch for
+        _warn_once(str(exc))
+        held = {}
+    for grant in held.get(os.path.realpath(ask.root), []):
+        if matches(grant, ask):
+            return Decision(True, "grant", f"granted for this project ({grant['scope']} "
+                                           f"{grant['value']}; dsh permissions)")
+    return None
+
+
+TTY = "/dev/tty"
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    import sys
+
+    from dsh.core.escape import escape_controls
+
+    if text not in _warned:
+        _warned.add(text)
+        sys.stderr.write(f"dsh: warning: {escape_controls(text, newlines=False)}; no grant "
+                         "from it is used\n")
+
+
+def _ask_person(ask: Ask, ctx: Any) -> Decision:
+    try:
+        fd = os.open(TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return Decision(False, "no-terminal",
+                        f"it needs approval and there is no terminal to ask on; the person "
+                        f"may rerun with {_option_for(ask)} or --yes")
+    import sys
+
+    from dsh.core.escape import escape_controls
+
+    scope, value = _always_scope(ask)
+    lines = [f"\ndsh: {ask.tool} wants to {_verb(ask)} "
+             f"{escape_controls(ask.subject, newlines=False)} in "
+             f"{escape_controls(ask.root, newlines=False)}"]
+    for line in ask.detail.splitlines()[:40]:
+        lines.append("  " + escape_controls(line, newlines=False))
+    lines.append(f"[y] yes  [a] always for this project ({scope} {value})  "
+                 "[s] for this session  [n] no  [r] no, and say why: ")
+    status = sys.modules.get("dsh.cli.status")
+    paused = status.status_paused() if status is not None else contextlib.nullcontext()
+    with _question_lock, paused, os.fdopen(fd, "r+b", buffering=0) as tty, _cbreak(fd):
+        _drain(fd)  # an answer typed before the question appeared is not an answer
+        tty.write("\n".join(lines).encode("utf-8", "replace"))
+        answer = _read_line(fd, ctx)
+        choice = answer.strip().lower()[:1] if answer is not None else ""
+        reason = ""
+        if choice == "r":
+            tty.write(b"why: ")
+            reason = (_read_line(fd, ctx) or "").strip()
+    if choice == "y":
+        return Decision(True, "person", "the person approved it")
+    if choice == "a":
+        add_grant(ask.root, ask.tool, scope, value)
+        return Decision(True, "person", f"the person approved it always for this project "
+                                        f"({scope} {value})")
+    if choice == "s":
+        _session_grants(ctx).append({"tool": ask.tool, "scope": scope, "value": value})
+        return Decision(True, "person", f"the person approved it for this session "
+                                        f"({scope} {value})")
+    if choice == "r" and reason:
+        return Decision(False, "person", f"the person refused it, saying: {reason[:500]}")
+    return Decision(False, "person", "the person refused it; ask them or find another way")
+
+
+def _verb(ask: Ask) -> str:
+    return {"write": "write", "read": "read", "command": "run"}.get(ask.action,
+                                                                   "run (outside the sandbox)")
+
+
+def _always_scope(ask: Ask) -> tuple[str, str]:
+    if ask.action == "write":
+        return "path", os.path.dirname(os.path.normpath(ask.subject)) or "."
+    return "command", ask.subject
+
+
+def _drain(fd: int) -> None:
+    import select
+
+    while select.select([fd], [], [], 0)[0]:
+        try:
+            if not os.read(fd, 1024):
+                return
+        except OSError:
+            return
+
+
+def _read_line(fd: int, ctx: Any) -> str | None:
+    """One line typed on the terminal ``fd``, echoed as typed; ``None`` on Ctrl-C (the run's
+    first interrupt), Esc, a closed terminal or the run's abort. The terminal is in
+    non-canonical mode meanwhile, so Esc answers at once."""
+    import select
+
+    line = b""
+    while len(line) < 1024:
+        if ctx is not None and (ctx.cancel.cancelled or ctx.stop_requested):
+            return None
+        try:
+            if not select.select([fd], [], [], 0.1)[0]:
+                continue
+            data = os.read(fd, 64)
+        except (OSError, KeyboardInterrupt):
+            return None
+        if not data:
+            return None
+        for byte in data:
+            if byte in (0x1b, 0x03, 0x04):  # Esc, Ctrl-C (if not a signal), Ctrl-D
+                return None
+            if byte in (0x0a, 0x0d):
+                os.write(fd, b"\n")
+                return line.decode("utf-8", "replace")
+            if byte in (0x7f, 0x08):
+                if line:
+                    line = line[:-1]
+                    os.write(fd, b"\b \b")
+                continue
+            if byte >= 0x20:
+                line += bytes([byte])
+                os.write(fd, bytes([byte]))
+    return line.decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def _cbreak(fd: int) -> Iterator[None]:
+    """The terminal in non-canonical mode (each key read as typed, Esc at once; Ctrl-C
+    still the run's interrupt) while the question is asked; restored after."""
+    try:
+        import termios
+        import tty
+
+        saved: Any = termios.tcgetattr(fd)
+        tty.setcbreak(fd, termios.TCSANOW)
+    except (ImportError, OSError):
+        saved = None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            try:
+                termios.tcsetattr(fd, termios.TCSANOW, saved)
+            except OSError:
+                pass
+
+
+def _record(ask: Ask, decision: Decision) -> None:
+    """The decision as ``x/dsh.tools/approval`` in the current session (none outside a
+    run, as in a unit test of a tool)."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is None:
+        return
+    call_id = None
+    try:
+        from dsh.tools.registry import current_call
+
+        call_id = current_call().call.id
+    except LookupError:
+        pass
+    data = {"call": call_id, "tool": ask.tool, "action": ask.action,
+            "subject": ask.subject[:2000], "allowed": decision.allowed, "by": decision.by,
+            "why": decision.why[:1000], "mode": getattr(ctx, "mode", DEFAULT_MODE)}
+    from dsh.ledger import plugin_events
+
+    # dsh's own record, written by the service whichever plugin's tool asked: through the
+    # ledger, not a plugin's door (which writes only under that plugin's name).
+    plugin_events.record(ctx.ledger, PLUGIN, EVENT, data)
