@@ -174,7 +174,8 @@ def decisions() -> list[dict[str, Any]]:
 def gate(root: str | os.PathLike[str], rel: str, data: bytes, kind: str,
          summary: str = "") -> bool:
     """Whether ``data``, the bytes just read of ``rel`` in the project ``root``, may take
-    effect. Asks on a terminal when they are not trusted; says one line otherwise."""
+    effect. Asks on a terminal when they are not trusted; says one line otherwise. The same
+    bytes declined once in this process are not asked about (nor said) again."""
     key = key_of(root, rel)
     sha = digest(data)
     st = state(root, rel, data)
@@ -182,7 +183,9 @@ def gate(root: str | os.PathLike[str], rel: str, data: bytes, kind: str,
         with _lock:
             _decisions[key] = {"path": key, "kind": kind, "sha256": sha, "decision": "trusted"}
         return True
-    if _ask(key, kind, st, summary):
+    with _lock:
+        declined = (key, sha) in _noted
+    if not declined and _ask(key, kind, st, summary):
         approve(root, rel, sha, kind)
         return True
     with _lock:

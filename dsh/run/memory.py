@@ -87,18 +87,12 @@ def settings(agent: Any) -> Mapping[str, Any]:
     return agent.plugin_settings(PLUGIN)
 
 
-def _quoted(text: str) -> str:
-    """``text`` with no line that a Markdown reader takes for a heading: a line whose first
-    non-blank character is ``#`` gets it escaped (``\\#``), so a fact or the memory file
-    cannot forge a ``## Memory`` (or any other) section of the system prompt."""
-    if "#" not in text:
-        return text
-    return "\n".join("\\" + line.lstrip() if line.lstrip().startswith("#") else line
-                     for line in text.split("\n"))
-
-
 def render(state: Mapping[str, Any]) -> str:
-    """The memory as the model and ``dsh sessions show`` see it ('' when empty)."""
+    """The memory as the model and ``dsh sessions show`` see it ('' when empty). The file's
+    text and the facts cannot open a section of the prompt (:mod:`dsh.core.prompttext`)."""
+    from dsh.core.prompttext import block
+    from dsh.core.prompttext import item
+
     parts = []
     file = state["file"]
     if file:
@@ -106,10 +100,10 @@ def render(state: Mapping[str, Any]) -> str:
             parts.append(f"(project memory file {file['path']}: {file['problem']})")
         elif file.get("text", "").strip():
             parts.append(f"From the project memory file {file['path']}:\n"
-                         f"{_quoted(file['text'].strip())}")
+                         f"{block(file['text'].strip())}")
     if state["facts"]:
         parts.append("Remembered in this session (forget with forget(id)):\n"
-                     + "\n".join(f"- [{f['id']}] {_quoted(f['text'])}" for f in state["facts"]))
+                     + "\n".join(f"- [{f['id']}] {item(f['text'])}" for f in state["facts"]))
     return "\n\n".join(parts)
 
 

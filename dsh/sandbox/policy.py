@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from dsh.core.files import PERSISTENCE
 from dsh.core.errors import ConfigError
+from dsh.core.files import PERSISTENCE
 
 MODES = ("workspace-write", "read-only", "off")
 BACKENDS = ("auto", "landlock")

@@ -24,6 +24,9 @@ def kind_for(path: str) -> str:
         if name == suffix:
             return kind
     parent = os.path.basename(os.path.dirname(path))
+    if name == "plugin.json" and parent == ".claude-plugin" or (
+            name == "hooks.json" and parent == "hooks"):
+        return "plugin"
     if parent == "agents" and name.endswith(".md"):
         return "agent"
     if parent == "commands" and name.endswith(".md"):

@@ -235,8 +235,6 @@ def settings_hooks(data: bytes, path: str, timeout: float) -> list[Hook]:
     return parse_hooks(obj.get("hooks", {}), path, strict=False, default_timeout=timeout)
 
 
-#: Files whose bytes the person declined in this process, ``(path, sha256)``: not asked again.
-_declined: set[tuple[str, str]] = set()
 #: Lines of a trust question's summary (the question shows at most 20).
 SUMMARY_LINES = 19
 
@@ -262,12 +260,8 @@ def admit(root: str, rel: str, data: bytes, kind: str, hooks: list[Hook],
             return ""
         what = "changed since it was trusted" if state == "changed" else "not trusted"
         return f"{what}: dsh trust approve {os.path.join(root, rel)}"
-    key = (trust.key_of(root, rel), trust.digest(data))
-    if key in _declined:
-        return "not trusted"
-    if trust.gate(root, rel, data, kind, summary(runnable, problem)):
+    if trust.gate(root, rel, data, kind, summary(runnable, problem)):  # asks once per process
         return ""
-    _declined.add(key)
     return "not trusted"
 
 

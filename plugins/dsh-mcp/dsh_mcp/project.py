@@ -45,7 +45,6 @@ LOADER_PREFIXES = ("LD_", "DYLD_", "PYTHON", "DSH_", "BASH_FUNC_", "MALLOC_", "G
 KIND = "mcp"
 PLUGIN_KIND = "plugin"
 
-_refused_here: set[tuple[str, str]] = set()  # (path, sha256) refused by this process
 
 
 def loader_variable(name: str) -> bool:
@@ -171,16 +170,10 @@ class Project:
         raise ConfigError(f"{self.shown(rel)}: cannot read: {why}")
 
     def trusted(self, rel: str, data: bytes, kind: str, summary: str) -> bool:
-        """:func:`dsh.config.trust.gate`, asked once per process for the same bytes."""
+        """:func:`dsh.config.trust.gate` (which asks once per process for the same bytes)."""
         from dsh.config import trust
 
-        mark = (trust.key_of(self.root, rel), trust.digest(data))
-        if mark in _refused_here and trust.state(self.root, rel, data) != "trusted":
-            return False
-        if trust.gate(self.root, rel, data, kind, summary):
-            return True
-        _refused_here.add(mark)
-        return False
+        return trust.gate(self.root, rel, data, kind, summary)
 
     def folder(self, rel: str, where: str) -> str:
         """The real path of the folder ``rel`` in the project, checked beneath the root (no
