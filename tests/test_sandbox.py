@@ -28,6 +28,7 @@ from dsh.sandbox.policy import parse_policy
 from dsh.sandbox.spawn import Popen
 from dsh.sandbox.spawn import SandboxUnavailable
 from dsh.sandbox.spawn import check
+from tests.procs import alive_with as _alive_with
 
 MARK = "S3CR3T-b5e1"
 _CHECK = check()
@@ -713,18 +714,3 @@ def test_a_fork_flood_in_the_sandbox_dies_with_its_group_at_the_timeout(
     assert _alive_with(f"sleep\0{mark}") == []
 
 
-def _alive_with(argv_part: str) -> list[int]:
-    """Live processes with ``argv_part`` in their argv, as this process sees /proc. (A
-    confined command runs in its own PID namespace: a pid it reports is not one here.)"""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv_part.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found

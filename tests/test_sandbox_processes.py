@@ -25,6 +25,7 @@ import pytest
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.spawn import Popen
 from dsh.sandbox.spawn import check
+from tests.procs import alive_with
 
 SRC = str(Path(__file__).resolve().parents[1])
 _CHECK = check()
@@ -33,22 +34,6 @@ needs_sandbox = pytest.mark.skipif(not _CHECK.get("backend"),
 needs_namespaces = pytest.mark.skipif(
     _CHECK.get("namespaces") != "ok",
     reason=f"no user namespaces on this machine: {_CHECK.get('namespaces')}")
-
-
-def alive_with(marker: str) -> list[int]:
-    """Pids (as this process sees them) of live processes with ``marker`` in their argv."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if marker.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 def gone(marker: str, within: float = 10.0) -> list[int]:

@@ -34,6 +34,8 @@ dsh_shell = pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-s
 from dsh_shell import process  # noqa: E402
 from dsh_shell import workspace  # noqa: E402
 
+from tests.procs import alive_with as _alive_with  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 MARK = "S3CR3T-7f3a9c"  # every secret below contains it; the probe looks for it
 SECRETS = {
@@ -506,18 +508,3 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-def _alive_with(argv_part: str) -> list[int]:
-    """Live processes with ``argv_part`` in their argv, as this process sees /proc. (A
-    confined command runs in its own PID namespace: a pid it reports is not one here.)"""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv_part.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found

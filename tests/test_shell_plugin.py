@@ -31,6 +31,7 @@ from dsh.core.errors import ToolError
 from dsh.ledger.events import ToolReturned
 from dsh.run.app import App
 from dsh.run.app import RunResult
+from tests.procs import alive_with as _alive_with  # noqa: E402
 
 try:
     import dsh_shell
@@ -613,18 +614,3 @@ def test_cli_run_refuses_without_yes_and_runs_with_it(
     assert outputs == [[("error", REFUSED)], [("ok", "exit code: 0\n(no output)")]]
 
 
-def _alive_with(argv_part: str) -> list[int]:
-    """Live processes with ``argv_part`` in their argv, as this process sees /proc. (A
-    confined command runs in its own PID namespace: a pid it reports is not one here.)"""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-            state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if argv_part.encode() in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found

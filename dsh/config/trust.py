@@ -97,22 +97,27 @@ def load() -> dict[str, dict[str, Any]]:
     return data["files"]
 
 
-def _update(change: Any) -> Any:
+def update_record(path: str | os.PathLike[str], key: str, load_now: Any, change: Any) -> Any:
+    """Apply ``change(held) -> result`` to the record at ``path`` (``held`` is
+    ``load_now()``, its ``key`` table) under a lock beside it, then write it back atomically
+    (a private temporary file renamed over it): the one way dsh writes the person's
+    decisions (trust, grants)."""
     import fcntl
     import tempfile
 
-    path = trust_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = os.open(path.parent / ".trust.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                   | os.O_CLOEXEC, 0o600)
+    folder = os.path.dirname(os.fspath(path))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    name = os.path.basename(os.fspath(path))
+    lock = os.open(os.path.join(folder, f".{name}.lock"),
+                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        held = load()
+        held = load_now()
         result = change(held)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".trust-", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".tmp")  # 0600
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"version": 1, "files": held}, f, indent=1, sort_keys=True,
+                json.dump({"version": 1, key: held}, f, indent=1, sort_keys=True,
                           ensure_ascii=False)
                 f.write("\n")
             os.replace(tmp, path)
@@ -125,6 +130,10 @@ def _update(change: Any) -> Any:
         return result
     finally:
         os.close(lock)
+
+
+def _update(change: Any) -> Any:
+    return update_record(trust_path(), "files", load, change)
 
 
 def approve(root: str | os.PathLike[str], rel: str, sha256: str, kind: str) -> None:

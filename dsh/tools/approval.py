@@ -121,35 +121,9 @@ def load_grants() -> dict[str, list[dict[str, Any]]]:
 
 
 def _save(change: Any) -> Any:
-    import fcntl
-    import json
-    import tempfile
+    from dsh.config.trust import update_record
 
-    path = grants_path()
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(folder, ".permissions.lock"),
-                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        projects = load_grants()  # a corrupt file is replaced only by revoke --all
-        result = change(projects)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".permissions-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"version": 1, "projects": projects}, f, indent=1, sort_keys=True,
-                          ensure_ascii=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return result
-    finally:
-        os.close(lock)
+    return update_record(grants_path(), "projects", load_grants, change)
 
 
 def add_grant(root: str, tool: str, scope: str, value: str) -> None:
