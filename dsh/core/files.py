@@ -96,12 +96,10 @@ def read_json(path: str | os.PathLike[str], cap: int) -> object:
     """A JSON file a user or a plugin folder supplies, read with :func:`read_regular`'s bound
     (a FIFO or ``/dev/zero`` is refused instead of blocking). :class:`FileNotFoundError` when it
     is missing; every other problem a :class:`~dsh.core.errors.ConfigError` naming the file."""
-    import json
-
     from dsh.core.errors import ConfigError
 
     try:
-        text = read_regular(path, cap).decode("utf-8")
+        data = read_regular(path, cap)
     except FileNotFoundError:
         raise
     except NotRegular as exc:
@@ -110,6 +108,18 @@ def read_json(path: str | os.PathLike[str], cap: int) -> object:
         raise ConfigError(f"{path}: cannot read: larger than {cap} bytes") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {reason(exc)}") from None
+    return parse_json(data, path)
+
+
+def parse_json(data: bytes, path: str | os.PathLike[str]) -> object:
+    """``data`` (a file's bytes, already read) as JSON; a
+    :class:`~dsh.core.errors.ConfigError` naming ``path`` when it is not UTF-8 or not JSON."""
+    import json
+
+    from dsh.core.errors import ConfigError
+
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
     try:

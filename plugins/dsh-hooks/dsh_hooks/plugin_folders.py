@@ -204,18 +204,9 @@ def _read(root: str, rel: str, path: str, base: tuple[str, str] | None,
 
 
 def _json(data: bytes, path: str) -> Any:
-    import json
+    from dsh.core import files
 
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    return files.parse_json(data, path)
 
 
 def expand(command: str, root: str) -> str:

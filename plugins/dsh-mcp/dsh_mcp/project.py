@@ -308,7 +308,6 @@ def load_gated(project: Project, rel: str, kind: str,
     root, trusted by its bytes. ``None`` when it is missing or not trusted (inert); a
     :class:`ConfigError` naming it when it cannot be read the safe way, or when trusted
     bytes are not JSON."""
-    import json
 
     from dsh_mcp.settings import MCP_JSON_CAP
 
@@ -317,12 +316,6 @@ def load_gated(project: Project, rel: str, kind: str,
         return None
     if not project.trusted(rel, data, kind, summarize(data)):
         return None
-    path = project.shown(rel)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    from dsh.core import files
+
+    return files.parse_json(data, project.shown(rel))
