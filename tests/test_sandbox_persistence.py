@@ -412,3 +412,50 @@ def _as_nobody(python: str, site: list[str], tmp_path: Path) -> None:
     assert "Read-only file system" in out and out.endswith("65534\n"), out
     assert record["namespaces"] == ["user", "mount", "pid"], record
     assert not (ws / ".git" / "hooks" / "pre-commit").exists() and (ws / "made").exists()
+
+
+@needs_sandbox
+@needs_namespaces
+@needs_git
+def test_persistence_a_command_creates_is_moved_aside_when_it_ends(tmp_path: Path) -> None:
+    """A path that did not exist cannot be a read-only mount: `git init` with a planted
+    core.fsmonitor (or a new .mcp.json, .claude) is renamed aside once the command ends, so the
+    user's next `git status` there obeys nothing the sandbox wrote."""
+    ws = tmp_path / "plain"
+    ws.mkdir()
+    proc, out = _run(ws, f"""
+        git init -q . && git config core.fsmonitor "touch {tmp_path}/pwned" && echo inited
+        echo '{{"mcpServers": {{}}}}' > .mcp.json
+        mkdir -p .claude/agents && echo evil > .claude/agents/default.md
+        echo ok > notes.txt
+        (sleep 1; mkdir .dsh) &
+    """)
+    assert "inited" in out, out
+    assert not (ws / ".git").exists() and not (ws / ".mcp.json").exists()
+    assert not (ws / ".claude").exists() and not (ws / ".dsh").exists()
+    assert (ws / "notes.txt").read_text() == "ok\n"
+    moved = {m["path"] for m in proc.sandbox["quarantined"]}
+    assert moved == {".git", ".mcp.json", ".claude"}  # .dsh: its maker died with the call
+    subprocess.run(["git", "status"], cwd=ws, capture_output=True,
+                   env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert not (tmp_path / "pwned").exists()
+    policy = parse_policy({"unprotected": [".git"]}, where="sandbox")
+    proc, out = _run(ws, "git init -q . && echo inited", policy)
+    assert (ws / ".git").is_dir() and "quarantined" not in proc.sandbox
+
+
+@needs_sandbox
+@needs_namespaces
+def test_run_command_tells_the_model_what_was_moved_aside(dsh_make_app: Any,
+                                                          tmp_path: Path) -> None:
+    pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    app = dsh_make_app({"agents": {"default": {"plugins": ["shell"]}}, "plugins": {"shell": {
+        "workspace": str(ws), "allow": ["sh"]}}}, script=[
+        {"tool_calls": [{"name": "run_command", "arguments": {
+            "command": "sh -c 'echo {} > .mcp.json'"}}]}, {"text": "done"}])
+    run = app.run("go")
+    [result] = [e for e in run.events if e.type == "tool/result"]
+    assert "created .mcp.json (now .mcp.json.dsh-quarantined-" in result.output
+    assert "[sandbox] unprotected" in result.output and not (ws / ".mcp.json").exists()

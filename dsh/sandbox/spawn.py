@@ -98,6 +98,9 @@ class Popen(subprocess.Popen[bytes]):
         kwargs["close_fds"] = True
         self.sandbox: dict[str, Any] = {**policy.record(), "workspace": workspace}
         self._tmp: str | None = None
+        #: Persistence paths missing when the command started (it could create them): any
+        #: it made is moved aside when it ends (:meth:`_quarantine`).
+        self._absent: tuple[str, ...] = ()
         if not policy.confined:
             self.sandbox["backend"] = "none"
             super().__init__(argv, **kwargs)
@@ -120,6 +123,9 @@ class Popen(subprocess.Popen[bytes]):
         else:
             self.sandbox.update(namespaces=["user", "mount", "pid"],
                                 read_only=plan.read_only())
+        if policy.mode == "workspace-write":
+            self._absent = tuple(p for p in policy.persistence()
+                                 if not os.path.lexists(os.path.join(workspace, p)))
         env = dict(kwargs.pop("env", None) or os.environ)
         env["TMPDIR"] = tmp
         if not launcher:
@@ -260,7 +266,39 @@ class Popen(subprocess.Popen[bytes]):
         code = super().wait(timeout)
         if self._tmp is not None:
             self._cleanup()
+        if self._absent:
+            self._quarantine()
         return code
+
+    def _quarantine(self) -> None:
+        """A persistence path (``.git``, ``.mcp.json``, ``.claude``…) that did not exist when
+        the command started cannot be made read-only by a mount, so the command could create
+        one (``git init`` with a ``core.fsmonitor``): once it has ended — and every process
+        it started with it — each such path it made is renamed aside (``NAME.dsh-quarantined-
+        …``), by descriptor, and listed in the record as ``quarantined``. ``[sandbox]
+        unprotected`` names the ones a command may create."""
+        from dsh.core import beneath
+
+        absent, self._absent = self._absent, ()
+        workspace = self.sandbox["workspace"]
+        moved = []
+        for rel in absent:
+            parent, name = os.path.split(rel)
+            try:
+                dfd = beneath.open_dir(workspace, parent)
+            except OSError:
+                continue
+            try:
+                os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                aside = f"{name}.dsh-quarantined-{os.urandom(4).hex()}"
+                os.rename(name, aside, src_dir_fd=dfd, dst_dir_fd=dfd)
+                moved.append({"path": rel, "moved_to": os.path.join(parent, aside)})
+            except OSError:
+                continue
+            finally:
+                os.close(dfd)
+        if moved:
+            self.sandbox["quarantined"] = moved
 
 
 class _NoPreexec(Exception):

@@ -250,6 +250,12 @@ def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy
             forget()
         proc.stdout.close()
         proc.stderr.close()
+    moved = proc.sandbox.get("quarantined")
+    if moved:  # persistence paths the command created: moved aside by the sandbox
+        shown = ", ".join(f"{m['path']} (now {m['moved_to']})" for m in moved)
+        err.feed(f"\ndsh-shell: the command created {shown}: a path that shapes later runs "
+                 "(git, dsh and Claude Code obey it), so it was moved aside; the person may "
+                 "allow it with [sandbox] unprotected\n".encode())
     if ctx is not None and ctx.cancel.cancelled:
         raise ToolError("the command was killed: the run was aborted")
     if stop == "timeout":
