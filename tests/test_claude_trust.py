@@ -478,3 +478,21 @@ def test_on_a_terminal_the_question_shows_the_agent_and_yes_trusts_it(
     assert again.returncode == 0, again.stderr
     assert project.server.received[1].body["model"] == "gpt-other"
     assert "dsh trust approve" not in again.stderr
+
+
+def test_a_dotfiles_repository_in_home_is_not_the_project_root(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """With `git init ~`, a project below home must not import from all of home."""
+    from dsh_claude.settings import parse_settings
+    from dsh_claude.settings import project_root
+
+    home = tmp_path / "home"
+    (home / ".git").mkdir(parents=True)
+    (home / "proj" / "src").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    settings = parse_settings({}, where="plugins.claude")
+    assert project_root(settings, home / "proj" / "src") == (home / "proj" / "src").resolve()
+    (home / "proj" / ".git").mkdir()
+    assert project_root(settings, home / "proj" / "src") == (home / "proj").resolve()
+    assert project_root(settings, home) == home.resolve()  # dsh run in ~ itself: ~ is the root

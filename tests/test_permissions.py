@@ -265,3 +265,38 @@ def test_a_bad_grants_file_is_a_clear_error(ws: Path, tmp_path: Path,
     assert proc.returncode == 0
     [line] = [x for x in proc.stderr.splitlines() if "permissions.json" in x]
     assert "no grant from it is used" in line
+
+
+@pytest.mark.parametrize("mode, listed_writes, other_runs", [
+    ("read-only", False, False), ("ask", True, False), ("auto-edit", True, False),
+    ("full-auto", True, True)])
+def test_modes_and_commands(ws: Path, tmp_path: Path, script: Callable[..., str], mode: str,
+                            listed_writes: bool, other_runs: bool) -> None:
+    """mode × {an allowlisted command (writing in the workspace), any other command, a
+    command under a policy with network}, without a terminal."""
+    model = script(
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch listed"}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "mkdir other"}}]},
+        {"text": "ok"})
+    config = _config(tmp_path, ws)
+    text = config.read_text().replace("[plugins.shell]\n", '[plugins.shell]\nallow = ["touch"]\n')
+    config.write_text(text)
+    proc = _dsh(config, "run", "-m", model, "--json", "--mode", mode, "go")
+    assert proc.returncode == 0, proc.stderr
+    assert (ws / "listed").exists() is listed_writes  # read-only: a read-only sandbox
+    assert (ws / "other").exists() is other_runs
+    events = _ledger(proc)
+    decisions = [(e["data"]["action"], e["data"]["allowed"], e["data"]["by"])
+                 for e in events if e["type"] == "x/dsh.tools/approval"]
+    assert decisions[0] == ("read", True, "mode")
+    assert decisions[1] == ("command", other_runs, "mode" if mode in ("read-only", "full-auto")
+                            else "person")
+    # leaving the sandbox (network) asks even in full-auto: no terminal, so refused
+    net = _config(tmp_path, ws, '\n[sandbox]\nnetwork = true\n')
+    net.write_text(net.read_text().replace("[plugins.shell]\n",
+                                           '[plugins.shell]\nallow = ["touch"]\n'))
+    model = script({"tool_calls": [{"name": "run_command", "arguments": {
+        "command": "touch net"}}]}, {"text": "ok"})
+    proc = _dsh(net, "run", "-m", model, "--json", "--mode", mode, "go")
+    assert proc.returncode == 0, proc.stderr
+    assert not (ws / "net").exists()

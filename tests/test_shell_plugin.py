@@ -46,7 +46,8 @@ INSTALL = (
     "through its `dsh` entry point, as a third party's plugin would be loaded."
 )
 REFUSED = ("command 'rm' needs approval: not on the allowlist (plugins.shell.allow); "
-           "no terminal to ask on — rerun with --yes to approve")
+           "no terminal to ask on — rerun with --mode full-auto (commands inside the sandbox) "
+           "or --yes to approve")
 SHELL_TOOLS = {"run_command", "read_file", "write_file"}
 
 

@@ -351,7 +351,7 @@ def test_remember_in_the_project_file_reaches_the_next_turn_with_its_digest(
         {"tool_calls": [{"name": "remember",
                          "arguments": {"fact": "tests run with  tox", "project": True}}]},
         {"text": "noted"}, {"text": "second"}])
-    first = app.run("remember it")
+    first = app.run("remember it", mode="auto-edit")  # a write to a project file
     assert first.outcome == "completed", (first.reason, [e.type for e in first.events])
     outputs = [e.output for e in first.events if e.type == "tool/result"]
     assert outputs == [f"Remembered as [1] and in {memfile} (from the next turn)."]

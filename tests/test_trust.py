@@ -171,7 +171,7 @@ def test_a_symlinked_memory_file_is_never_read_nor_appended_through(
     from dsh.core.errors import DshWarning
 
     with pytest.warns(DshWarning, match="symbolic link"):
-        run = app.run("remember")
+        run = app.run("remember", mode="auto-edit")
     assert SECRET not in app.requests[0].system and "symbolic link" in app.requests[0].system
     [result] = [e for e in run.events if e.type == "tool/result"]
     assert "symbolic link" in result.output and "this session only" in result.output
@@ -183,13 +183,16 @@ def test_remember_keeps_a_trusted_file_trusted_but_not_an_untrusted_one(
     memfile = tmp_path / "MEMORY.md"
     call = {"tool_calls": [{"name": "remember", "arguments": {"fact": "uses tabs",
                                                               "project": True}}]}
-    app = _memory_app(dsh_make_app, memfile, call, {"text": "ok"}, {"text": "ok"}, call,
-                      {"text": "ok"}, {"text": "ok"})
-    first = app.run("remember")  # the file did not exist: dsh wrote all of it
+    app = _memory_app(dsh_make_app, memfile, call, {"text": "ok"}, call, {"text": "ok"},
+                      {"text": "ok"}, call, {"text": "ok"}, {"text": "ok"})
+    refused = app.run("remember")  # a write to a project file: no terminal to approve it
+    [result] = [e for e in refused.events if e.type == "tool/result"]
+    assert "no terminal" in result.output and not memfile.exists()
+    first = app.run("remember", mode="auto-edit")  # the mode approves the write
     app.run("go on", session=first.session_id)
     assert "- uses tabs" in app.requests[-1].system
     memfile.write_text("- injected by a command\n")
-    app.run("again", session=first.session_id)  # remember appends to an untrusted file
+    app.run("again", session=first.session_id, mode="auto-edit")  # appends to an untrusted file
     app.run("go on", session=first.session_id)
     assert "injected by a command" not in app.requests[-1].system
 

@@ -229,8 +229,12 @@ def _ask(key: str, kind: str, st: str, summary: str) -> bool:
     what = "changed since you trusted it" if st == "changed" else "is new to dsh"
     lines = [f"\ndsh: {printable(key)} {what}; it "
              f"{KINDS.get(kind, kind)}."]
-    for line in summary.splitlines()[:20]:
+    shown = summary.splitlines()
+    for line in shown[:20]:
         lines.append("  " + printable(line))
+    if len(shown) > 20:  # never a silent cut: what is not shown may be what matters
+        lines.append(f"  … and {len(shown) - 20} more lines: review the file itself before "
+                     "trusting it")
     lines.append("Trust this exact content? [y/N] ")
     # The command line's status line, when this process shows one, must not redraw over the
     # question (it is loaded only where there is a status line: nothing to import here).

@@ -185,13 +185,18 @@ def remember(fact: str, project: bool = False) -> str:
 
 def _append(path: Path, line: bytes) -> None:
     """Append ``line`` to the project memory file through a descriptor (a symbolic link in
-    its place is refused, never appended through), keeping it trusted when the content it
-    extends was: dsh wrote the new line itself, and the ledger records the fact."""
+    its place is refused, never appended through). A write to a project file: the approval
+    service decides it first (the permission mode, a grant, or the person, shown the line;
+    no terminal in mode ``ask`` means no). Then the file stays trusted when the content it
+    extends was (or it was empty): the line was approved, and the ledger records the fact."""
     from dsh.config import trust
     from dsh.core import beneath
     from dsh.core.files import reason
+    from dsh.tools import approval
 
     root, rel = _where(path)
+    approval.request(approval.Ask(tool="remember", action="write", subject=rel, root=root,
+                                  detail="+ " + line.decode("utf-8", "replace").rstrip()))
     fd = None
     try:
         fd = beneath.open_beneath(root, rel, os.O_RDWR | os.O_APPEND | os.O_CREAT

@@ -202,18 +202,18 @@ def request(ask: Ask) -> Decision:
         # script calling a tool's function), which is the person's own code.
         return Decision(True, "caller", "called outside a run")
     mode = getattr(ctx, "mode", DEFAULT_MODE)
-    rule = RULES.get(mode, RULES[DEFAULT_MODE]).get(ask.action)
-    if rule is True:
+    verdict = rule(mode, ask.action)
+    if verdict is True:
         decision = Decision(True, "mode", f"mode {mode} allows it")
-    elif rule is False:
+    elif verdict is False:
         decision = Decision(False, "mode", f"the permission mode is {mode}, which does not "
                                            f"allow this; the person may choose "
                                            f"{_option_for(ask)}")
     elif ctx is not None and ctx.approve_all:
         decision = Decision(True, "yes", "--yes approved every call of this run")
     else:
-        decision = _granted(ask, ctx) or _ask_person(ask, ctx)
-    _record(ask, decision)
+        decision = granted(ask, ctx) or _ask_person(ask, ctx)
+    note(ask, decision)
     if not decision.allowed:
         raise ToolError(f"{ask.tool} was not run: {decision.why}; do not retry it")
     return decision
@@ -234,7 +234,13 @@ def _session_grants(ctx: Any) -> list[dict[str, Any]]:
     return _by_session.setdefault(session, [])
 
 
-def _granted(ask: Ask, ctx: Any) -> Decision | None:
+def rule(mode: str, action: str) -> bool | None:
+    """What ``mode`` says of ``action``: run (True), refuse (False) or ask (None)."""
+    return RULES.get(mode, RULES[DEFAULT_MODE]).get(action)
+
+
+def granted(ask: Ask, ctx: Any) -> Decision | None:
+    """The decision of a grant (for this session, or for this project) covering ``ask``."""
     for grant in _session_grants(ctx):
         if matches(grant, ask):
             return Decision(True, "session", f"granted for this session ({grant['scope']} "
@@ -392,7 +398,7 @@ def _cbreak(fd: int) -> Iterator[None]:
                 pass
 
 
-def _record(ask: Ask, decision: Decision) -> None:
+def note(ask: Ask, decision: Decision) -> None:
     """The decision as ``x/dsh.tools/approval`` in the current session (none outside a
     run, as in a unit test of a tool)."""
     from dsh.host.runcontext import current_or_none

@@ -107,11 +107,17 @@ def for_agent(agent: Any) -> Settings:
 
 def project_root(settings: Settings, cwd: Path | None = None) -> Path:
     """The project root: ``root`` if set, else the nearest ancestor of ``cwd`` (the working
-    directory) holding ``.git``, else ``cwd``."""
+    directory) holding ``.git`` (a real one, not a link), else ``cwd``. The home directory
+    and ``/`` are never found as a project root this way (a dotfiles repository in ``$HOME``
+    would otherwise let a project's ``@import`` reach every file in it): a folder below them
+    is its own root then."""
     here = (cwd or Path.cwd()).resolve()
     if settings.root:
         return expand(settings.root).resolve()
+    home = Path(os.path.expanduser("~")).resolve()
     for folder in (here, *here.parents):
-        if (folder / ".git").exists():
+        if folder in (home, Path("/")) and folder != here:
+            break
+        if os.path.lexists(folder / ".git") and not (folder / ".git").is_symlink():
             return folder
     return here

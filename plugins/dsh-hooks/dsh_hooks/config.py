@@ -16,6 +16,10 @@ folder inside the project) may have been written by a confined command, a model 
 protected paths refused) and their hooks run only while the person trusts those exact bytes
 (:func:`dsh.config.trust.gate`, :func:`admit`); a file not trusted, or changed since, is
 inert. Their hooks are :attr:`Hook.from_project`: they may deny or ask, never approve.
+Trust covers the file's bytes, not the scripts its commands run (``sh scripts/fmt.sh``), which
+anything in the workspace may have rewritten: so their processes run under the kernel sandbox,
+``workspace-write`` (no network) with the project as the workspace, unless the person's
+``sandbox`` table names their source (:data:`PROJECT_SANDBOX`, :func:`policy_of`).
 """
 
 from __future__ import annotations
@@ -41,8 +45,12 @@ PROJECT_SOURCES = frozenset({"project", "local"})
 KEYS = ("hooks", "claude_settings", "claude_plugins", "project_dir", "tools", "env_keep",
         "max_output", "timeout", "sandbox")
 #: The hook sources a ``sandbox`` table names: ``config`` (dsh's own TOML) and each settings
-#: file. Every source is unconfined unless its policy is set (its hooks were written by you).
+#: file. The person's own sources are unconfined unless their policy is set (their hooks were
+#: written by the person); the project's are confined unless it is (:data:`PROJECT_SANDBOX`).
 SANDBOX_SOURCES = ("config", *SOURCES, "claude_plugins")
+#: The policy of a project-sourced hook (``project``, ``local``, a plugin folder inside the
+#: project) whose source the ``sandbox`` table does not name: the project is its workspace.
+PROJECT_SANDBOX = "workspace-write"
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_OUTPUT = 1024 * 1024
 #: The most bytes of a Claude Code settings file read (it is read whole, then parsed).
@@ -149,7 +157,7 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None, *,
         raw.get("project_dir") or workspace or os.getcwd()))
     timeout = float(raw.get("timeout", DEFAULT_TIMEOUT))
     confine = policies(raw, where)
-    hooks = [attrs.evolve(h, policy=confine.get("config"))
+    hooks = [attrs.evolve(h, policy=policy_of(confine, "config", False, where))
              for h in parse_hooks(raw.get("hooks", {}), f"[{where}] hooks", strict=True,
                                   default_timeout=timeout)]
     missing = []
@@ -173,12 +181,13 @@ def load(raw: Mapping[str, Any], where: str, workspace: str | None, *,
                 continue  # inert: the gate said so (one line on stderr)
         if problem is not None:
             raise problem
-        hooks.extend(attrs.evolve(h, policy=confine.get(name), ignored=h.ignored or why)
-                     for h in found)
+        hooks.extend(attrs.evolve(h, policy=policy_of(confine, name, ours, where),
+                                  ignored=h.ignored or why) for h in found)
     if raw.get("claude_plugins"):
         from dsh_hooks import plugin_folders
 
-        hooks.extend(attrs.evolve(h, policy=confine.get("claude_plugins"))
+        hooks.extend(attrs.evolve(h, policy=policy_of(confine, "claude_plugins",
+                                                      h.from_project, where))
                      for h in plugin_folders.load(
                          raw["claude_plugins"], where, project, timeout, review=review,
                          workspace=os.path.expanduser(workspace) if workspace else None))
@@ -280,7 +289,8 @@ def summary(hooks: list[Hook], problem: ConfigError | None = None) -> str:
 
 def policies(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """``sandbox``: a table from hook source (:data:`SANDBOX_SOURCES`) to a policy (a name
-    or a table, as ``[sandbox]``); the confined ones as :class:`dsh.sandbox.Policy`."""
+    or a table, as ``[sandbox]``): every source it names, the confined ones as
+    :class:`dsh.sandbox.Policy`, those set ``"off"`` as None."""
     table = raw.get("sandbox", {})
     if not isinstance(table, Mapping):
         raise ConfigError(f"[{where}] sandbox: expected a table of hook sources "
@@ -293,9 +303,22 @@ def policies(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         from dsh.sandbox.policy import parse_policy
 
         policy = parse_policy(value, where=f"{where} sandbox.{source}")
-        if policy.confined:
-            out[source] = policy
+        out[source] = policy if policy.confined else None
     return out
+
+
+def policy_of(confine: Mapping[str, Any], source: str, from_project: bool,
+              where: str) -> Any:
+    """The policy of a hook of ``source`` (:func:`policies` is ``confine``; None:
+    unconfined). Named in ``sandbox``: that policy, ``"off"`` included. Not named: none for
+    the person's own hooks, :data:`PROJECT_SANDBOX` for the project's (``from_project``)."""
+    if source in confine:
+        return confine[source]
+    if not from_project:
+        return None
+    from dsh.sandbox.policy import parse_policy
+
+    return parse_policy(PROJECT_SANDBOX, where=f"{where} sandbox.{source}")
 
 
 def parse_hooks(obj: Any, where: str, *, strict: bool, default_timeout: float) -> list[Hook]:

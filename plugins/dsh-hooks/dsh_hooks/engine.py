@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from dsh_hooks import runner
 from dsh_hooks.answers import EVENT_JSON as EVENT_JSON  # re-exported
 from dsh_hooks.answers import EVENT_TEXT as EVENT_TEXT  # re-exported
@@ -71,6 +73,9 @@ class Engine:
         self.transcript: Any = None
         #: What SessionStart hooks set through ``CLAUDE_ENV_FILE`` (:mod:`dsh_hooks.envfile`).
         self.session_env: dict[str, str] = {}
+        #: Project hooks the kernel could not confine this run (said once, then skipped):
+        #: ``(command, plugin root, source) → why``.
+        self.unconfinable: dict[tuple[str, str, str], str] = {}
         self._transcript_lock = threading.Lock()
 
     def close(self) -> None:
@@ -131,8 +136,8 @@ class Engine:
                 unique.append(h)
         if not unique:
             return []
-        payload = json.dumps({**self.base(event), **fields}, ensure_ascii=False,
-                             default=str).encode()
+        base = self.base(event)
+        payload = json.dumps({**base, **fields}, ensure_ascii=False, default=str).encode()
         cap = self.settings.max_output
         cancel = getattr(self.ctx, "cancel", None) if cancellable else None
 
@@ -140,8 +145,16 @@ class Engine:
             env_h = {**(self.project_env if h.from_project else self.env), **(env or {})}
             if h.plugin_root:
                 env_h["CLAUDE_PLUGIN_ROOT"] = h.plugin_root
+            key = (h.command, h.plugin_root, h.source)
+            if key in self.unconfinable:  # refused earlier in this run: said once already
+                why = self.unconfinable[key]
+                return Answer(h, "error", why, ran=runner.Ran("spawn", None, "", why, 0.0,
+                                                              unconfinable=why))
+            policy = with_files(h.policy, base["transcript_path"], env_h.get("CLAUDE_ENV_FILE"))
             ran = runner.run(h.command, payload, timeout=h.timeout, cwd=self.settings.project_dir,
-                             env=env_h, max_output=cap, cancel=cancel, policy=h.policy)
+                             env=env_h, max_output=cap, cancel=cancel, policy=policy)
+            if ran.unconfinable and h.from_project:
+                return self.skipped(h, ran)
             try:
                 return interpret(h, ran, cap)
             except Exception as exc:  # an answer dsh failed to read may be a deny: fail closed
@@ -179,6 +192,19 @@ class Engine:
         if cancel is not None:
             cancel.check()  # aborted while the hooks ran: the run ends now (Cancelled)
         return done
+
+    def skipped(self, h: Hook, ran: runner.Ran) -> Answer:
+        """A project hook the kernel could not confine did not run, and does not run again
+        this run: one line on stderr says so, and how to run that source unconfined."""
+        table, _, source = h.policy.where.rpartition(" sandbox.")
+        inner = re.search(r"\((.*)\); it was not run", ran.unconfinable)
+        why = (f"skipped: the sandbox is unavailable "
+               f"({inner.group(1) if inner else ran.unconfinable}); a project hook never runs "
+               f"unconfined (to run them unconfined: [{table}] sandbox = "
+               f"{{ {source} = \"off\" }})")
+        self.unconfinable[(h.command, h.plugin_root, h.source)] = why
+        warn(f"{h.event} hook `{shown(h.command)}` ({h.source}): {why}")
+        return Answer(h, "error", why, ran=attrs.evolve(ran, stderr=why))
 
     def record(self, name: str, data: Mapping[str, Any]) -> None:
         """Write ``x/dsh-hooks/NAME`` to the session's ledger (names, data and redaction
@@ -253,6 +279,19 @@ class Engine:
             if known is None or inner in known:
                 out[inner] = value
         return out
+
+
+def with_files(policy: Any, transcript: str, env_file: str | None) -> Any:
+    """``policy`` (None: unconfined) letting the hook read the session's transcript and write
+    its ``CLAUDE_ENV_FILE``, both in private directories of this run outside the project."""
+    if policy is None:
+        return None
+    read = (os.path.dirname(transcript),) if transcript else ()
+    write = ((os.path.dirname(env_file),) if env_file and policy.mode == "workspace-write"
+             else ())
+    if not read and not write:
+        return policy
+    return attrs.evolve(policy, read=(*policy.read, *read), write=(*policy.write, *write))
 
 
 def without_secrets(env: Mapping[str, str]) -> dict[str, str]:

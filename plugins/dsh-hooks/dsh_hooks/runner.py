@@ -58,6 +58,9 @@ class Ran:
     stdout: str
     stderr: str
     duration_ms: float
+    #: Status ``spawn`` because the kernel could not apply its sandbox policy
+    #: (:class:`dsh.sandbox.SandboxUnavailable`): why, else "".
+    unconfinable: str = ""
 
 
 def child_env(keep: tuple[str, ...], project_dir: str) -> dict[str, str]:
@@ -113,7 +116,10 @@ def run(command: str, stdin: bytes, *, timeout: float, cwd: str, env: dict[str, 
                                     stderr=subprocess.PIPE, cwd=cwd, env=env, process_group=0,
                                     close_fds=True)
     except (OSError, DshError) as exc:
-        return Ran("spawn", None, "", f"cannot start: {exc}", 0.0)
+        from dsh.sandbox.spawn import SandboxUnavailable
+
+        why = str(exc) if isinstance(exc, SandboxUnavailable) else ""
+        return Ran("spawn", None, "", f"cannot start: {exc}", 0.0, unconfinable=why)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
 
     if len(stdin) <= _PIPE_ROOM:

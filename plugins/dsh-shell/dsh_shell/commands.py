@@ -65,13 +65,49 @@ def run_command(settings: ShellSettings, command: str, policy: Policy | None = N
         )
     root = workspace_root(settings.workspace_path())
     reason = _needs_approval(argv[0], settings.allow, root)
-    if reason is None and (not policy.confined or policy.network):
+    outside = not policy.confined or policy.network
+    if reason is None and outside:
         # The sandbox is what makes the allowlist safe to run without asking: a command
         # that may reach the network or runs unconfined is always asked about.
         reason = f"the sandbox policy is {policy.describe()}"
-    if reason is not None:
-        _approve(argv, reason, root, settings)
+    policy = _decide(argv, reason, outside, root, settings, policy)
     return _execute(argv, root, settings, policy)
+
+
+def _decide(argv: list[str], reason: str | None, outside: bool, root: str,
+            settings: ShellSettings, policy: Policy) -> Policy:
+    """The permission mode's say on the command (:mod:`dsh.tools.approval`): allowlisted
+    programs are reads, any other a command, one leaving the sandbox ``outside``. What the
+    mode runs or refuses, ``--yes`` and a grant are decided and recorded there; what would
+    ask is asked here (the terminal question, with the run's time limit and abort). In mode
+    ``read-only`` the sandbox is read-only too. Returns the policy to run under."""
+    from dsh.tools import approval
+
+    ctx = current_or_none()
+    if ctx is None:  # outside any run: the program's own call, as before
+        if reason is not None:
+            _approve(argv, reason, root, settings)
+        return policy
+    action = "outside" if outside else "read" if reason is None else "command"
+    ask = approval.Ask(tool="run_command", action=action, subject=shlex.join(argv), root=root,
+                       program=os.path.basename(argv[0]),
+                       detail=f"sandbox: {policy.describe()}" + (f"; {reason}" if reason
+                                                                   else ""))
+    if approval.rule(ctx.mode, action) is None and not ctx.approve_all and \
+            approval.granted(ask, ctx) is None:
+        try:
+            _approve(argv, reason or "it needs approval", root, settings)  # raises on no
+        except ToolError as exc:
+            approval.note(ask, approval.Decision(False, "person", str(exc)))
+            raise
+        approval.note(ask, approval.Decision(True, "person", "the person approved it"))
+    else:
+        approval.request(ask)
+    if ctx.mode == "read-only" and policy.mode == "workspace-write":
+        import attrs
+
+        policy = attrs.evolve(policy, mode="read-only")
+    return policy
 
 
 def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None:
@@ -104,7 +140,7 @@ def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -
     except OSError:
         raise ToolError(
             f"command {name!r} needs approval: {reason}; no terminal to ask on — rerun with "
-            "--yes to approve"
+            "--mode full-auto (commands inside the sandbox) or --yes to approve"
         ) from None
     # Imported only when asking: the terminal helpers import click.
     from dsh.cli.escape import escape_controls
