@@ -230,6 +230,35 @@ def test_transcript_renders_only_what_is_new(tmp_path: Path) -> None:
     assert not os.path.exists(path)
 
 
+@pytest.mark.skipif(not __import__("dsh.sandbox.spawn").sandbox.spawn.check().get("backend"),
+                    reason="no kernel sandbox on this machine")
+def test_a_confined_project_hook_still_gets_its_env_file_and_transcript(tmp_path: Path,
+                                                                        proj: Path) -> None:
+    """A trusted project file's hooks run confined to the project, yet a SessionStart hook
+    still writes its CLAUDE_ENV_FILE and a Stop hook still reads ``transcript_path`` (both
+    private files of the run, outside the project)."""
+    from tests.test_hooks_plugin import approve
+
+    copy = ("python3 -c 'import json,shutil,sys; "
+            "shutil.copy(json.load(sys.stdin)[\"transcript_path\"], \"transcript.copy\")'")
+    path = proj / ".claude" / "settings.json"
+    path.write_text(json.dumps({"hooks": {
+        **hook("SessionStart", _script(proj, "load-context.sh", LOAD_CONTEXT)),
+        **hook("Stop", copy)}}))
+    approve(path)
+    cfg = write_config(tmp_path, proj, claude_settings=["project"])
+    m = model(tmp_path, _call("run_command", command="printenv PROJECT_FLAVOUR"),
+              {"text": "all done"})
+    r = dsh(tmp_path, proj, cfg, "run", "--yes", "-m", m, "go")
+    assert r.returncode == 0, r.stderr
+    events = ledger(tmp_path)
+    assert {e["data"]["sandbox"] for e in of(events, "x/dsh-hooks/hook")} == {
+        "workspace-write, no network"}
+    [res] = of(events, "tool/result")
+    assert "vanilla" in res["output"], (res, r.stderr)
+    assert "all done" in (proj / "transcript.copy").read_text()
+
+
 # ------------------------------------------------------------------ file_path, hooks test
 
 

@@ -70,7 +70,7 @@ def one_line(stderr: str, about: Path) -> str:
 
 def test_an_unapproved_project_hook_is_inert_and_allows_nothing(tmp_path: Path,
                                                                 proj: Path) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     path = settings_file(proj, answering(marker, ALLOW))
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
     m = model(tmp_path, bash_call("mkdir made-by-command"), {"text": "done"})
@@ -87,7 +87,7 @@ def test_an_unapproved_project_hook_is_inert_and_allows_nothing(tmp_path: Path,
 
 def test_approved_it_runs_but_its_allow_does_not_approve_the_command(tmp_path: Path,
                                                                      proj: Path) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     approve(settings_file(proj, answering(marker, ALLOW)))
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
     m = model(tmp_path, bash_call("mkdir made-by-command"), {"text": "done"})
@@ -108,7 +108,7 @@ def test_approved_it_runs_but_its_allow_does_not_approve_the_command(tmp_path: P
 @pytest.mark.parametrize("answer", [DENY, "exit2"])
 def test_an_approved_project_hook_still_denies(tmp_path: Path, proj: Path,
                                                answer: Any) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     command = (f"touch {marker}; echo no >&2; exit 2" if answer == "exit2"
                else answering(marker, answer))
     path = settings_file(proj, command)
@@ -128,7 +128,7 @@ def test_an_approved_project_hook_still_denies(tmp_path: Path, proj: Path,
 
 def test_an_approved_project_hook_still_asks(tmp_path: Path, proj: Path) -> None:
     """`ask` with no terminal is a refusal, even of a command the allowlist would run."""
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     path = settings_file(proj, answering(marker, ASK))
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
     m = model(tmp_path, bash_call("echo allowlisted"), {"text": "done"})
@@ -147,7 +147,7 @@ def test_an_approved_project_hook_still_asks(tmp_path: Path, proj: Path) -> None
 @pytest.mark.parametrize("change", ["command", "added hook"])
 def test_a_file_changed_after_approval_is_inert_again(tmp_path: Path, proj: Path,
                                                       change: str) -> None:
-    marker, other = tmp_path / "hook-ran", tmp_path / "other-ran"
+    marker, other = proj / "hook-ran", proj / "other-ran"
     path = settings_file(proj, answering(marker, DENY))
     approve(path)
     if change == "command":  # the same shape, another command
@@ -167,7 +167,7 @@ def test_a_file_changed_after_approval_is_inert_again(tmp_path: Path, proj: Path
 
 
 def test_settings_local_json_is_gated_on_its_own(tmp_path: Path, proj: Path) -> None:
-    marker, local = tmp_path / "hook-ran", tmp_path / "local-ran"
+    marker, local = proj / "hook-ran", proj / "local-ran"
     approve(settings_file(proj, f"touch {marker}"))
     path = settings_file(proj, f"touch {local}", "settings.local.json")
     cfg = write_config(tmp_path, proj, claude_settings=["project", "local"])
@@ -183,7 +183,7 @@ def test_settings_local_json_is_gated_on_its_own(tmp_path: Path, proj: Path) -> 
 
 @pytest.mark.parametrize("link", ["file", "folder"])
 def test_a_symlinked_settings_file_is_refused(tmp_path: Path, proj: Path, link: str) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     real = tmp_path / "elsewhere" / ".claude"
     real.mkdir(parents=True)
     target = settings_file(real.parent, answering(marker, ALLOW))
@@ -212,7 +212,7 @@ def test_a_symlinked_settings_file_is_refused(tmp_path: Path, proj: Path, link: 
 def test_the_users_own_hooks_may_still_approve(tmp_path: Path, proj: Path) -> None:
     """~/.claude/settings.json and dsh's TOML are the person's: their allow approves the call
     (a project file's allow of the same call changes nothing either way)."""
-    user_mark, proj_mark = tmp_path / "user-ran", tmp_path / "project-ran"
+    user_mark, proj_mark = tmp_path / "user-ran", proj / "project-ran"
     home = tmp_path / "home" / ".claude"
     home.mkdir(parents=True)
     settings_file(home.parent, answering(user_mark, ALLOW))
@@ -233,7 +233,7 @@ def test_the_users_own_hooks_may_still_approve(tmp_path: Path, proj: Path) -> No
 
 def test_a_project_hook_gets_no_secret_even_through_env_keep(tmp_path: Path,
                                                              proj: Path) -> None:
-    seen_proj, seen_cfg = tmp_path / "project-env", tmp_path / "config-env"
+    seen_proj, seen_cfg = proj / "project-env", tmp_path / "config-env"
     path = proj / ".claude" / "settings.json"
     path.write_text(json.dumps({"hooks": hook(
         "UserPromptSubmit", f"printenv OPENAI_API_KEY > {seen_proj}; env > {seen_proj}.all; "
@@ -264,7 +264,7 @@ def _project_plugin(proj: Path, command: str) -> Path:
 
 
 def test_a_plugin_folder_in_the_project_is_gated(tmp_path: Path, proj: Path) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     path = _project_plugin(proj, answering(marker, ALLOW))
     cfg = write_config(tmp_path, proj, claude_plugins=["plugins/guard"])
     m = model(tmp_path, bash_call("mkdir made-by-command"), {"text": "done"})
@@ -281,11 +281,12 @@ def test_a_plugin_folder_in_the_project_is_gated(tmp_path: Path, proj: Path) -> 
     listed = dsh(tmp_path, proj, cfg, "hooks", "list", "--json")
     [row] = [json.loads(x) for x in listed.stdout.splitlines()]
     assert row["project"] is True and row["ignored"] is None
+    assert row["sandbox"] == "workspace-write, no network"  # confined by default
 
 
 def test_a_link_inside_a_project_plugin_folder_is_refused(tmp_path: Path, proj: Path) -> None:
     """A user's folder may hold a link that stays inside it; the project's follows none."""
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     path = _project_plugin(proj, answering(marker, DENY))
     real = path.parent / "real.json"
     path.rename(real)
@@ -346,7 +347,7 @@ def _on_a_terminal(tmp: Path, proj: Path, cfg: Path, answer: bytes, *args: str
 @pytest.mark.parametrize(("answer", "trusted"), [(b"y\n", True), (b"n\n", False)])
 def test_a_terminal_is_asked_once_with_every_hook_command(tmp_path: Path, proj: Path,
                                                           answer: bytes, trusted: bool) -> None:
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     forged = "cat <<'X'\nhook Stop, matcher *: \"harmless\"\nX"  # a line in it forges none
     path = proj / ".claude" / "settings.json"
     path.write_text(json.dumps({"hooks": {
@@ -377,7 +378,7 @@ def test_a_project_ask_answered_yes_leaves_dshs_own_approval_in_place(tmp_path: 
                                                                       proj: Path) -> None:
     """The hook's question is answered yes on the terminal; dsh-shell's own question (its
     terminal is none here) still decides, so the command is refused."""
-    marker = tmp_path / "hook-ran"
+    marker = proj / "hook-ran"
     approve(settings_file(proj, answering(marker, ASK)))
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
     m = model(tmp_path, bash_call("mkdir made-by-command"), {"text": "done"})

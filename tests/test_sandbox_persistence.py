@@ -459,3 +459,159 @@ def test_run_command_tells_the_model_what_was_moved_aside(dsh_make_app: Any,
     [result] = [e for e in run.events if e.type == "tool/result"]
     assert "created .mcp.json (now .mcp.json.dsh-quarantined-" in result.output
     assert "[sandbox] unprotected" in result.output and not (ws / ".mcp.json").exists()
+
+
+def _user_git(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The user's own git afterwards: unconfined, never looking above the test's folder."""
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(ws.parent),
+           "GIT_CEILING_DIRECTORIES": str(ws.parent)}
+    return subprocess.run(["git", *args], cwd=ws, capture_output=True, text=True, env=env)
+
+
+@needs_sandbox
+@needs_namespaces
+@needs_git
+def test_a_nested_repository_is_read_only_so_git_status_runs_nothing_planted(
+        tmp_path: Path) -> None:
+    """`git status` recurses into a gitlink (no .gitmodules needed) and obeys that repository's
+    own config: each nested git directory is read-only — found by a shallow scan, at a
+    `.gitmodules` path, and where a `gitdir:` file points inside the workspace."""
+    ws = _project(tmp_path)
+    (ws / "lib").mkdir()
+    _git(ws / "lib", "init", "-q")
+    (ws / "lib" / "a.txt").write_text("a\n")
+    _git(ws / "lib", "add", "a.txt")
+    _git(ws / "lib", "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "a")
+    _git(ws, "add", "lib")  # an embedded repository: a gitlink (mode 160000) in the index
+    assert _git(ws, "ls-files", "-s", "lib").startswith("160000")
+    (ws / "deep" / "a" / "b").mkdir(parents=True)
+    _git(ws / "deep" / "a" / "b", "init", "-q")
+    (ws / "store").mkdir()
+    _git(ws, "init", "-q", f"--separate-git-dir={ws}/store/vendored", str(ws / "vendored"))
+    (ws / ".gitmodules").write_text('[submodule "far"]\n\tpath = x/y/z/w/far\n')
+    (ws / "x" / "y" / "z" / "w" / "far").mkdir(parents=True)
+    _git(ws / "x" / "y" / "z" / "w" / "far", "init", "-q")
+    before = {rel: (ws / rel).read_bytes() for rel in (
+        "lib/.git/config", "deep/a/b/.git/config", "vendored/.git", "store/vendored/config",
+        "x/y/z/w/far/.git/config")}
+    proc, out = _run(ws, f"""
+        git -C lib config core.fsmonitor "touch {tmp_path}/pwned-nested" || true
+        echo '[core] fsmonitor = evil' >> deep/a/b/.git/config || true
+        echo '[core] fsmonitor = evil' >> store/vendored/config || true
+        echo 'gitdir: ../elsewhere' > vendored/.git || true
+        git -C x/y/z/w/far config core.fsmonitor evil || true
+        mv lib/.git lib/.g || true
+        echo ok > lib/b.txt && echo ok > deep/a/b/c.txt && echo wrote-files
+    """)
+    assert {rel: (ws / rel).read_bytes() for rel in before} == before, out
+    assert not (ws / "lib" / ".g").exists() and "wrote-files" in out, out
+    assert (ws / "lib" / "b.txt").read_text() == "ok\n"
+    assert {"lib/.git", "deep/a/b/.git", "vendored/.git", "store/vendored",
+            "x/y/z/w/far/.git"} <= set(proc.sandbox["read_only"])
+    assert "read_only_scan" not in proc.sandbox
+    _user_git(ws, "status")
+    assert not list(tmp_path.glob("pwned*"))
+    # `.git` unprotected: the nested repositories are git's too, and writable
+    policy = parse_policy({"unprotected": [".git"]}, where="sandbox")
+    proc, out = _run(ws, "git -C lib config user.name me && echo configured", policy)
+    assert "configured" in out and "lib/.git" not in proc.sandbox["read_only"], out
+
+
+def _hooked_project(tmp_path: Path, config: str) -> Path:
+    ws = _project(tmp_path)
+    with (ws / ".git" / "config").open("a") as f:
+        f.write(textwrap.dedent(config))
+    return ws
+
+
+@needs_sandbox
+@needs_namespaces
+@needs_git
+def test_hooks_path_and_included_configs_in_the_workspace_are_read_only(
+        tmp_path: Path) -> None:
+    """husky's `core.hooksPath = .husky` and the files `.git/config` includes (relative to
+    `.git`, absolute, conditional, included by an included file) cannot be rewritten, so the
+    user's next commit runs no planted hook; other files stay writable."""
+    ws = _hooked_project(tmp_path, f"""\
+        [core] hooksPath = .husky
+        [include]
+        \tpath = ../extra.gitconfig
+        [includeIf "gitdir:{tmp_path}/"]
+        \tpath = "{tmp_path}/ws/cond.gitconfig"
+    """)
+    (ws / ".husky").mkdir()
+    (ws / ".husky" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (ws / ".husky" / "pre-commit").chmod(0o755)
+    (ws / "extra.gitconfig").write_text("[include]\n\tpath = conf/nested.gitconfig\n")
+    (ws / "cond.gitconfig").write_text("[user]\n\tname = me\n")
+    (ws / "conf").mkdir()
+    (ws / "conf" / "nested.gitconfig").write_text("[user]\n\temail = me@example.com\n")
+    kept = (".husky/pre-commit", "extra.gitconfig", "cond.gitconfig", "conf/nested.gitconfig")
+    before = {rel: (ws / rel).read_bytes() for rel in kept}
+    proc, out = _run(ws, f"""
+        printf '#!/bin/sh\\ntouch {tmp_path}/pwned-hook\\n' > .husky/pre-commit || true
+        printf '#!/bin/sh\\ntouch {tmp_path}/pwned-hook\\n' > .husky/post-commit || true
+        mv .husky .h || true
+        echo '[core] fsmonitor = "touch {tmp_path}/pwned-fs"' >> extra.gitconfig || true
+        echo '[core] fsmonitor = "touch {tmp_path}/pwned-fs"' >> cond.gitconfig || true
+        echo '[core] fsmonitor = "touch {tmp_path}/pwned-fs"' >> conf/nested.gitconfig || true
+        echo ok > notes.txt && echo ok > conf/other.txt && echo wrote-files
+    """)
+    assert {rel: (ws / rel).read_bytes() for rel in kept} == before, out
+    assert not (ws / ".husky" / "post-commit").exists() and not (ws / ".h").exists()
+    assert "wrote-files" in out and (ws / "conf" / "other.txt").read_text() == "ok\n", out
+    assert {".husky", "extra.gitconfig", "cond.gitconfig", "conf/nested.gitconfig"} <= set(
+        proc.sandbox["read_only"]), proc.sandbox["read_only"]
+    assert "conf" not in proc.sandbox["read_only"]
+    done = _user_git(ws, "commit", "-q", "--allow-empty", "-m", "mine")
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("pwned*"))
+
+
+@needs_sandbox
+@needs_namespaces
+@needs_git
+def test_a_hooks_path_outside_the_workspace_is_left_alone_and_a_missing_one_is_moved_aside(
+        tmp_path: Path) -> None:
+    (tmp_path / "outside-hooks").mkdir()
+    ws = _hooked_project(tmp_path, f"""\
+        [core]
+        \thooksPath = {tmp_path}/outside-hooks
+        \thooksPath = ../outside-hooks
+        \thooksPath = .githooks
+    """)
+    proc, out = _run(ws, """
+        mkdir .githooks && printf '#!/bin/sh\\nexit 1\\n' > .githooks/pre-commit && echo made
+    """)
+    assert "made" in out, out
+    assert not any("outside" in p or p.startswith("/") for p in proc.sandbox["read_only"])
+    assert not (ws / ".githooks").exists()
+    assert [m["path"] for m in proc.sandbox["quarantined"]] == [".githooks"]
+
+
+@needs_sandbox
+@needs_namespaces
+def test_a_scan_that_hits_its_bound_says_so_in_the_record(tmp_path: Path) -> None:
+    from dsh.sandbox import gitpaths
+    from dsh.sandbox import policy
+
+    ws = _project(tmp_path)
+    (ws / "big").mkdir()
+    for n in range(gitpaths.GIT_SCAN_ENTRIES + 10):
+        (ws / "big" / f"f{n}").touch()
+    proc, _ = _run(ws, "true")
+    assert f"stopped after {gitpaths.GIT_SCAN_ENTRIES} entries" in proc.sandbox["read_only_scan"]
+    assert "nested git repositories" in policy.describe_record(proc.sandbox)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[core] hooksPath = .husky\n", [("core.hookspath", ".husky")]),
+    ('[CORE]\n\tHooksPath = "a b" ; comment\n', [("core.hookspath", "a b")]),
+    ('[includeIf "gitdir:~/w/"]\n path = x\\\ny # c\n', [("includeif.gitdir:~/w/.path", "xy")]),
+    ("[core]\n\tbare\n[a.B]\nk = v\\tw\n", [("core.bare", "true"), ("a.b.k", "v\tw")]),
+    ("[core]\n\tfsmonitor = \"x\n[core] hooksPath = h\n", []),  # malformed: git refuses it
+])
+def test_git_config_is_parsed_as_git_reads_it(text: str, expected: list[Any]) -> None:
+    from dsh.sandbox.gitpaths import parse_git_config
+
+    assert parse_git_config(text) == expected

@@ -5,8 +5,9 @@ A policy is chosen per agent (``[sandbox]``, overlaid by ``[agents.NAME] sandbox
 the paths it may read, the paths it may write, and whether it has a network. dsh's own
 config, key store, session store and attachment store are taken out of every plan, whatever
 the lists say (:func:`protected_paths`). Inside each writable root, the persistence paths
-(:data:`dsh.core.beneath.PERSISTENCE`, less ``unprotected``, plus the caller's ``read_only``)
-become read-only bind mounts where namespaces can be made (:func:`persistence_binds`).
+(:data:`dsh.core.beneath.PERSISTENCE`, less ``unprotected``, plus the caller's ``read_only``
+and the other files git obeys: :func:`git_paths`) become read-only bind mounts where
+namespaces can be made (:func:`persistence_binds`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def describe_record(data: Mapping[str, Any]) -> str:
         backend += f", namespaces {'+'.join(map(str, spaces))}"
         if data.get("read_only"):
             backend += f"; read-only {', '.join(map(str, data['read_only']))}"
+        if data.get("read_only_scan"):
+            backend += f" ({data['read_only_scan']})"
     elif spaces is not None:
         backend += (f"; no namespaces ({data.get('fallback') or 'unavailable'}): persistence "
                     "paths stay writable, background processes may outlive the call")
@@ -259,6 +262,11 @@ class Plan:
     namespaces: str | None = None
     roots: tuple[str, ...] = ()
     binds: tuple[tuple[int, str, bool], ...] = ()
+    #: The git paths of :func:`git_paths` in the workspace that did not exist (relative): a
+    #: command that makes one has it moved aside (:meth:`dsh.sandbox.spawn.Popen._quarantine`).
+    absent: tuple[str, ...] = ()
+    #: Where :func:`git_paths` stopped early, or empty.
+    scan: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"rules": [list(r) for r in self.rules], "network": self.network,
@@ -294,8 +302,9 @@ def build_plan(policy: Policy, workspace: str, tmp: str | None,
                read_only: Iterable[str] = ()) -> Plan:
     """The rules for one command under ``policy`` in ``workspace`` (resolved), with ``tmp``
     as its private temp directory; with ``namespaces`` (``"pid"``/``"mount"``), the bind
-    mounts that keep the persistence paths and ``read_only`` (absolute paths) read-only in
-    each writable root. Raises :class:`PlanError` when a path the policy names is, holds or
+    mounts that keep the persistence paths, what git obeys besides them (:func:`git_paths`,
+    unless ``.git`` is unprotected) and ``read_only`` (absolute paths) read-only in each
+    writable root. Raises :class:`PlanError` when a path the policy names is, holds or
     lies in one of dsh's ``protected`` paths."""
     protected = tuple(protected)
     workspace = os.path.realpath(workspace)
@@ -319,9 +328,21 @@ def build_plan(policy: Policy, workspace: str, tmp: str | None,
     if namespaces is None:
         return Plan(rules=tuple(rules), network=policy.network)
     roots = ((workspace,) if ws_kind == "write" else ()) + policy.write
-    binds = persistence_binds(roots, policy.persistence(), (*policy.read_only, *read_only))
+    git: list[str] = []
+    notes: list[str] = []
+    if ".git" in policy.persistence():
+        for root in roots:
+            from dsh.sandbox.gitpaths import git_paths
+
+            paths, note = git_paths(root)
+            git += paths
+            notes += [note] if note else []
+    binds = persistence_binds(roots, policy.persistence(),
+                              (*policy.read_only, *read_only, *git))
+    absent = tuple(os.path.relpath(p, workspace) for p in git
+                   if ws_kind == "write" and _within(p, workspace) and not os.path.lexists(p))
     return Plan(rules=tuple(rules), network=policy.network, namespaces=namespaces,
-                roots=roots, binds=binds)
+                roots=roots, binds=binds, absent=absent, scan="; ".join(notes))
 
 
 def persistence_binds(roots: Iterable[str], names: Iterable[str],

@@ -87,7 +87,8 @@ class Popen(subprocess.Popen[bytes]):
     confinement, errors and record). ``self.sandbox`` is the record of what was applied:
     the policy, ``backend`` (``landlock`` or ``none``), the kernel's ``abi``,
     ``namespaces`` (``["user", "mount", "pid"]``, or ``[]`` with the ``fallback`` reason)
-    and ``read_only`` (the paths made read-only, relative to the workspace).
+    and ``read_only`` (the paths made read-only, relative to the workspace; with
+    ``read_only_scan`` when the scan for nested git repositories stopped early).
     """
 
     def __init__(self, args: Sequence[str], policy: Policy, *, workspace: str,
@@ -123,9 +124,12 @@ class Popen(subprocess.Popen[bytes]):
         else:
             self.sandbox.update(namespaces=["user", "mount", "pid"],
                                 read_only=plan.read_only())
+            if plan.scan:
+                self.sandbox["read_only_scan"] = plan.scan
         if policy.mode == "workspace-write":
             self._absent = tuple(p for p in policy.persistence()
                                  if not os.path.lexists(os.path.join(workspace, p)))
+            self._absent += plan.absent
         env = dict(kwargs.pop("env", None) or os.environ)
         env["TMPDIR"] = tmp
         if not launcher:
@@ -275,8 +279,10 @@ class Popen(subprocess.Popen[bytes]):
         the command started cannot be made read-only by a mount, so the command could create
         one (``git init`` with a ``core.fsmonitor``): once it has ended — and every process
         it started with it — each such path it made is renamed aside (``NAME.dsh-quarantined-
-        …``), by descriptor, and listed in the record as ``quarantined``. ``[sandbox]
-        unprotected`` names the ones a command may create."""
+        …``), by descriptor, and listed in the record as ``quarantined``; so is a missing
+        path git would obey (a ``core.hooksPath`` folder, an ``include.path`` file:
+        :attr:`dsh.sandbox.policy.Plan.absent`). ``[sandbox] unprotected`` names the ones a
+        command may create (``.git``: all of git's)."""
         from dsh.core import beneath
 
         absent, self._absent = self._absent, ()

@@ -50,7 +50,9 @@ def list_hooks(agent: str | None, as_json: bool) -> None:
             click.echo(json.dumps({"event": h.event, "matcher": h.matcher,
                                    "command": h.command, "timeout": h.timeout,
                                    "source": h.source, "ignored": h.ignored or None,
-                                   "project": h.from_project}))
+                                   "project": h.from_project,
+                                   "sandbox": h.policy.describe() if h.policy is not None
+                                   else "off"}))
             continue
         state = f"  (ignored: {h.ignored})" if h.ignored else ""
         click.echo(_line(f"{h.event}\t{h.matcher or '*'}\t{h.command}\t{h.source}{state}"))
