@@ -147,3 +147,16 @@ def test_lines_without_reasoning_or_attachments_are_as_they_always_were():
     for event in (said, asked):
         assert _dumper(type(event))(event) == _generic_dict(event)
         assert load_event(dump_event(event)) == event
+
+
+def test_the_generated_dumper_survives_resolved_types() -> None:
+    """cattrs resolves a class's annotations into objects when it first structures one: a
+    dumper generated after that must still be the generated one (it was the generic path)."""
+    import attrs
+
+    from dsh.ledger import serialize
+    from dsh.ledger.events import TurnStarted
+
+    attrs.resolve_types(TurnStarted)
+    serialize._DUMPERS.pop(TurnStarted, None)
+    assert serialize._dumper(TurnStarted) is not serialize._generic_dict

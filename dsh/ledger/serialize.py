@@ -84,6 +84,16 @@ _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
 _OMITTED_WHEN_NONE = {"trust": "_plain", "mode": ""}
 
 
+def _annotation(cls: type, name: str, resolved: Any) -> str:
+    """The field's annotation as written in its class (a string, with ``from __future__
+    import annotations``), even after cattrs resolved the class's types into objects."""
+    for klass in cls.__mro__:
+        raw = klass.__dict__.get("__annotations__", {}).get(name)
+        if isinstance(raw, str):
+            return raw
+    return str(resolved)
+
+
 def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
     """A generated function writing ``cls``'s JSON object in one dict display — what the
     generic path below does, several times faster on the per-step path (every event of every
@@ -98,7 +108,7 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
     for f in attrs.fields(cls):
         if f.name in ("seq", "ts", "session", "extra"):
             continue
-        ann = str(f.type)
+        ann = _annotation(cls, f.name, f.type)
         if f.name in _OMITTED_WHEN_NONE and cls.type == "turn/start":
             items.append(f"**({{{f.name!r}: {_OMITTED_WHEN_NONE[f.name]}(e.{f.name})}} "
                          f"if e.{f.name} is not None else {{}})")
