@@ -163,6 +163,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
             if e.tools is not None:
                 bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
+            if e.mode:
+                bits.append(f"mode {e.mode}")
+            for t in e.trust or ():
+                bits.append(f"{t.get('decision')} {t.get('kind')} {t.get('path')}")
             if e.parent:
                 bits.append(f"sub-agent of session {e.parent}")
             out.append(s(f"━━ turn {e.turn} ━━ ", fg="cyan", bold=True)
