@@ -79,19 +79,14 @@ _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
 #: there are any, which keeps every other line as it was before they existed.
 _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
-#: Fields written only when set (``turn/start``'s ``trust`` and ``mode``), by name: older
-#: lines stay as they were.
+#: ``turn/start`` fields written only when set, by name: older lines stay as they were.
 _OMITTED_WHEN_NONE = {"trust": "_plain", "mode": ""}
 
 
 def _annotation(cls: type, name: str, resolved: Any) -> str:
-    """The field's annotation as written in its class (a string, with ``from __future__
-    import annotations``), even after cattrs resolved the class's types into objects."""
-    for klass in cls.__mro__:
-        raw = klass.__dict__.get("__annotations__", {}).get(name)
-        if isinstance(raw, str):
-            return raw
-    return str(resolved)
+    """The annotation as written (a string), even once cattrs has resolved the class's."""
+    raws = (k.__dict__.get("__annotations__", {}).get(name) for k in cls.__mro__)
+    return next((r for r in raws if isinstance(r, str)), str(resolved))
 
 
 def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
