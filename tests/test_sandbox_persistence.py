@@ -25,15 +25,10 @@ from dsh.core.errors import ConfigError
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.policy import parse_policy
 from dsh.sandbox.spawn import Popen
-from dsh.sandbox.spawn import check
+from tests.procs import needs_namespaces
+from tests.procs import needs_sandbox
 
 SRC = str(Path(__file__).resolve().parents[1])
-_CHECK = check()
-needs_sandbox = pytest.mark.skipif(not _CHECK.get("backend"),
-                                   reason=f"no sandbox on this machine: {_CHECK.get('why')}")
-needs_namespaces = pytest.mark.skipif(
-    _CHECK.get("namespaces") != "ok",
-    reason=f"no user namespaces on this machine: {_CHECK.get('namespaces')}")
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
 #: What each persistence file holds before the command runs.

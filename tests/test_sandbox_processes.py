@@ -24,16 +24,11 @@ import pytest
 
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.spawn import Popen
-from dsh.sandbox.spawn import check
 from tests.procs import alive_with
+from tests.procs import needs_namespaces
+from tests.procs import needs_sandbox
 
 SRC = str(Path(__file__).resolve().parents[1])
-_CHECK = check()
-needs_sandbox = pytest.mark.skipif(not _CHECK.get("backend"),
-                                   reason=f"no sandbox on this machine: {_CHECK.get('why')}")
-needs_namespaces = pytest.mark.skipif(
-    _CHECK.get("namespaces") != "ok",
-    reason=f"no user namespaces on this machine: {_CHECK.get('namespaces')}")
 
 
 def gone(marker: str, within: float = 10.0) -> list[int]:
