@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from dsh.core.errors import ConfigError
+from dsh.sandbox import namespaces
 from dsh.sandbox.policy import Policy
 from dsh.sandbox.policy import parse_policy
 from dsh.sandbox.spawn import Popen
@@ -610,3 +611,65 @@ def test_git_config_is_parsed_as_git_reads_it(text: str, expected: list[Any]) ->
     from dsh.sandbox.gitpaths import parse_git_config
 
     assert parse_git_config(text) == expected
+
+
+#: The sandbox's libc with ``unshare`` failing EINVAL ``sys.argv[2]`` times in each child
+#: (a count in the child's own memory), the rest of the script runs one command.
+FLAKY_UNSHARE = """
+    import json, os, subprocess, sys
+    sys.path.insert(0, {src!r})
+    from dsh.sandbox import child, namespaces
+    from dsh.sandbox.policy import Policy
+    from dsh.sandbox.spawn import Popen, SandboxUnavailable
+    real = child._libc()
+    unshare = namespaces.NS_CALLS[os.uname().machine][0]
+    class Flaky:
+        failures = int(sys.argv[2])
+        def __getattr__(self, name):
+            return getattr(real, name)
+        def syscall(self, number, *args):
+            if number == unshare and Flaky.failures > 0:
+                Flaky.failures -= 1
+                self.refused = True
+                return -1
+            self.refused = False
+            return real.syscall(number, *args)
+        def errno(self):
+            return 22 if self.refused else real.errno()
+    assert child.namespaces_unavailable() == ""  # probed (once per process) before
+    child._libc = lambda: Flaky()
+    try:
+        proc = Popen(["readlink", "/proc/self/ns/user"], Policy(), workspace=sys.argv[1],
+                     stdout=subprocess.PIPE)
+        text, _ = proc.communicate(timeout=60)
+        print(json.dumps([proc.returncode, text.decode().strip(), os.readlink(
+            "/proc/self/ns/user"), proc.sandbox["namespaces"]]))
+    except SandboxUnavailable as exc:
+        print(json.dumps(str(exc)))
+"""
+
+
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "ws").mkdir()
+    return tmp_path / "ws"
+
+
+@needs_namespaces
+@pytest.mark.parametrize("failures", [1, len(namespaces.UNSHARE_RETRIES)])
+def test_a_transient_einval_from_unshare_is_tried_again(tmp_path: Path, failures: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(FLAKY_UNSHARE.format(src=SRC)),
+                           str(ws(tmp_path)), str(failures)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    code, inside, outside, spaces = json.loads(proc.stdout)
+    assert code == 0 and spaces == ["user", "mount", "pid"]
+    assert inside.startswith("user:[") and inside != outside  # in its own user namespace
+
+
+@needs_namespaces
+def test_an_unshare_that_keeps_failing_is_a_refusal_not_a_loop(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(FLAKY_UNSHARE.format(src=SRC)),
+                           str(ws(tmp_path)), "1000"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "cannot confine the command (unshare failed: Invalid argument); it was not run" \
+        in json.loads(proc.stdout)
