@@ -309,7 +309,7 @@ def test_the_approval_question_is_answered_at_the_chat_prompt(env: Env) -> None:
         plugins={"shell": {"workspace": str(work), "allow": ["ls"]}})
     child = env.spawn()
     child.sendline("make the file")
-    child.expect(r"run `touch approved` in .*\? \[y/N\] ")
+    child.expect(r"run `touch approved` in .*\[r\] no, and say why: ")
     child.sendline("y")
     child.expect("made it")
     child.expect("› ")

@@ -290,7 +290,7 @@ def test_modes_and_commands(ws: Path, tmp_path: Path, script: Callable[..., str]
                  for e in events if e["type"] == "x/dsh.tools/approval"]
     assert decisions[0] == ("read", True, "mode")
     assert decisions[1] == ("command", other_runs, "mode" if mode in ("read-only", "full-auto")
-                            else "person")
+                            else "no-terminal")
     # leaving the sandbox (network) asks even in full-auto: no terminal, so refused
     net = _config(tmp_path, ws, '\n[sandbox]\nnetwork = true\n')
     net.write_text(net.read_text().replace("[plugins.shell]\n",

@@ -45,9 +45,9 @@ INSTALL = (
     "(.ci/run does this before the tests). These tests load the installed distribution "
     "through its `dsh` entry point, as a third party's plugin would be loaded."
 )
-REFUSED = ("command 'rm' needs approval: not on the allowlist (plugins.shell.allow); "
-           "no terminal to ask on — rerun with --mode full-auto (commands inside the sandbox) "
-           "or --yes to approve")
+REFUSED = ("run_command was not run: 'rm' needs approval: not on the allowlist "
+           "(plugins.shell.allow); there is no terminal to ask on; the person may rerun with "
+           "--mode full-auto or --yes; do not retry it")
 SHELL_TOOLS = {"run_command", "read_file", "write_file"}
 
 
@@ -490,24 +490,62 @@ def test_approval_is_asked_and_read_on_the_terminal(
         make: Callable[..., App], ws: Path, answer: bytes, approved: bool) -> None:
     master, slave = os.openpty()
     try:
-        os.write(master, answer)  # typed ahead: waits in the terminal's input queue
         run = tool(make(tty=os.ttyname(slave)), "run_command")
+        prompt = f"dsh: run_command wants to run `rm x.txt` in {os.path.realpath(ws)}"
+        shown, outcome = _answered(master, lambda: run(command="rm x.txt"), prompt, answer)
         if approved:
-            assert run(command="rm x.txt") == "exit code: 0\n(no output)"
+            assert outcome == "exit code: 0\n(no output)"
         else:
-            with pytest.raises(ToolError, match="the user did not approve running 'rm'"):
-                run(command="rm x.txt")
+            assert isinstance(outcome, ToolError)
+            assert "the person refused it" in str(outcome)
         assert (ws / "x.txt").exists() == (not approved)
-        prompt = f"dsh-shell: run `rm x.txt` in {os.path.realpath(ws)}? [y/N] "
-        assert prompt in _read_terminal(master, until=prompt)
+        assert prompt + " (not on the allowlist (plugins.shell.allow))" in shown
     finally:
         os.close(master)
         os.close(slave)
 
 
+def test_an_answer_typed_before_the_question_is_not_an_answer(
+        make: Callable[..., App], ws: Path) -> None:
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"y\n")  # typed ahead: waits in the terminal's input queue
+        run = tool(make(tty=os.ttyname(slave)), "run_command")
+        shown, outcome = _answered(master, lambda: run(command="rm x.txt"),
+                                   "[r] no, and say why: ", b"n\n")
+        assert isinstance(outcome, ToolError) and "the person refused it" in str(outcome)
+        assert (ws / "x.txt").exists()
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _answered(master: int, call: Callable[[], Any], until: str,
+              answer: bytes) -> tuple[str, Any]:
+    """Make ``call`` in a thread, type ``answer`` once the terminal shows ``until`` (the
+    question drains what was typed before it), and return what was shown and the call's
+    result or error."""
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # the refusal is the result under test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    shown = _read_terminal(master, until=until, timeout=30)
+    assert until in shown, shown
+    os.write(master, answer)
+    worker.join(30)
+    assert not worker.is_alive(), "the question did not take the answer"
+    return shown + _read_terminal(master, until="\n", timeout=0.5), outcome[0]
+
+
 def _read_terminal(master: int, until: str, timeout: float = 5.0) -> str:
-    """What the terminal shows: the pty delivers output asynchronously (the echo of the
-    typed-ahead answer may come first), so read until ``until`` appears."""
+    """What the terminal shows: the pty delivers output asynchronously, so read until
+    ``until`` appears."""
     shown = ""
     deadline = time.monotonic() + timeout
     while until not in shown and time.monotonic() < deadline:
@@ -520,12 +558,12 @@ def _read_terminal(master: int, until: str, timeout: float = 5.0) -> str:
 def test_approval_question_cannot_be_redrawn_by_the_model(make: Callable[..., App]) -> None:
     master, slave = os.openpty()
     try:
-        os.write(master, b"n\n")
         run = tool(make(tty=os.ttyname(slave)), "run_command")
-        with pytest.raises(ToolError, match="did not approve"):
-            run(command="rm -rf 'x\x1b[2K\rls'")
-        prompt = "dsh-shell: run `rm -rf 'x\\x1b[2K\\rls'` in "
-        assert prompt in _read_terminal(master, until=prompt)
+        prompt = "dsh: run_command wants to run `rm -rf 'x\\x1b[2K\\rls'` in "
+        shown, outcome = _answered(master, lambda: run(command="rm -rf 'x\x1b[2K\rls'"),
+                                   prompt, b"n\n")
+        assert isinstance(outcome, ToolError) and "the person refused it" in str(outcome)
+        assert "\x1b[2K" not in shown
     finally:
         os.close(master)
         os.close(slave)

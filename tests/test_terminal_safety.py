@@ -126,6 +126,19 @@ class Pty:
                 with self._lock:
                     self.data += chunk
 
+    def answer(self, question: bytes, typed: bytes, timeout: float = 30) -> None:
+        """Type ``typed`` once the terminal has shown ``question`` (after what it showed
+        before this call)."""
+        with self._lock:
+            start = len(self.data)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if question in self.data[start:]:
+                    break
+            time.sleep(0.02)
+        os.write(self.master, typed)
+
     def take(self) -> str:
         """Everything written so far (waits for it to arrive)."""
         self._marks += 1
@@ -266,12 +279,14 @@ def test_the_approval_question_on_a_terminal(term: Pty, tmp_path: Path, command:
 
     from dsh.core.errors import ToolError
 
-    os.write(term.master, b"n\n")  # the answer, typed ahead
     settings_ = ShellSettings(workspace=str(tmp_path), tty=os.ttyname(term.slave), allow=())
+    answer = threading.Thread(target=term.answer, args=(b"say why: ", b"n\n"), daemon=True)
+    answer.start()  # typed once the question is shown (what came before it is drained)
     with pytest.raises(ToolError):
         run_command(settings_, "rm " + json.dumps(command))
+    answer.join(5)
     shown = term.take()
-    assert "dsh-shell: run `rm " in shown
+    assert "dsh: run_command wants to run `rm " in shown
     assert forbidden_in(shown.replace("\n", "", 1)) == []
 
 
@@ -417,7 +432,8 @@ def _tool_results(tmp_path: Path) -> list[dict[str, Any]]:
             if e["type"] == "tool/result"]
 
 
-QUESTION = "dsh-shell: run `rm x.txt` in "
+QUESTION = "dsh: run_command wants to run `rm x.txt` in "
+ASKS = "[r] no, and say why: "
 
 
 def test_the_approval_question_stays_on_screen_until_answered(tmp_path: Path) -> None:
@@ -428,7 +444,7 @@ def test_the_approval_question_stays_on_screen_until_answered(tmp_path: Path) ->
                     {"text": "done"})
     pid, master = _spawn_on_a_terminal(config, "run", "-m", model, "clean")
     try:
-        shown = _read_until(master, "[y/N] ", 30)
+        shown = _read_until(master, ASKS, 30)
         assert QUESTION in shown, shown
         # The status line would redraw (\r…\x1b[K) ten times a second: nothing may come.
         later = _read_until(master, "\x1b[K", 0.8)
@@ -440,7 +456,7 @@ def test_the_approval_question_stays_on_screen_until_answered(tmp_path: Path) ->
         os.close(master)
     assert code == 0
     [result] = _tool_results(tmp_path)
-    assert result["status"] == "error" and "the user did not approve running 'rm'" in (
+    assert result["status"] == "error" and "the person refused it" in (
         result["output"])
     assert (tmp_path / "ws" / "x.txt").exists()
 
@@ -454,7 +470,7 @@ def test_the_time_limit_ends_the_wait_for_an_answer(tmp_path: Path) -> None:
     pid, master = _spawn_on_a_terminal(config, "run", "-m", model, "--timeout", "1.5", "clean")
     try:
         start = time.monotonic()
-        shown = _read_until(master, "[y/N] ", 30)
+        shown = _read_until(master, ASKS, 30)
         assert QUESTION in shown, shown
         code = _wait(pid, 20)
         took = time.monotonic() - start
@@ -466,8 +482,8 @@ def test_the_time_limit_ends_the_wait_for_an_answer(tmp_path: Path) -> None:
     assert "(no answer: " in rest
     [result] = _tool_results(tmp_path)
     assert result["status"] == "error"
-    assert result["output"].startswith("'rm' was not run: no answer to the approval question "
-                                       "before ")
+    assert result["output"].startswith("run_command was not run: no answer to the approval "
+                                       "question before ")
     assert (tmp_path / "ws" / "x.txt").exists()
 
 
@@ -479,7 +495,7 @@ def test_sigterm_while_the_question_waits_ends_the_run_with_143(tmp_path: Path) 
                     {"text": "done"})
     pid, master = _spawn_on_a_terminal(config, "run", "-m", model, "clean")
     try:
-        assert QUESTION in _read_until(master, "[y/N] ", 30)
+        assert QUESTION in _read_until(master, ASKS, 30)
         os.kill(pid, signal.SIGTERM)
         code = _wait(pid, 20)
         rest = _read_until(master, "never", 0.3)

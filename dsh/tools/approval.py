@@ -75,6 +75,12 @@ class Ask:
     detail: str = ""
     #: For a command: its program (a grant may be for the program, any arguments).
     program: str | None = None
+    #: Why it needs asking, in a few words (``not on the allowlist``), for the question
+    #: and the refusal.
+    reason: str = ""
+    #: The terminal to ask on (default ``/dev/tty``; a plugin's setting, such as dsh-shell's
+    #: ``tty``, may name another).
+    terminal: str | None = None
 
 
 @attrs.frozen
@@ -274,12 +280,25 @@ def _warn_once(text: str) -> None:
                          "from it is used\n")
 
 
+def question(ask: Ask, ctx: Any = None) -> Decision:
+    """Ask the person on the terminal (no mode, grant or ``--yes`` consulted, nothing
+    recorded): what :func:`request` does when those leave the call open, and what a tool
+    called outside any run may use to ask all the same (dsh-shell's commands do)."""
+    return _ask_person(ask, ctx)
+
+
+def _needs(ask: Ask) -> str:
+    who = repr(ask.program) if ask.program else "it"
+    return f"{who} needs approval: {ask.reason}" if ask.reason else f"{who} needs approval"
+
+
 def _ask_person(ask: Ask, ctx: Any) -> Decision:
     try:
-        fd = os.open(TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        # O_NOCTTY: asking must never make the terminal dsh's controlling terminal.
+        fd = os.open(ask.terminal or TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return Decision(False, "no-terminal",
-                        f"it needs approval and there is no terminal to ask on; the person "
+                        f"{_needs(ask)}; there is no terminal to ask on; the person "
                         f"may rerun with {_option_for(ask)} or --yes")
     import sys
 
@@ -287,23 +306,30 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
 
     scope, value = _always_scope(ask)
     lines = [f"\ndsh: {ask.tool} wants to {_verb(ask)} "
-             f"{escape_controls(ask.subject, newlines=False)} in "
-             f"{escape_controls(ask.root, newlines=False)}"]
+             f"{escape_controls(_shown(ask), newlines=False)} in "
+             f"{escape_controls(ask.root, newlines=False)}"
+             + (f" ({escape_controls(ask.reason, newlines=False)})" if ask.reason else "")]
     for line in ask.detail.splitlines()[:40]:
         lines.append("  " + escape_controls(line, newlines=False))
-    lines.append(f"[y] yes  [a] always for this project ({scope} {value})  "
+    lines.append(f"[y] yes  [a] always for this project "
+                 f"({scope} {escape_controls(_quoted(scope, value), newlines=False)})  "
                  "[s] for this session  [n] no  [r] no, and say why: ")
     status = sys.modules.get("dsh.cli.status")
     paused = status.status_paused() if status is not None else contextlib.nullcontext()
     with _question_lock, paused, os.fdopen(fd, "r+b", buffering=0) as tty, _cbreak(fd):
         _drain(fd)  # an answer typed before the question appeared is not an answer
         tty.write("\n".join(lines).encode("utf-8", "replace"))
-        answer = _read_line(fd, ctx)
+        answer, ended = _read_line(fd, ctx)
         choice = answer.strip().lower()[:1] if answer is not None else ""
         reason = ""
         if choice == "r":
             tty.write(b"why: ")
-            reason = (_read_line(fd, ctx) or "").strip()
+            reason = (_read_line(fd, ctx)[0] or "").strip()
+        if ended:
+            tty.write(f"(no answer: {ended})\n".encode())
+    if ended:
+        return Decision(False, "no-answer", f"no answer to the approval question before "
+                                            f"{ended}")
     if choice == "y":
         return Decision(True, "person", "the person approved it")
     if choice == "a":
@@ -317,6 +343,14 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
     if choice == "r" and reason:
         return Decision(False, "person", f"the person refused it, saying: {reason[:500]}")
     return Decision(False, "person", "the person refused it; ask them or find another way")
+
+
+def _quoted(scope: str, value: str) -> str:
+    return f"`{value}`" if scope == "command" else value
+
+
+def _shown(ask: Ask) -> str:
+    return f"`{ask.subject}`" if ask.action in ("command", "outside") else ask.subject
 
 
 def _verb(ask: Ask) -> str:
@@ -341,30 +375,37 @@ def _drain(fd: int) -> None:
             return
 
 
-def _read_line(fd: int, ctx: Any) -> str | None:
-    """One line typed on the terminal ``fd``, echoed as typed; ``None`` on Ctrl-C (the run's
-    first interrupt), Esc, a closed terminal or the run's abort. The terminal is in
-    non-canonical mode meanwhile, so Esc answers at once."""
+def _read_line(fd: int, ctx: Any) -> tuple[str | None, str]:
+    """One line typed on the terminal ``fd``, echoed as typed; ``(None, "")`` on Ctrl-C (the
+    run's first interrupt), Esc or Ctrl-D (a "no"); ``(None, why)`` when the terminal closes,
+    the run is aborted or its time limit passes first. The terminal is in non-canonical mode
+    meanwhile, so Esc answers at once."""
     import select
 
     line = b""
     while len(line) < 1024:
         if ctx is not None and (ctx.cancel.cancelled or ctx.stop_requested):
-            return None
+            reason = getattr(ctx.cancel, "reason", "")
+            return None, f"the run was aborted ({reason})" if reason else "the run ended"
+        left = time_left(ctx)
+        if left is not None and left <= 0:
+            return None, "the run's time limit was reached"
         try:
             if not select.select([fd], [], [], 0.1)[0]:
                 continue
             data = os.read(fd, 64)
-        except (OSError, KeyboardInterrupt):
-            return None
+        except KeyboardInterrupt:
+            return None, ""
+        except OSError:
+            return None, "the terminal was closed"
         if not data:
-            return None
+            return None, "the terminal was closed"
         for byte in data:
             if byte in (0x1b, 0x03, 0x04):  # Esc, Ctrl-C (if not a signal), Ctrl-D
-                return None
+                return None, ""
             if byte in (0x0a, 0x0d):
                 os.write(fd, b"\n")
-                return line.decode("utf-8", "replace")
+                return line.decode("utf-8", "replace"), ""
             if byte in (0x7f, 0x08):
                 if line:
                     line = line[:-1]
@@ -373,7 +414,20 @@ def _read_line(fd: int, ctx: Any) -> str | None:
             if byte >= 0x20:
                 line += bytes([byte])
                 os.write(fd, bytes([byte]))
-    return line.decode("utf-8", "replace")
+    return line.decode("utf-8", "replace"), ""
+
+
+def time_left(ctx: Any) -> float | None:
+    """Seconds until the first time limit of the run's budget chain, or None."""
+    budget = getattr(ctx, "budget", None)
+    left: float | None = None
+    while budget is not None:
+        seconds = getattr(getattr(budget, "limits", None), "seconds", None)
+        if seconds is not None:
+            rest = seconds - (budget.clock() - budget.started)
+            left = rest if left is None else min(left, rest)
+        budget = getattr(budget, "parent", None)
+    return left
 
 
 @contextlib.contextmanager

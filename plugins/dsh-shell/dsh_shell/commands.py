@@ -1,10 +1,11 @@
 """``run_command``: one program, no shell, in the workspace, with approval for unknown names.
 
-Approval is asked on the terminal (``/dev/tty``), never on stdin: stdin may carry the prompt
-or data piped into ``dsh run``, and an answer must come from a person. With no terminal the
-command is refused unless the run was started with ``--yes`` (``RunContext.approve_all``).
-While the question waits, ``dsh run``'s status line is paused (it would redraw over it); the
-wait ends, as no answer, when the run is aborted or its time limit passes.
+Whether a command runs is the approval service's decision (:mod:`dsh.tools.approval`): the
+permission mode, ``--yes``, a grant, or the person asked on the terminal (``/dev/tty``, or
+the ``tty`` setting), never on stdin: stdin may carry the prompt or data piped into ``dsh
+run``, and an answer must come from a person. With no terminal a command that would ask is
+refused. While the question waits, ``dsh run``'s status line is paused (it would redraw over
+it); the wait ends, as no answer, when the run is aborted or its time limit passes.
 
 How a command runs — its environment, dsh made non-dumpable, output read from pipes and
 capped — is in :mod:`dsh_shell.process`.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,6 @@ from dsh_shell.settings import ShellSettings
 from dsh_shell.workspace import workspace_root
 
 if TYPE_CHECKING:
-    from dsh.host.runcontext import RunContext
     from dsh.sandbox.policy import Policy
 
 #: Tokens that mean the model expected a shell. Without one they would reach the program as
@@ -38,9 +37,6 @@ SHELL_OPERATORS = frozenset(
 )
 #: Commands a model may try that are shell builtins, so they are not found as programs.
 _BUILTINS = frozenset({"cd", "export", "source", ".", "set", "alias", "ulimit", "umask"})
-
-# Approval prompts of concurrent runs in one process must not interleave on the terminal.
-_tty_lock = threading.Lock()
 
 
 def run_command(settings: ShellSettings, command: str, policy: Policy | None = None) -> str:
@@ -76,33 +72,25 @@ def run_command(settings: ShellSettings, command: str, policy: Policy | None = N
 
 def _decide(argv: list[str], reason: str | None, outside: bool, root: str,
             settings: ShellSettings, policy: Policy) -> Policy:
-    """The permission mode's say on the command (:mod:`dsh.tools.approval`): allowlisted
-    programs are reads, any other a command, one leaving the sandbox ``outside``. What the
-    mode runs or refuses, ``--yes`` and a grant are decided and recorded there; what would
-    ask is asked here (the terminal question, with the run's time limit and abort). In mode
+    """The approval service's say on the command (:mod:`dsh.tools.approval`): allowlisted
+    programs are reads, any other a command, one leaving the sandbox ``outside``; the mode,
+    ``--yes``, a grant or the person (asked on ``settings.tty``) decide, and it is recorded.
+    Outside any run the person is still asked about a command that is not a read. In mode
     ``read-only`` the sandbox is read-only too. Returns the policy to run under."""
     from dsh.tools import approval
 
-    ctx = current_or_none()
-    if ctx is None:  # outside any run: the program's own call, as before
-        if reason is not None:
-            _approve(argv, reason, root, settings)
-        return policy
     action = "outside" if outside else "read" if reason is None else "command"
     ask = approval.Ask(tool="run_command", action=action, subject=shlex.join(argv), root=root,
-                       program=os.path.basename(argv[0]),
-                       detail=f"sandbox: {policy.describe()}" + (f"; {reason}" if reason
-                                                                   else ""))
-    if approval.rule(ctx.mode, action) is None and not ctx.approve_all and \
-            approval.granted(ask, ctx) is None:
-        try:
-            _approve(argv, reason or "it needs approval", root, settings)  # raises on no
-        except ToolError as exc:
-            approval.note(ask, approval.Decision(False, "person", str(exc)))
-            raise
-        approval.note(ask, approval.Decision(True, "person", "the person approved it"))
-    else:
-        approval.request(ask)
+                       program=os.path.basename(argv[0]), reason=reason or "",
+                       detail=f"sandbox: {policy.describe()}", terminal=settings.tty)
+    ctx = current_or_none()
+    if ctx is None:  # outside any run: the program's own call, asked about as before
+        if reason is not None:
+            decision = approval.question(ask)
+            if not decision.allowed:
+                raise ToolError(f"run_command was not run: {decision.why}; do not retry it")
+        return policy
+    approval.request(ask)
     if ctx.mode == "read-only" and policy.mode == "workspace-write":
         import attrs
 
@@ -127,94 +115,6 @@ def _needs_approval(argv0: str, allow: tuple[str, ...], root: str) -> str | None
     if found is not None and real == os.path.realpath(found):
         return None
     return f"{argv0!r} is a path, not the {name!r} on PATH that the allowlist names"
-
-
-def _approve(argv: list[str], reason: str, root: str, settings: ShellSettings) -> None:
-    ctx = current_or_none()
-    if ctx is not None and ctx.approve_all:
-        return
-    name = os.path.basename(argv[0])
-    try:
-        # O_NOCTTY: asking must never make the terminal dsh's controlling terminal.
-        fd = os.open(settings.tty, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        raise ToolError(
-            f"command {name!r} needs approval: {reason}; no terminal to ask on — rerun with "
-            "--mode full-auto (commands inside the sandbox) or --yes to approve"
-        ) from None
-    # Imported only when asking: the terminal helpers import click.
-    from dsh.cli.escape import escape_controls
-    from dsh.cli.status import status_paused
-
-    # The command comes from the model: show it quoted and with control characters escaped,
-    # so escape sequences cannot redraw the question into something else.
-    shown = escape_controls(shlex.join(argv), newlines=False)
-    question = f"\ndsh-shell: run `{shown}` in {escape_controls(root, newlines=False)}? [y/N] "
-    # The status line pauses while the question is on screen (it would redraw over it).
-    with _tty_lock, status_paused(), os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(question.encode(errors="replace"))
-        answer, why = _read_answer(fd, ctx)
-        if answer is None:
-            tty.write(f"(no answer: {why})\n".encode())
-    if answer is None:
-        raise ToolError(f"{name!r} was not run: no answer to the approval question before "
-                        f"{why}; do not retry it")
-    if answer.strip().lower() not in (b"y", b"yes"):
-        raise ToolError(f"the user did not approve running {name!r} ({reason}); "
-                        "do not retry it, ask the user or find another way")
-
-
-def _read_answer(fd: int, ctx: RunContext | None) -> tuple[bytes | None, str]:
-    """One line typed on the terminal ``fd``; ``(None, why)`` when the run is aborted or its
-    time limit (``--timeout``, ``[limits] seconds``) passes first."""
-    import select
-
-    wake_r, wake_w = os.pipe()
-    guard = threading.Lock()
-    open_ = [True]
-
-    def wake() -> None:  # may run in another thread, after the wait ended
-        with guard:
-            if open_[0]:
-                os.write(wake_w, b"x")
-
-    forget = ctx.cancel.on_cancel(wake) if ctx is not None else None
-    line = b""
-    try:
-        while b"\n" not in line and len(line) < 1024:
-            left = _time_left(ctx)
-            if left is not None and left <= 0:
-                return None, "the run's time limit was reached"
-            ready, _, _ = select.select([fd, wake_r], [], [], left)
-            if wake_r in ready:
-                reason = ctx.cancel.reason if ctx is not None else ""
-                return None, f"the run was aborted ({reason})" if reason else "the run ended"
-            if fd in ready:
-                data = os.read(fd, 1024)
-                if not data:  # the terminal went away (hangup)
-                    return None, "the terminal was closed"
-                line += data
-    finally:
-        if forget is not None:
-            forget()
-        with guard:
-            open_[0] = False
-            os.close(wake_r)
-            os.close(wake_w)
-    return line, ""
-
-
-def _time_left(ctx: RunContext | None) -> float | None:
-    """Seconds until the first time limit of the run's budget chain, or None."""
-    budget = getattr(ctx, "budget", None)
-    left: float | None = None
-    while budget is not None:
-        seconds = getattr(getattr(budget, "limits", None), "seconds", None)
-        if seconds is not None:
-            rest = seconds - (budget.clock() - budget.started)
-            left = rest if left is None else min(left, rest)
-        budget = getattr(budget, "parent", None)
-    return left
 
 
 def _execute(argv: list[str], root: str, settings: ShellSettings, policy: Policy) -> str:
