@@ -221,8 +221,13 @@ def request(ask: Ask) -> Decision:
         decision = granted(ask, ctx) or _ask_person(ask, ctx)
     note(ask, decision)
     if not decision.allowed:
-        raise ToolError(f"{ask.tool} was not run: {decision.why}; do not retry it")
+        raise refusal(ask, decision)
     return decision
+
+
+def refusal(ask: Ask, decision: Decision) -> ToolError:
+    """The tool error the model reads for a refused call."""
+    return ToolError(f"{ask.tool} was not run: {decision.why}; do not retry it")
 
 
 _by_session: Any = None  # weakref.WeakKeyDictionary: session -> its grants "for this session"
@@ -387,7 +392,7 @@ def _read_line(fd: int, ctx: Any) -> tuple[str | None, str]:
         if ctx is not None and (ctx.cancel.cancelled or ctx.stop_requested):
             reason = getattr(ctx.cancel, "reason", "")
             return None, f"the run was aborted ({reason})" if reason else "the run ended"
-        left = time_left(ctx)
+        left = _time_left(ctx)
         if left is not None and left <= 0:
             return None, "the run's time limit was reached"
         try:
@@ -417,7 +422,7 @@ def _read_line(fd: int, ctx: Any) -> tuple[str | None, str]:
     return line.decode("utf-8", "replace"), ""
 
 
-def time_left(ctx: Any) -> float | None:
+def _time_left(ctx: Any) -> float | None:
     """Seconds until the first time limit of the run's budget chain, or None."""
     budget = getattr(ctx, "budget", None)
     left: float | None = None

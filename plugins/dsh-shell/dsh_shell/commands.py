@@ -88,7 +88,7 @@ def _decide(argv: list[str], reason: str | None, outside: bool, root: str,
         if reason is not None:
             decision = approval.question(ask)
             if not decision.allowed:
-                raise ToolError(f"run_command was not run: {decision.why}; do not retry it")
+                raise approval.refusal(ask, decision)
         return policy
     approval.request(ask)
     if ctx.mode == "read-only" and policy.mode == "workspace-write":
