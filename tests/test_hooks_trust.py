@@ -226,6 +226,8 @@ def test_the_users_own_hooks_may_still_approve(tmp_path: Path, proj: Path) -> No
     [decision] = [e["data"] for e in of(ledger(tmp_path), "x/dsh-hooks/decision")]
     assert decision["source"] == str(home / "settings.json")
     assert decision["approval"] == "skipped"
+    [approved] = [e["data"] for e in of(ledger(tmp_path), "x/dsh.tools/approval")]
+    assert approved["allowed"] and approved["by"] == "hook"  # recorded as the hook's, not --yes
 
 
 # ------------------------------------------------------------------ environment
@@ -305,10 +307,12 @@ def test_a_link_inside_a_project_plugin_folder_is_refused(tmp_path: Path, proj: 
 # ------------------------------------------------------------------ the question on a terminal
 
 
-def _on_a_terminal(tmp: Path, proj: Path, cfg: Path, answer: bytes, *args: str
-                   ) -> tuple[subprocess.CompletedProcess[str], str]:
+def _on_a_terminal(tmp: Path, proj: Path, cfg: Path, answer: bytes, *args: str,
+                   after: str | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
     """``dsh --config CFG ARGS`` with a controlling terminal (a pty) on which ``answer`` is
-    typed ahead; stdin, stdout and stderr stay pipes. Returns what the terminal showed."""
+    typed ahead (or, with ``after``, once the terminal shows that text: the approval question
+    drops what was typed before it); stdin, stdout and stderr stay pipes. Returns what the
+    terminal showed."""
     master, slave = os.openpty()
     name = os.ttyname(slave)
 
@@ -318,16 +322,26 @@ def _on_a_terminal(tmp: Path, proj: Path, cfg: Path, answer: bytes, *args: str
     env = {**os.environ, "OPENAI_API_KEY": SECRET, "HOME": str(tmp / "home")}
     env.pop("DSH_LOAD_PLUGINS", None)
     (tmp / "home").mkdir(exist_ok=True)
+    shown = ""
     try:
-        os.write(master, answer)
+        if after is None:
+            os.write(master, answer)
         proc = subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(cfg), *args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE if after is None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=proj, env=env,
                                 start_new_session=True, preexec_fn=own_terminal)
+        if after is not None:  # the slave stays open meanwhile: no EIO before dsh opens it
+            deadline = time.monotonic() + 60
+            while (after not in shown and time.monotonic() < deadline
+                   and proc.poll() is None):
+                if select.select([master], [], [], 0.1)[0]:
+                    shown += os.read(master, 65536).decode(errors="replace")
+            assert after in shown, shown
+            os.write(master, answer)
         os.close(slave)
         slave = -1
         out, err = proc.communicate(timeout=60)
-        shown = ""
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline:
             ready, _, _ = select.select([master], [], [], 0.1)
@@ -382,9 +396,12 @@ def test_a_project_ask_answered_yes_leaves_dshs_own_approval_in_place(tmp_path: 
     approve(settings_file(proj, answering(marker, ASK)))
     cfg = write_config(tmp_path, proj, claude_settings=["project"])
     m = model(tmp_path, bash_call("mkdir made-by-command"), {"text": "done"})
-    r, shown = _on_a_terminal(tmp_path, proj, cfg, b"y\n", "run", "-m", m, "go")
+    r, shown = _on_a_terminal(tmp_path, proj, cfg, b"y\n", "run", "-m", m, "go",
+                              after="say why: ")
     assert r.returncode == 0, r.stderr
-    assert "asks: allow run_command (writes files)? [y/N]" in shown, shown
+    assert "run_command wants to call" in shown, shown
+    assert "asks: writes files)" in shown, shown  # the hook's reason
+    assert "mkdir made-by-command" in shown, shown  # what it would run
     assert marker.exists() and not (proj / "made-by-command").exists()
     [res] = of(ledger(tmp_path), "tool/result")
     assert "needs approval" in res["output"] and "the user approved" in res["output"]

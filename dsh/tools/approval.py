@@ -28,18 +28,19 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
 from dsh.core.errors import ToolError
-from dsh.core.errors import UsageError
 from dsh.host.runcontext import DEFAULT_MODE
 from dsh.host.runcontext import MODES
 from dsh.host.runcontext import check_mode
 from dsh.host.runcontext import narrower
+from dsh.tools.grants import add_grant
+from dsh.tools.grants import load_grants
+from dsh.tools.grants import matches
 
 __all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "check_mode", "narrower",
            "request"]
@@ -81,6 +82,12 @@ class Ask:
     #: The terminal to ask on (default ``/dev/tty``; a plugin's setting, such as dsh-shell's
     #: ``tty``, may name another).
     terminal: str | None = None
+    #: How the question words the act (``call``, ``fetch``); by default from ``action``.
+    verb: str = ""
+    #: What "always for this project" grants: ``command`` (this exact subject; the default
+    #: for commands), ``program`` (``program``, any arguments), ``tool`` (any call of this
+    #: tool) or ``path`` (writes under the subject's directory; the default for writes).
+    always: str = ""
 
 
 @attrs.frozen
@@ -95,103 +102,9 @@ class Decision:
 
 def _option_for(ask: Ask) -> str:
     for mode in MODES:
-        if RULES[mode][ask.action] is True:
+        if RULES[mode].get(ask.action) is True:
             return f"--mode {mode}"
     return "--yes"
-
-
-# -- grants ------------------------------------------------------------------------------------
-
-
-def grants_path() -> str:
-    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(xdg, "dsh", "permissions.json")
-
-
-def load_grants() -> dict[str, list[dict[str, Any]]]:
-    """``{project root: [grant, ...]}``; a grant is ``{"tool", "scope", "value", "granted"}``
-    with ``scope`` ``command`` (that exact command line), ``program`` (any arguments) or
-    ``path`` (writes under that path prefix)."""
-    from dsh.config.trust import read_record
-    from dsh.core.errors import ConfigError
-
-    path = grants_path()
-    try:
-        data = read_record(path)
-    except FileNotFoundError:
-        return {}
-    if not isinstance(data, dict) or not isinstance(data.get("projects"), dict):
-        raise ConfigError(f"{path}: not a dsh permissions file (want {{\"version\": 1, "
-                          "\"projects\": {...}}); `dsh permissions revoke --all` starts afresh")
-    return data["projects"]
-
-
-def _save(change: Any) -> Any:
-    from dsh.config.trust import update_record
-
-    return update_record(grants_path(), "projects", load_grants, change)
-
-
-def add_grant(root: str, tool: str, scope: str, value: str) -> None:
-    key = os.path.realpath(root)
-
-    def change(projects: dict[str, Any]) -> None:
-        held = projects.setdefault(key, [])
-        grant = {"tool": tool, "scope": scope, "value": value}
-        if not any({k: g.get(k) for k in grant} == grant for g in held):
-            held.append({**grant, "granted": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-
-    _save(change)
-
-
-def revoke_grants(root: str | None, index: int | None = None) -> int:
-    """Forget the grants of ``root`` (its ``index``-th only, from 1), or every grant when
-    ``root`` is None; how many were forgotten."""
-
-    def change(projects: dict[str, Any]) -> int:
-        key = os.path.realpath(str(root))
-        held = projects.get(key, [])
-        if index is None:
-            projects.pop(key, None)
-            return len(held)
-        if not 1 <= index <= len(held):
-            raise UsageError(f"no grant {index} for {key} (it has {len(held)})")
-        del held[index - 1]
-        if not held:
-            projects.pop(key, None)
-        return 1
-
-    if root is None:  # everything, a corrupt file too
-        path = grants_path()
-        if not os.path.lexists(path):
-            return 0
-        try:
-            n = sum(len(v) for v in load_grants().values())
-        except Exception:
-            n = 0
-        os.unlink(path)
-        return n
-    return int(_save(change))
-
-
-def matches(grant: dict[str, Any], ask: Ask) -> bool:
-    if grant.get("tool") != ask.tool:
-        return False
-    scope, value = grant.get("scope"), grant.get("value")
-    if not isinstance(value, str):
-        return False
-    if scope == "command":
-        return ask.action in ("command", "read", "outside") and value == ask.subject
-    if scope == "program":
-        return ask.action in ("command", "read") and value == ask.program
-    if scope == "path":
-        if ask.action != "write":
-            return False
-        from dsh.core.beneath import within
-
-        subject = os.path.normpath(ask.subject)
-        return not subject.startswith("..") and (value in ("", ".") or within(subject, value))
-    return False
 
 
 # -- the service -------------------------------------------------------------------------------
@@ -215,14 +128,41 @@ def request(ask: Ask) -> Decision:
         decision = Decision(False, "mode", f"the permission mode is {mode}, which does not "
                                            f"allow this; the person may choose "
                                            f"{_option_for(ask)}")
-    elif ctx is not None and ctx.approve_all:
+    elif ctx.approve_all:
         decision = Decision(True, "yes", "--yes approved every call of this run")
+    elif (given := _given(ctx)) is not None:
+        decision = given
     else:
         decision = granted(ask, ctx) or _ask_person(ask, ctx)
     note(ask, decision)
     if not decision.allowed:
         raise refusal(ask, decision)
     return decision
+
+
+_GIVEN = "dsh.tools.approval:given"
+
+
+def preapprove(call: Any, by: str, why: str) -> None:
+    """Approve ``call`` (a :class:`~dsh.tools.registry.ToolInvocation`, in a ``pre_execute``
+    hook) where the mode would ask; its decision is recorded with ``by`` (``hook``, or the
+    plugin's name) and ``why``. It cannot widen the mode: what the mode refuses stays
+    refused. dsh-hooks uses it for a user's own PreToolUse ``allow`` (a project's hooks
+    cannot approve)."""
+    from dsh.host.runcontext import current_or_none
+
+    ctx = current_or_none()
+    if ctx is not None:
+        ctx.data.setdefault(_GIVEN, {})[call.call.id] = Decision(True, by, why)
+
+
+def _given(ctx: Any) -> Decision | None:
+    try:
+        from dsh.tools.registry import current_call
+
+        return ctx.data.get(_GIVEN, {}).pop(current_call().call.id, None)
+    except LookupError:
+        return None
 
 
 def refusal(ask: Ask, decision: Decision) -> ToolError:
@@ -359,13 +299,18 @@ def _shown(ask: Ask) -> str:
 
 
 def _verb(ask: Ask) -> str:
-    return {"write": "write", "read": "read", "command": "run"}.get(ask.action,
-                                                                   "run (outside the sandbox)")
+    return ask.verb or {"write": "write", "read": "read", "command": "run"}.get(
+        ask.action, "run (outside the sandbox)")
 
 
 def _always_scope(ask: Ask) -> tuple[str, str]:
-    if ask.action == "write":
+    scope = ask.always or ("path" if ask.action == "write" else "command")
+    if scope == "path":
         return "path", os.path.dirname(os.path.normpath(ask.subject)) or "."
+    if scope == "program" and ask.program:
+        return "program", ask.program
+    if scope == "tool":
+        return "tool", ask.tool
     return "command", ask.subject
 
 

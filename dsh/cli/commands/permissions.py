@@ -25,7 +25,7 @@ def permissions_list(everywhere: bool, as_json: bool) -> None:
     import json
 
     from dsh.core.escape import escape_controls
-    from dsh.tools.approval import load_grants
+    from dsh.tools.grants import load_grants
 
     here = os.path.realpath(".")
     for root, grants in sorted(load_grants().items()):
@@ -48,7 +48,7 @@ def permissions_list(everywhere: bool, as_json: bool) -> None:
 def permissions_revoke(number: int | None, everything: bool) -> None:
     """Forget grant NUMBER of this project (from `dsh permissions list`), all of this
     project's without NUMBER, or every project's with --all."""
-    from dsh.tools.approval import revoke_grants
+    from dsh.tools.grants import revoke_grants
 
     if everything:
         if number is not None:

@@ -92,15 +92,12 @@ def pre_execute(call: ToolInvocation) -> None:
         events.pre_execute(eng, call)
 
 
-@hookimpl(tryfirst=True)
+@hookimpl
 def post_execute(call: ToolInvocation, outcome: ToolOutcome) -> None:
-    # tryfirst: an approval a PreToolUse hook gave ends with the call, before any other
-    # plugin's post_execute could fail.
     eng = _engine()
     if eng is not None:
         from dsh_hooks import events
 
-        events.after_execute(eng, call)
         events.post_execute(eng, call, outcome)
 
 

@@ -66,8 +66,6 @@ class Engine:
         self.project_env = without_secrets(self.env)
         #: Turns continued by a Stop hook (``stop_hook_active`` on re-entry).
         self.stop_active: set[int] = set()
-        #: Tool calls whose approval a hook gave: ``id(call) → approve_all before``.
-        self.approved: dict[int, bool] = {}
         #: The session rendered in Claude Code's transcript shape (:mod:`dsh_hooks.transcript`),
         #: made at the first hook that gets ``transcript_path``; None before or without a file.
         self.transcript: Any = None
@@ -112,8 +110,7 @@ class Engine:
             "transcript_path": self.transcript_path(),
             "cwd": self.settings.project_dir,
             "hook_event_name": event,
-            "permission_mode": "bypassPermissions" if getattr(ctx, "approve_all", False)
-            else "default",
+            "permission_mode": permission_mode(ctx),
         }
 
     def fire(self, event: str, fields: Mapping[str, Any], *names: str,
@@ -324,3 +321,15 @@ def __getattr__(name: str) -> Any:
 
         return getattr(events, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+#: Claude Code's name for each dsh permission mode (``permission_mode`` in a hook's input).
+_CLAUDE_MODES = {"read-only": "plan", "plan": "plan", "ask": "default",
+                 "auto-edit": "acceptEdits", "full-auto": "acceptEdits"}
+
+
+def permission_mode(ctx: Any) -> str:
+    """``bypassPermissions`` under ``--yes``, else Claude Code's name for the run's mode."""
+    if getattr(ctx, "approve_all", False):
+        return "bypassPermissions"
+    return _CLAUDE_MODES.get(getattr(ctx, "mode", "ask"), "default")

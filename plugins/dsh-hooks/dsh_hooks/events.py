@@ -209,10 +209,10 @@ def pre_execute(eng: Engine, call: Any) -> None:
         call.block(f"{by.name}: {why or '(no reason given)'}", plugin="hooks")
         eng.decided("PreToolUse", "deny", by, why, **about)
         return
-    # An approval is the run's flag (RunContext.approve_all), set while this call runs. Only
-    # for a sequential tool (dsh-shell's run_command, write_file): a step with one never runs
-    # its calls concurrently, so no other call sees the flag.
-    sequential = call.tool is not None and call.tool.sequential
+    # A user's own hook approves through the approval service (recorded "by hook"); it
+    # cannot widen the mode, and a project's hook cannot approve at all.
+    from dsh.tools import approval
+
     if decision == "allow" and by is not None and by.hook.from_project:
         # A project file may narrow what runs (deny, ask), never widen it: dsh's own approval
         # rules decide the call, as if the hook had said nothing.
@@ -221,14 +221,10 @@ def pre_execute(eng: Engine, call: Any) -> None:
         eng.decided("PreToolUse", "allow", by, why, approval="unchanged (a project hook)",
                     **about)
     elif decision == "allow" and by is not None:
-        if sequential:
-            eng.approved[id(call)] = eng.ctx.approve_all
-            eng.ctx.approve_all = True
+        approval.preapprove(call, "hook", f"{by.name} allowed it" + (f": {why}" if why else ""))
         notes.append(f"{by.name} allowed the call without approval"
-                     + (f": {why}" if why else "")
-                     + ("" if sequential else " (a concurrent tool: approval unchanged)"))
-        eng.decided("PreToolUse", "allow", by, why, approval=(
-            "skipped" if sequential else "unchanged (a concurrent tool)"), **about)
+                     + (f": {why}" if why else ""))
+        eng.decided("PreToolUse", "allow", by, why, approval="skipped", **about)
     elif decision == "ask" and by is not None:
         refusal = ask_user(call, by, why)
         eng.decided("PreToolUse", "ask", by, why, approved=not refusal, **about)
@@ -239,9 +235,7 @@ def pre_execute(eng: Engine, call: Any) -> None:
             notes.append(f"{by.name} asked; the user approved (dsh's approval rules apply: "
                          "a project hook)")
         else:
-            if sequential:
-                eng.approved[id(call)] = eng.ctx.approve_all
-                eng.ctx.approve_all = True
+            approval.preapprove(call, "person", f"the person approved it ({by.name} asked)")
             notes.append(f"{by.name} asked; the user approved")
     if notes:
         eng.ctx.data.setdefault(KEY + ":notes", {})[id(call)] = notes
@@ -284,39 +278,32 @@ def blocks(event: str, ans: Answer) -> str | None:
 
 
 def ask_user(call: Any, ans: Answer, why: str) -> str | None:
-    """``permissionDecision: ask``: the user decides on the terminal; with ``--yes`` the run
-    approved every call already. Returns the refusal, or None when approved."""
-    if getattr(_ctx(), "approve_all", False):
+    """``permissionDecision: ask``: the person decides, through dsh's approval question (a
+    grant for this tool, or ``--yes``, answers it already; with no terminal it is a no).
+    Returns the refusal, or None when approved."""
+    from dsh.tools import approval
+
+    ctx = _ctx()
+    if getattr(ctx, "approve_all", False):
         return None
-    try:
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
+    args = json.dumps(call.arguments, ensure_ascii=False, default=str)
+    ask = approval.Ask(tool=call.call.name, action="command", subject=args[:2000],
+                       root=os.getcwd(), reason=f"{ans.name} asks: {why or 'no reason given'}",
+                       verb="call", always="tool", program=call.call.name)
+    decision = (approval.granted(ask, ctx) if ctx is not None else None) \
+        or approval.question(ask, ctx)
+    if decision.allowed:
+        return None
+    if decision.by == "no-terminal":
         return (f"{ans.name} asked for approval ({why or 'no reason given'}); no terminal to "
                 "ask on — rerun with --yes to approve")
-    from dsh.cli.render import escape_controls
-    from dsh.cli.terminal import status_paused
-
-    question = (f"\ndsh-hooks: {escape_controls(ans.name, newlines=False)} asks: allow "
-                f"{call.call.name} ({escape_controls(why, newlines=False)})? [y/N] ")
-    with status_paused(), os.fdopen(fd, "r+b", buffering=0) as tty:
-        tty.write(question.encode(errors="replace"))
-        answer = tty.readline(1024)
-    if answer.strip().lower() in (b"y", b"yes"):
-        return None
-    return f"the user did not approve {call.call.name} ({ans.name} asked: {why})"
+    return f"the user did not approve {call.call.name} ({ans.name} asked: {why}): {decision.why}"
 
 
 def _ctx() -> Any:
     from dsh.host.runcontext import current_or_none
 
     return current_or_none()
-
-
-def after_execute(eng: Engine, call: Any) -> None:
-    """Undo a hook's approval once the call is over (in the ``execute`` wrapper)."""
-    before = eng.approved.pop(id(call), None)
-    if before is not None:
-        eng.ctx.approve_all = before
 
 
 def post_execute(eng: Engine, call: Any, outcome: Any) -> None:
