@@ -30,11 +30,14 @@ if TYPE_CHECKING:
     from dsh.ledger.events import Event
     from dsh.ledger.state import StateKey
     from dsh.run.app import App
+    from dsh.tools.approval import Ask
+    from dsh.tools.approval import Decision
+    from dsh.tools.approval import request_approval
     from dsh.tools.registry import tool
 
-__all__ = ["AgentHandle", "App", "Event", "RunContext", "Stash", "StashKey", "StateKey",
-           "__version__",
-           "context", "hookimpl", "tool"]
+__all__ = ["AgentHandle", "App", "Ask", "Decision", "Event", "RunContext", "Stash", "StashKey",
+           "StateKey", "__version__",
+           "context", "hookimpl", "request_approval", "tool"]
 
 _LAZY = {
     "App": "dsh.run.app",
@@ -48,6 +51,9 @@ _LAZY = {
     "Stash": "dsh.host.stash",
     "StashKey": "dsh.host.stash",
     "StateKey": "dsh.ledger.state",
+    "Ask": "dsh.tools.approval",
+    "Decision": "dsh.tools.approval",
+    "request_approval": "dsh.tools.approval",
 }
 
 

@@ -183,7 +183,8 @@ def _at_terminal(config: Path, answers: list[bytes], *args: str) -> tuple[str, i
                 break
             out += chunk
             new = out[seen:]
-            if pending and (b"say why:" in new or (seen and b"why:" in new)):
+            if pending and (b"say why:" in new or b"what to change:" in new
+                            or (seen and b"why:" in new)):
                 seen = len(out)
                 os.write(fd, pending.pop(0))
         else:
@@ -300,3 +301,63 @@ def test_modes_and_commands(ws: Path, tmp_path: Path, script: Callable[..., str]
     proc = _dsh(net, "run", "-m", model, "--json", "--mode", mode, "go")
     assert proc.returncode == 0, proc.stderr
     assert not (ws / "net").exists()
+
+
+# -- plan mode -------------------------------------------------------------------------------
+
+PLAN = {"tool_calls": [{"name": "propose_plan", "arguments": {
+    "plan": "1. Rewrite notes.txt\n2. \x1b]0;owned\x07Done"}}]}
+
+
+def test_plan_mode_without_a_terminal_changes_nothing_and_answers_with_the_plan(
+        ws: Path, tmp_path: Path, script: Callable[..., str]) -> None:
+    model = script(WRITE, PLAN, {"text": "PLAN: rewrite notes.txt"})
+    proc = _dsh(_config(tmp_path, ws), "run", "-m", model, "--json", "--mode", "plan", "go")
+    assert proc.returncode == 0, proc.stderr
+    assert (ws / "notes.txt").read_text() == "my own notes\n"
+    events = _ledger(proc)
+    assert [e["mode"] for e in events if e["type"] == "turn/start"] == ["plan"]
+    write, plan = [e for e in events if e["type"] == "tool/result"]
+    assert "permission mode is plan" in write["output"] and "propose_plan" in write["output"]
+    assert plan["status"] == "error" and "no terminal" in plan["output"]
+    decided = [(e["data"]["tool"], e["data"]["allowed"], e["data"]["by"])
+               for e in events if e["type"] == "x/dsh.tools/approval"]
+    assert decided == [("write_file", False, "mode"), ("propose_plan", False, "no-terminal")]
+    # Every other mode: no propose_plan tool at all.
+    proc = _dsh(_config(tmp_path, ws), "run", "-m", script({"text": "hi"}), "--json", "hi")
+    [start] = [e for e in _ledger(proc) if e["type"] == "turn/start"]
+    assert "propose_plan" not in json.dumps(start.get("tools"))
+
+
+@pytest.mark.parametrize("answer, mode", [(b"e\n", "auto-edit"), (b"a\n", "ask")])
+def test_an_approved_plan_runs_in_the_mode_the_person_picks(
+        ws: Path, tmp_path: Path, script: Callable[..., str], answer: bytes,
+        mode: str) -> None:
+    model = script(PLAN, WRITE, {"text": "done"})
+    # In ask mode the write then asks: the person says no.
+    text, code = _at_terminal(_config(tmp_path, ws), [answer, b"n\n"], "run", "-m", model,
+                              "--json", "--mode", "plan", "go")
+    assert code == 0, text
+    assert "the agent proposes this plan:" in text and "1. Rewrite notes.txt" in text
+    assert "\x1b]0;owned" not in text  # the plan's controls are shown, not obeyed
+    summary = json.loads(text[text.index('{"'):].splitlines()[0])
+    events = [json.loads(x) for x in Path(summary["path"]).read_text().splitlines()]
+    decided = [(e["data"]["tool"], e["data"]["by"], e["data"]["mode"])
+               for e in events if e["type"] == "x/dsh.tools/approval"]
+    assert decided[0] == ("propose_plan", "person", "plan")
+    assert decided[1] == ("write_file", "mode" if mode == "auto-edit" else "person", mode)
+    assert ((ws / "notes.txt").read_text() == "pwned") is (mode == "auto-edit")
+
+
+def test_a_plan_sent_back_with_a_reason_keeps_plan_mode(
+        ws: Path, tmp_path: Path, script: Callable[..., str]) -> None:
+    model = script(PLAN, WRITE, {"text": "done"})
+    text, code = _at_terminal(_config(tmp_path, ws), [b"r\n", b"keep a backup first\n"],
+                              "run", "-m", model, "--json", "--mode", "plan", "go")
+    assert code == 0, text
+    assert (ws / "notes.txt").read_text() == "my own notes\n"
+    summary = json.loads(text[text.index('{"'):].splitlines()[0])
+    events = [json.loads(x) for x in Path(summary["path"]).read_text().splitlines()]
+    plan, write = [e for e in events if e["type"] == "tool/result"]
+    assert "keep a backup first" in plan["output"]
+    assert "permission mode is plan" in write["output"]

@@ -86,7 +86,8 @@ def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-MODE_HELP = ("Permission mode: read-only, ask (default: writes and unlisted commands ask), "
+MODE_HELP = ("Permission mode: read-only, plan (read-only until you approve the model's "
+             "plan), ask (default: writes and unlisted commands ask), "
              "auto-edit (writes in the workspace run), full-auto (everything inside the "
              "sandbox runs).")
 

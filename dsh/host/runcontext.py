@@ -271,7 +271,7 @@ class Budget:
 
 
 #: The permission modes, from the narrowest to the widest (:mod:`dsh.tools.approval`).
-MODES = ("read-only", "ask", "auto-edit", "full-auto")
+MODES = ("read-only", "plan", "ask", "auto-edit", "full-auto")
 DEFAULT_MODE = "ask"
 
 
@@ -289,6 +289,13 @@ def narrower(a: str, b: str) -> str:
     """The narrower of two modes (a sub-agent runs under the narrower of its own and its
     parent's)."""
     return a if MODES.index(a) <= MODES.index(b) else b
+
+
+def run_mode(own: str, parent: RunContext | None, planned: str | None = None) -> str:
+    """A run's mode: the agent's ``own`` (a ``plan`` agent's, once its plan is approved: the
+    ``planned`` one chosen then), narrowed by its parent run's (a sub-agent's)."""
+    own = planned if planned and own == "plan" else own
+    return narrower(own, parent.mode) if parent else own
 
 
 @attrs.define(eq=False)

@@ -141,6 +141,10 @@ class Agent:
         if allow is not None:
             check_tool_names(app, name, allow, self.tools, override=tools is not None)
             self.tools = {k: v for k, v in self.tools.items() if k in allow}
+        if self.mode == "plan":  # the one way out of plan mode (dsh.tools.plan)
+            from dsh.tools.plan import plan_tool
+
+            self.tools["propose_plan"] = plan_tool()
         self.limits: Limits = cfg.limits.merged(acfg.limits)
         self.tool_specs: tuple[ToolSpec, ...] = tuple(t.spec for t in self.tools.values())
         self.system, self.prompt_parts = collect_prompt(

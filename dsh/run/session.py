@@ -37,7 +37,7 @@ from dsh.host.runcontext import CancelToken
 from dsh.host.runcontext import Limits
 from dsh.host.runcontext import RunContext
 from dsh.host.runcontext import activate
-from dsh.host.runcontext import narrower
+from dsh.host.runcontext import run_mode
 from dsh.host.stash import Stash
 from dsh.ledger.events import PluginEvent
 from dsh.ledger.events import StepEnded
@@ -58,11 +58,6 @@ from dsh.run.subagent import _parent_link
 
 if TYPE_CHECKING:
     from dsh.run.agent import Agent
-
-
-def _mode(agent: Agent, parent: RunContext | None) -> str:
-    """The agent's permission mode, narrowed by its parent run's (for a sub-agent)."""
-    return agent.mode if parent is None else narrower(agent.mode, parent.mode)
 
 
 def _trust_in_force() -> tuple[dict[str, Any], ...]:
@@ -94,6 +89,7 @@ class Session:
         self._trust_recorded: tuple[dict[str, Any], ...] = ()
         #: The permission mode last written on this session's ``turn/start`` by this object.
         self._mode_recorded: str | None = None
+        self.planned_mode: str | None = None  #: chosen with a plan's approval (propose_plan)
 
     @property
     def id(self) -> str:
@@ -332,7 +328,7 @@ class Session:
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else budget_parent),
             approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
-            session=self, handle=agent.info, mode=_mode(agent, parent),
+            session=self, handle=agent.info, mode=run_mode(agent.mode, parent, self.planned_mode),
         )
         if context_hook is not None:
             context_hook(ctx)

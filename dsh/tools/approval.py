@@ -43,13 +43,16 @@ from dsh.tools.grants import load_grants
 from dsh.tools.grants import matches
 
 __all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "check_mode", "narrower",
-           "request"]
+           "preapprove", "prompt", "question", "refusal", "request", "request_approval"]
 #: What each mode lets run without a question (``True``), refuses (``False``) or asks (None),
 #: per kind of action: ``read`` (files, read-only commands), ``write`` (files in the
 #: workspace), ``command`` (any other program, inside the sandbox), ``outside`` (anything
 #: leaving the sandbox: network, policy ``off``, protected paths).
 RULES: dict[str, dict[str, bool | None]] = {
     "read-only": {"read": True, "write": False, "command": False, "outside": False},
+    # plan: read-only until the person approves the model's plan (propose_plan), then the
+    # mode they pick (dsh.tools.plan).
+    "plan": {"read": True, "write": False, "command": False, "outside": False},
     "ask": {"read": True, "write": None, "command": None, "outside": None},
     "auto-edit": {"read": True, "write": True, "command": None, "outside": None},
     "full-auto": {"read": True, "write": True, "command": True, "outside": None},
@@ -124,6 +127,10 @@ def request(ask: Ask) -> Decision:
     verdict = rule(mode, ask.action)
     if verdict is True:
         decision = Decision(True, "mode", f"mode {mode} allows it")
+    elif verdict is False and mode == "plan":
+        decision = Decision(False, "mode", "the permission mode is plan: read and plan, then "
+                                           "call propose_plan with your plan for the person "
+                                           "to approve; nothing changes before that")
     elif verdict is False:
         decision = Decision(False, "mode", f"the permission mode is {mode}, which does not "
                                            f"allow this; the person may choose "
@@ -163,6 +170,10 @@ def _given(ctx: Any) -> Decision | None:
         return ctx.data.get(_GIVEN, {}).pop(current_call().call.id, None)
     except LookupError:
         return None
+
+
+#: The public name (``dsh.request_approval``).
+request_approval = request
 
 
 def refusal(ask: Ask, decision: Decision) -> ToolError:
@@ -238,19 +249,10 @@ def _needs(ask: Ask) -> str:
 
 
 def _ask_person(ask: Ask, ctx: Any) -> Decision:
-    try:
-        # O_NOCTTY: asking must never make the terminal dsh's controlling terminal.
-        fd = os.open(ask.terminal or TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return Decision(False, "no-terminal",
-                        f"{_needs(ask)}; there is no terminal to ask on; the person "
-                        f"may rerun with {_option_for(ask)} or --yes")
-    import sys
-
     from dsh.core.escape import escape_controls
 
     scope, value = _always_scope(ask)
-    lines = [f"\ndsh: {ask.tool} wants to {_verb(ask)} "
+    lines = [f"dsh: {ask.tool} wants to {_verb(ask)} "
              f"{escape_controls(_shown(ask), newlines=False)} in "
              f"{escape_controls(ask.root, newlines=False)}"
              + (f" ({escape_controls(ask.reason, newlines=False)})" if ask.reason else "")]
@@ -259,19 +261,12 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
     lines.append(f"[y] yes  [a] always for this project "
                  f"({scope} {escape_controls(_quoted(scope, value), newlines=False)})  "
                  "[s] for this session  [n] no  [r] no, and say why: ")
-    status = sys.modules.get("dsh.cli.status")
-    paused = status.status_paused() if status is not None else contextlib.nullcontext()
-    with _question_lock, paused, os.fdopen(fd, "r+b", buffering=0) as tty, _cbreak(fd):
-        _drain(fd)  # an answer typed before the question appeared is not an answer
-        tty.write("\n".join(lines).encode("utf-8", "replace"))
-        answer, ended = _read_line(fd, ctx)
-        choice = answer.strip().lower()[:1] if answer is not None else ""
-        reason = ""
-        if choice == "r":
-            tty.write(b"why: ")
-            reason = (_read_line(fd, ctx)[0] or "").strip()
-        if ended:
-            tty.write(f"(no answer: {ended})\n".encode())
+    try:
+        choice, reason, ended = prompt(lines, ctx, terminal=ask.terminal)
+    except OSError:
+        return Decision(False, "no-terminal",
+                        f"{_needs(ask)}; there is no terminal to ask on; the person "
+                        f"may rerun with {_option_for(ask)} or --yes")
     if ended:
         return Decision(False, "no-answer", f"no answer to the approval question before "
                                             f"{ended}")
@@ -288,6 +283,35 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
     if choice == "r" and reason:
         return Decision(False, "person", f"the person refused it, saying: {reason[:500]}")
     return Decision(False, "person", "the person refused it; ask them or find another way")
+
+
+def prompt(lines: list[str], ctx: Any = None, *, terminal: str | None = None
+           ) -> tuple[str, str, str]:
+    """Ask the person on the terminal (``/dev/tty``, or ``terminal``), one question at a
+    time: show ``lines`` (already made safe to print: :func:`dsh.core.escape.escape_controls`),
+    read a line and return ``(choice, reason, ended)``: the first letter typed, lowercased
+    (``""`` for Ctrl-C, Esc or Ctrl-D: a no); after ``r``, the reason typed next; and
+    ``ended``, why no answer came (the terminal closed, the run was aborted or reached its
+    time limit), else ``""``. What was typed before the question appeared is dropped; the
+    status line is paused meanwhile. Raises :class:`OSError` when there is no terminal."""
+    import sys
+
+    # O_NOCTTY: asking must never make the terminal dsh's controlling terminal.
+    fd = os.open(terminal or TTY, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    status = sys.modules.get("dsh.cli.status")
+    paused = status.status_paused() if status is not None else contextlib.nullcontext()
+    with _question_lock, paused, os.fdopen(fd, "r+b", buffering=0) as tty, _cbreak(fd):
+        _drain(fd)  # an answer typed before the question appeared is not an answer
+        tty.write(("\n" + "\n".join(lines)).encode("utf-8", "replace"))
+        answer, ended = _read_line(fd, ctx)
+        choice = answer.strip().lower()[:1] if answer is not None else ""
+        reason = ""
+        if choice == "r":
+            tty.write(b"why: ")
+            reason = (_read_line(fd, ctx)[0] or "").strip()
+        if ended:
+            tty.write(f"(no answer: {ended})\n".encode())
+    return choice, reason, ended
 
 
 def _quoted(scope: str, value: str) -> str:

@@ -91,7 +91,7 @@ def _decide(argv: list[str], reason: str | None, outside: bool, root: str,
                 raise approval.refusal(ask, decision)
         return policy
     approval.request(ask)
-    if ctx.mode == "read-only" and policy.mode == "workspace-write":
+    if ctx.mode in ("read-only", "plan") and policy.mode == "workspace-write":
         import attrs
 
         policy = attrs.evolve(policy, mode="read-only")
