@@ -194,6 +194,24 @@ def test_status_line_follows_events_and_erases() -> None:
     status.stop()
 
 
+def test_status_line_shows_the_permission_mode() -> None:
+    status = StatusLine(io.StringIO(), color=False)
+    led = Ledger("s")
+    led.observer = status.on_event
+    led.append(StepStarted, turn=1, step=0)
+    assert "step 1 · waiting" in status.line()  # not known yet: nothing shown
+    led.append(TurnStarted, turn=2, agent="a", model="echo", mode="plan")
+    assert "plan · waiting for the model" in status.line()
+    # At each step the run's own mode (an approved plan changes it).
+    from dsh.host.runcontext import RunContext
+    from dsh.host.runcontext import activate
+
+    with activate(RunContext(run_id="r", agent="a", ledger=led, mode="auto-edit")):
+        led.append(StepStarted, turn=2, step=1)
+    assert "step 2 · auto-edit · waiting for the model" in status.line()
+    status.stop()
+
+
 def test_status_line_ticks_in_a_thread() -> None:
     stream = io.StringIO()
     status = StatusLine(stream, color=True, interval=0.01)

@@ -8,6 +8,7 @@ its controls made visible.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -68,6 +69,9 @@ class StatusLine:
         self.activity = "starting"
         #: ``dsh.tasks``' progress once the run updates the task list (issue 25).
         self.tasks = ""
+        #: The run's permission mode (``--mode``), from ``turn/start`` and at each step (a
+        #: plan's approval changes it); "" until known.
+        self.mode = ""
         self.started = time.monotonic()
         self.visible = True
         self._shown = False
@@ -113,6 +117,7 @@ class StatusLine:
         elapsed = time.monotonic() - self.started
         frame = self.FRAMES[self._frame % len(self.FRAMES)]
         step = f"step {self.step} · " if self.step else ""
+        step += f"{escape_controls(self.mode, newlines=False)} · " if self.mode else ""
         # The activity names a tool the model asked for: its controls are made visible.
         activity = escape_controls(self.activity, newlines=False)
         tasks = f" · {escape_controls(self.tasks, newlines=False)}" if self.tasks else ""
@@ -150,9 +155,16 @@ class StatusLine:
     def on_event(self, event: Any) -> None:
         kind = getattr(event, "type", "")
         with self._lock:
+            if kind == "turn/start" and getattr(event, "mode", "") and not getattr(
+                    event, "parent", None):  # a sub-agent's first turn names its parent
+                self.mode = event.mode
             if kind == "step/start":
                 self.step = event.step + 1
                 self.activity = "waiting for the model"
+                run = sys.modules.get("dsh.host.runcontext")  # loaded by then; not imported here
+                ctx = run.current_or_none() if run is not None else None
+                if ctx is not None and ctx.parent is None:
+                    self.mode = ctx.mode
             elif kind == "tool/call":
                 self.activity = f"running tool {event.name}"
             elif kind == "tool/result":
