@@ -361,3 +361,21 @@ def test_a_plan_sent_back_with_a_reason_keeps_plan_mode(
     plan, write = [e for e in events if e["type"] == "tool/result"]
     assert "keep a backup first" in plan["output"]
     assert "permission mode is plan" in write["output"]
+
+
+# -- a limit that cannot apply ---------------------------------------------------------------
+
+
+def test_a_cost_limit_on_a_model_without_a_price_says_so(ws: Path, tmp_path: Path) -> None:
+    proc = _dsh(_config(tmp_path, ws), "run", "-m", "echo", "-L", "cost=0.0001", "hi")
+    assert proc.returncode == 0, proc.stderr
+    [line] = [x for x in proc.stderr.splitlines() if "cost limit" in x]
+    assert line.startswith("dsh: warning: the cost limit (-L cost=0.0001) cannot apply")
+    assert "[models.\"echo\"] price" in line
+    # From the config too; and a priced model has nothing to say.
+    config = _config(tmp_path, ws, '[limits]\ncost = 0.5\n')
+    proc = _dsh(config, "run", "-m", "echo", "hi")
+    assert "[limits] cost = 0.5" in proc.stderr, proc.stderr
+    config = _config(tmp_path, ws, '[models.echo]\nprice = {input = 1.0, output = 2.0}\n')
+    proc = _dsh(config, "run", "-m", "echo", "-L", "cost=0.0001", "hi")
+    assert proc.returncode == 0 and "cost limit" not in proc.stderr, proc.stderr

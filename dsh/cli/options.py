@@ -136,6 +136,22 @@ def note_yes(yes: bool, agent: Any) -> None:
              f"{agent.mode}: calls the mode refuses stay refused)")
 
 
+def note_unpriced(agent: Any, limits: Any) -> None:
+    """A cost limit (``-L cost=``, ``[limits] cost``) on a model with no known price cannot
+    apply (its requests cost 0): one warning line naming the setting that gives it one."""
+    cost = getattr(limits, "cost", None)
+    where = f"-L cost={cost:g}" if cost is not None else None
+    if cost is None and getattr(agent.limits, "cost", None) is not None:
+        where = f"[limits] cost = {agent.limits.cost:g}"
+    if where is None or agent.price is not None:
+        return
+    import json
+
+    key = json.dumps(agent.model_id)
+    warn(f"warning: the cost limit ({where}) cannot apply: model {agent.model_id!r} has no known price; "
+         f"set [models.{key}] price = {{input = …, output = …}} (dollars per million tokens)")
+
+
 def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None) -> str | None:
     """``-c`` (the agent's latest session, with a note when there is none) or ``--session``."""
     if continue_:

@@ -19,6 +19,7 @@ from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
 from dsh.cli.options import session_to_resume
@@ -136,6 +137,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         app = state.app
         assembled, overrides = assemble_agent(app, agent, overrides, tools, no_tools)
         note_yes(yes, assembled)
+        note_unpriced(assembled, budget)
         text, assembled = expand_command(state, assembled, overrides, tools,
                                          prompt if prompt else text, text)
         resume = session_to_resume(app, assembled, continue_, session_id)

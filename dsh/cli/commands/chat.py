@@ -13,6 +13,7 @@ from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
 from dsh.cli.options import session_to_resume
@@ -50,6 +51,7 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     assembled, overrides = assemble_agent(
         app, agent, agent_overrides(model, system, max_steps, options, mode), tools, no_tools)
     note_yes(yes, assembled)
+    note_unpriced(assembled, budget)
     resume = session_to_resume(app, assembled, continue_, session_id)
     from dsh.cli.repl import Chat
 
