@@ -436,3 +436,44 @@ def test_the_summary_is_one_line_per_hook_whatever_the_command() -> None:
     for line, command in zip(lines, commands[:SUMMARY_LINES - 1], strict=False):
         assert json.loads(line.split(": ", 1)[1]) == command
         assert "\r" not in line and "\u2028" not in line
+
+
+# ------------------------------------------------------------------ inside a sub-agent
+
+
+@pytest.mark.parametrize("answer", [DENY, ALLOW])
+def test_a_project_pretooluse_hook_fires_inside_a_sub_agent(tmp_path: Path, proj: Path,
+                                                            answer: Any) -> None:
+    """Most work runs in sub-agents: the project's trusted hook runs for the child's calls
+    too, its deny blocks them, and its allow approves nothing there either."""
+    import tomli_w
+
+    marker = proj / "hook-ran"
+    approve(settings_file(proj, answering(marker, answer)))
+    cfg = write_config(tmp_path, proj, claude_settings=["project"])
+    helper = tmp_path / "helper.json"
+    helper.write_text(json.dumps({"responses": [bash_call("mkdir made-by-child"),
+                                                {"text": "helped"}]}))
+    import tomllib
+
+    data = tomllib.loads(cfg.read_text())
+    data["agents"] = {"default": {"subagents": ["helper"]},
+                      "helper": {"model": f"scripted:{helper}", "mode": "full-auto"}}
+    cfg.write_text(tomli_w.dumps(data))
+    m = model(tmp_path, {"tool_calls": [{"name": "ask_helper", "arguments": {
+        "prompt": "make the folder"}}]}, {"text": "done"})
+    r = dsh(tmp_path, proj, cfg, "run", "-m", m, "go")  # the lead asks (default mode)
+    assert r.returncode == 0, r.stderr
+    assert marker.exists()  # the hook ran for the child's call
+    assert not (proj / "made-by-child").exists()
+    logs = [[json.loads(x) for x in p.read_text().splitlines()]
+            for p in (tmp_path / "sessions").glob("*.jsonl")]
+    [child] = [events for events in logs if of(events, "turn/start")[0].get("parent")]
+    [res] = of(child, "tool/result")
+    if answer is DENY:
+        assert "not here" in res["output"]  # the hook's reason
+    else:  # the mode (the lead's ask) decides; with no terminal: refused
+        assert "a project hook cannot approve one" in res["output"]
+        assert "no terminal" in res["output"]
+    [decision] = [e["data"] for e in of(child, "x/dsh-hooks/decision")]
+    assert decision["decision"] == ("deny" if answer is DENY else "allow")

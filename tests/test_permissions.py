@@ -379,3 +379,45 @@ def test_a_cost_limit_on_a_model_without_a_price_says_so(ws: Path, tmp_path: Pat
     config = _config(tmp_path, ws, '[models.echo]\nprice = {input = 1.0, output = 2.0}\n')
     proc = _dsh(config, "run", "-m", "echo", "-L", "cost=0.0001", "hi")
     assert proc.returncode == 0 and "cost limit" not in proc.stderr, proc.stderr
+
+
+# -- one question at a time ------------------------------------------------------------------
+
+
+def test_concurrent_sub_agents_are_asked_one_at_a_time_and_answers_go_to_their_calls(
+        ws: Path, tmp_path: Path, script: Callable[..., str]) -> None:
+    def writes(name: str) -> dict[str, Any]:
+        return {"tool_calls": [{"name": "write_file", "arguments": {"path": name,
+                                                                    "content": name}}]}
+
+    first, second = script(writes("a.txt"), {"text": "a"}), script(writes("b.txt"), {"text": "b"})
+    lead = script({"tool_calls": [{"name": "ask_one", "arguments": {"prompt": "a"}},
+                                  {"name": "ask_two", "arguments": {"prompt": "b"}}]},
+                  {"text": "done"})
+    config = _config(tmp_path, ws, f"""
+        [agents.default]
+        subagents = ["one", "two"]
+        [agents.one]
+        model = {json.dumps(first)}
+        [agents.two]
+        model = {json.dumps(second)}
+    """)
+    text, code = _at_terminal(config, [b"y\n", b"n\n"], "run", "-m", lead, "delegate")
+    assert code == 0, text
+    questions = text.split("wants to write ")[1:]
+    assert len(questions) == 2, text
+    # The second question appears only once the first is answered (the answer's echo).
+    assert "say why: y" in questions[0] and "say why: n" in questions[1], text
+    yes, no = (q.split(" ", 1)[0] for q in questions)
+    assert {yes, no} == {"a.txt", "b.txt"}
+    assert (ws / yes).read_text() == yes and not (ws / no).exists()
+    # Each answer is recorded in the session of the call it answered.
+    for path in (tmp_path / "sessions").glob("*.jsonl"):
+        events = [json.loads(x) for x in path.read_text().splitlines()]
+        for e in events:
+            if e["type"] == "x/dsh.tools/approval":
+                assert e["data"]["by"] == "person"
+                assert e["data"]["allowed"] is (e["data"]["subject"] == yes)
+                [call] = [c for c in events if c["type"] == "tool/call"
+                          and c["call_id"] == e["data"]["call"]]
+                assert call["arguments"]["path"] == e["data"]["subject"]
