@@ -159,17 +159,19 @@ def preapprove(call: Any, by: str, why: str) -> None:
     from dsh.host.runcontext import current_or_none
 
     ctx = current_or_none()
-    if ctx is not None:
-        ctx.data.setdefault(_GIVEN, {})[call.call.id] = Decision(True, by, why)
+    if ctx is not None:  # kept by the invocation itself: a model's call ids may repeat
+        ctx.data.setdefault(_GIVEN, {})[id(call)] = (call, Decision(True, by, why))
 
 
 def _given(ctx: Any) -> Decision | None:
     try:
         from dsh.tools.registry import current_call
 
-        return ctx.data.get(_GIVEN, {}).pop(current_call().call.id, None)
+        call = current_call()
     except LookupError:
         return None
+    entry = ctx.data.get(_GIVEN, {}).pop(id(call), None)
+    return entry[1] if entry is not None and entry[0] is call else None
 
 
 #: The public name (``dsh.request_approval``).
