@@ -234,8 +234,8 @@ def test_nested_quantifiers_end_in_bounded_time(core: str, n: int, outer: str) -
 def test_a_huge_result_is_capped_before_it_is_recorded(tmp_path: Path, marks: Path) -> None:
     cfg = write_config(tmp_path, {"h": hostile(marks, "big")})
     model = script(tmp_path, call("mcp__h__big"), {"text": "done"})
-    proc = dsh("--config", str(cfg), "run", "-m", model, "go", env=home_env(tmp_path),
-               timeout=300)
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go",
+               env=home_env(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = next(e for e in ledger_events(tmp_path) if e["type"] == "tool/result")
     out = result["output"]
@@ -475,7 +475,7 @@ def test_expanded_values_never_reach_errors_the_ledger_or_the_terminal(
     cache.store(server, [{"name": "t", "inputSchema": {"type": "object"}}], {}, None)
     monkeypatch.delenv("F23_TEST_ARG")
     model = script(tmp_path, call("mcp__bad__t"), {"text": "done"})
-    proc = dsh("--config", str(cfg), "run", "-m", model, "go", env=env)
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go", env=env)
     assert proc.returncode == 0, proc.stderr
     result = next(e for e in ledger_events(tmp_path) if e["type"] == "tool/result")
     assert result["status"] == "error" and "did not start" in result["output"]

@@ -402,7 +402,7 @@ def test_time_server_call_recorded_in_ledger(tmp_path: Path) -> None:
         "command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}})
     model = script(tmp_path, call("mcp__time__get_current_time", timezone="UTC"), {"text": "done"})
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-    proc = dsh("--config", str(cfg), "run", "-m", model, "what time is it?", env=env)
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "what time is it?", env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
     evs = ledger_events(tmp_path)
@@ -440,7 +440,7 @@ def test_git_server_on_a_repository_the_test_creates(tmp_path: Path) -> None:
                    call("mcp__git__git_log", repo_path=str(repo), max_count="ten"),
                    {"text": "done"})
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-    proc = dsh("--config", str(cfg), "run", "-m", model, "what changed?", env=env)
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "what changed?", env=env)
     assert proc.returncode == 0, proc.stderr
     log, diff, bad = [e for e in ledger_events(tmp_path) if e["type"] == "tool/result"]
     assert log["status"] == "ok" and "Message: add notes" in log["output"]
@@ -567,7 +567,7 @@ def test_abort_cancels_in_flight_call(http_server: tuple[str, Path], tmp_path: P
     model = script(tmp_path, call("mcp__w__sleep", seconds=30, tag="abort-1"), {"text": "x"},
                    name="abort.json")
     th = threading.Thread(target=lambda: result.append(app.session(model=model).send(
-        "go", context_hook=ctxs.append)))
+        "go", context_hook=ctxs.append, approve=True)))
     th.start()
     wait_for(lambda: "begin abort-1" in events(marks), 30, "the call to start")
     t0 = time.monotonic()
@@ -647,8 +647,8 @@ def _sleeping_run(tmp_path: Path, tag: str, *extra: str) -> tuple[subprocess.Pop
     model = script(tmp_path, call("mcp__s__sleep", seconds=60, tag=tag), {"text": "done"},
                    name="sleep.json")
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(cfg), "run", "-m",
-                             model, *extra, "go"], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(cfg), "run", "--yes",
+                             "-m", model, *extra, "go"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: f"begin {tag}" in events(marks), 60, "the call to start")
     return proc, marks
@@ -665,7 +665,7 @@ def test_no_orphan_servers_on_any_ending(tmp_path: Path, how: str, code: int) ->
         responses = [call("mcp__s__echo", text="x")] + ([{"text": "done"}] if how == "ok" else [])
         model = script(tmp_path, *responses)  # "error": the script runs out after the call
         env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-        proc = dsh("--config", str(cfg), "run", "-m", model, "go", env=env)
+        proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go", env=env)
         assert proc.returncode == code, proc.stderr
     else:
         extra = ("--timeout", "3") if how == "timeout" else ()
@@ -696,7 +696,7 @@ def test_resume_after_sigkill_mid_call(tmp_path: Path) -> None:
     model = script(tmp_path, {"text": "(recorded)"}, call("mcp__s__echo", text="again"),
                    {"text": "resumed"}, name="resume.json")
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-    proc = dsh("--config", str(cfg), "run", "--continue", "-m", model, "next", env=env)
+    proc = dsh("--config", str(cfg), "run", "--continue", "--yes", "-m", model, "next", env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "resumed"
     results = [e for e in ledger_events(tmp_path) if e["type"] == "tool/result"]
@@ -720,7 +720,8 @@ def test_changed_tool_list_is_a_new_tools_entry_on_turn_start(tmp_path: Path) ->
            "agents": {"a": {"plugins": ["mcp"]}}, "agent": "a"}
     app = App.from_config(cfg)
     assembled = app.agent("a")
-    first = app.run("one", model=script(tmp_path, call("mcp__s__grow"), {"text": "grown"}))
+    first = app.run("one", model=script(tmp_path, call("mcp__s__grow"), {"text": "grown"}),
+                    approve=True)
     assert first.outcome == "completed", first.reason
     server = dsh_mcp.settings_for(assembled.info).servers["s"]
     # the server sent notifications/tools/list_changed: dsh re-listed and re-cached it
@@ -731,7 +732,7 @@ def test_changed_tool_list_is_a_new_tools_entry_on_turn_start(tmp_path: Path) ->
     assert "mcp__s__extra" in again.agent("a").tools
     second = again.run("two", session=first.session_id,
                        model=script(tmp_path, {}, {}, call("mcp__s__extra"), {"text": "ok"},
-                                    name="s2.json"))
+                                    name="s2.json"), approve=True)
     assert second.outcome == "completed", second.reason
     starts = [e for e in ledger_events(tmp_path) if e["type"] == "turn/start"]
     assert len(starts) == 2
@@ -764,7 +765,7 @@ def test_env_secrets_stay_out_and_environment_is_allowlisted(
                                                     env={"SECRET_TOKEN": secret})})
     model = script(tmp_path, call("mcp__s__env_names"), call("mcp__s__secret_error"),
                    {"text": "done"})
-    proc = dsh("--config", str(cfg), "run", "-m", model, "go",
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go",
                env={**os.environ, "DSH_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr
     results = [e for e in ledger_events(tmp_path) if e["type"] == "tool/result"]
@@ -790,7 +791,7 @@ def test_header_secrets_stay_out(tmp_path: Path, http_server: tuple[str, Path]) 
     model = script(tmp_path, call("mcp__w__auth_header"), call("mcp__w__echo", text=token),
                    {"text": "done"})
     env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
-    proc = dsh("--config", str(cfg), "run", "-m", model, "go", env=env)
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go", env=env)
     assert proc.returncode == 0, proc.stderr
     results = [e for e in ledger_events(tmp_path) if e["type"] == "tool/result"]
     assert results[0]["output"] == "auth ok"  # the header was sent

@@ -205,7 +205,7 @@ def test_a_cwd_inside_the_project_is_used_and_the_workspace_is_the_root(
     shutil.copy(SERVER, proj / "sub" / "server.py")
     write_mcp_json(proj, {"w": marking_server(proj / "ran-sub", cwd="sub")}, approve=True)
     model = script(tmp_path, call("mcp__w__echo", text="hello"), {"text": "done"})
-    proc = dsh("--config", str(config(tmp_path)), "run", "-m", model, "go", cwd=proj)
+    proc = dsh("--config", str(config(tmp_path)), "run", "--yes", "-m", model, "go", cwd=proj)
     assert proc.returncode == 0, proc.stderr
     assert (proj / "ran-sub").exists()
     record = next(e["data"] for e in ledger_events(tmp_path) if e["type"] == "x/mcp/sandbox")

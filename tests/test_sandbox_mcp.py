@@ -103,7 +103,7 @@ def test_servers_are_unconfined_by_default_and_the_ledger_says_so(tmp_path: Path
     marks.mkdir()
     cfg = write_config(tmp_path, {"t": stdio_server(marks, "sbx-default")})
     model = script(tmp_path, call("mcp__t__echo", text="hello"), {"text": "done"})
-    proc = dsh("--config", str(cfg), "run", "-m", model, "go",
+    proc = dsh("--config", str(cfg), "run", "--yes", "-m", model, "go",
                env={**os.environ, "DSH_HOME": str(tmp_path / "home")})
     assert proc.returncode == 0, proc.stderr
     [pid] = [int(e.split()[1]) for e in events(marks) if e.startswith("start ")]

@@ -268,7 +268,8 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
     except OSError:
         return Decision(False, "no-terminal",
                         f"{_needs(ask)}; there is no terminal to ask on; the person "
-                        f"may rerun with {_option_for(ask)} or --yes")
+                        f"may rerun with " + " or ".join(dict.fromkeys((_option_for(ask),
+                                                                       "--yes"))))
     if ended:
         return Decision(False, "no-answer", f"no answer to the approval question before "
                                             f"{ended}")

@@ -20,7 +20,15 @@ enable it. Its settings come from ``[plugins.mcp]``, overlaid (key by key) with
 ``sandbox``
     the kernel sandbox of stdio servers (a policy name or table, as ``[sandbox]``; per server
     too, ``servers.NAME.sandbox``); default ``off``, ``workspace-write`` for a project's
-    servers (docs/mcp.md, "Sandbox").
+    servers (docs/mcp.md, "Sandbox");
+``approve``
+    how dsh's approval service treats a server's tool calls (docs/mcp.md, "Approval"; per
+    server too, ``servers.NAME.approve``, over the plugin-wide one): ``"read"`` (the tool only
+    reads: it runs in every mode), ``"ask"`` (the default: a call of a stdio server confined
+    without network is a ``command``, of any other an ``outside`` action) or ``"deny"``
+    (always refused), or a table of the server's own tool names (``"*"``: the others) to
+    these. An ``mcpServers`` file cannot set it, and a project's server is never made
+    ``"read"`` by the plugin-wide one.
 
 Each server tool becomes ``mcp__SERVER__TOOL``. Tool lists are cached on disk
 (:mod:`dsh_mcp.cache`), so assembly starts no server once a list is cached; the first
@@ -154,6 +162,7 @@ def _caller(server: Server, tool: str) -> Callable[..., str]:
         from dsh_mcp.results import cap
         from dsh_mcp.results import to_output
 
+        _approve(server, tool, arguments)  # before anything starts; raises when refused
         _cleanup_after_run()
         _record_sandbox(server)
         pool = client.pool()
@@ -169,6 +178,47 @@ def _caller(server: Server, tool: str) -> Callable[..., str]:
 
     call.__name__ = server.tool_name(tool)
     return call
+
+
+#: The most characters of a call (tool name and JSON arguments) shown and recorded as the
+#: approval's subject.
+SUBJECT_CAP = 2000
+
+
+def _approve(server: Server, tool: str, arguments: dict[str, Any]) -> None:
+    """Ask dsh's approval service (:mod:`dsh.tools.approval`) whether this call may run
+    (docs/mcp.md, "Approval"): a ``read`` action for a tool the person's ``approve`` says
+    only reads; ``command`` for a stdio server confined by the kernel sandbox without
+    network; ``outside`` for any other (unconfined, networked, HTTP: its effects are outside
+    dsh's sandbox). ``approve = "deny"`` refuses it, recorded like any refusal."""
+    import json
+    import os
+
+    from dsh.tools import approval
+
+    rule, setting = server.approval(tool)
+    name = server.tool_name(tool)
+    policy = server.sandbox if server.transport == "stdio" else None
+    confined = policy is not None and not policy.network
+    action = "read" if rule == "read" else "command" if confined else "outside"
+    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True, default=str)
+    subject = f"{tool} {shown}"
+    if len(subject) > SUBJECT_CAP:
+        subject = subject[:SUBJECT_CAP - 30] + f" … [{len(subject)} characters]"
+    sandbox = policy.describe() if policy is not None else (
+        "off (unconfined)" if server.transport == "stdio" else "none: a remote server")
+    detail = f"server {server.name} ({server.transport}, sandbox {sandbox})\n{server.describe()}"
+    root = os.path.abspath(server.workspace or server.cwd or os.getcwd())
+    reason = ("an MCP server's tool" if confined or rule == "read"
+              else "an MCP server's tool, outside dsh's sandbox")
+    ask = approval.Ask(tool=name, action=action, subject=subject, root=root, detail=detail,
+                       program=name, reason=reason, verb="call", always="tool")
+    if rule == "deny":
+        decision = approval.Decision(False, "config", f"the person's config refuses it "
+                                                      f"({setting} = \"deny\")")
+        approval.note(ask, decision)
+        raise approval.refusal(ask, decision)
+    approval.request(ask)
 
 
 def _record_sandbox(server: Server) -> None:

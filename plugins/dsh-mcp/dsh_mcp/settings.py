@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 #: The most bytes of an ``mcpServers`` file read.
 MCP_JSON_CAP = 4 * 1024 * 1024
 TOP_KEYS = ("servers", "mcp_json", "claude_plugins", "use", "timeout", "startup_timeout",
-            "max_output", "sandbox")
+            "max_output", "sandbox", "approve")
 SERVER_KEYS = ("command", "args", "env", "cwd", "url", "headers", "type", "timeout",
-               "tools_allow", "tools_deny", "max_output", "sandbox")
+               "tools_allow", "tools_deny", "max_output", "sandbox", "approve")
+#: The values of ``approve`` (docs/mcp.md, "Approval"): the tool only reads (runs in every
+#: mode), asks as an MCP call does by default, or is always refused.
+APPROVE_VALUES = ("read", "ask", "deny")
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_STARTUP_TIMEOUT = 30.0
 #: Bytes (UTF-8) of one tool output that are recorded; past it the middle is cut, marked.
@@ -67,6 +70,10 @@ class Server:
     #: The project root (real path) for a server a project file defines: its sandbox's
     #: workspace, and where its ``cwd`` must lie; ``None`` for the person's own servers.
     workspace: str | None = None
+    #: ``approve`` (docs/mcp.md, "Approval"): the server's own tool name, or ``*``, to
+    #: ``(value, the setting it comes from)``; a tool not in it asks. Only the person's config
+    #: sets it (never an ``mcpServers`` file); not part of :attr:`key`.
+    approve: Mapping[str, tuple[str, str]] = attrs.field(factory=dict, hash=False)
 
     @property
     def key(self) -> str:
@@ -105,6 +112,11 @@ class Server:
         provider refuses in a function name become ``_``."""
         return _UNSAFE.sub("_", f"mcp__{self.name}__{tool}")
 
+    def approval(self, tool: str) -> tuple[str, str]:
+        """``approve`` for ``tool`` (the server's own name): ``read``, ``ask`` or ``deny``,
+        and the setting that says so (``""`` for the default, ``ask``)."""
+        return self.approve.get(tool) or self.approve.get("*") or ("ask", "")
+
 
 @attrs.frozen
 class McpSettings:
@@ -123,6 +135,7 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
     startup = _number(raw, "startup_timeout", DEFAULT_STARTUP_TIMEOUT, where)
     cap = _size(raw, "max_output", DEFAULT_MAX_OUTPUT, where)
     default_policy = _policy(raw, f"{where}: sandbox")
+    default_approve = _approve(raw, f"{where}: approve")
     servers: dict[str, Server] = {}
     files = raw.get("mcp_json", [])
     if isinstance(files, str):
@@ -162,7 +175,12 @@ def parse_settings(raw: Mapping[str, Any], where: str, base_dir: Path | None = N
                               strict=True, max_output=cap)
         own = _policy(entry, f"{where}: servers.{name}.sandbox") if isinstance(
             entry, Mapping) and "sandbox" in entry else default_policy
-        servers[name] = attrs.evolve(server, sandbox=own)
+        servers[name] = attrs.evolve(server, sandbox=own,
+                                     approve=_approve(entry, f"{where}: servers.{name}.approve"))
+    # The plugin-wide ``approve`` under each server's own; a project's server (whose tool
+    # names the project chooses) is never made "read" by it: only asked or refused.
+    servers = {name: attrs.evolve(server, approve=_layered(server, default_approve))
+               for name, server in servers.items()}
     use = raw.get("use")
     if use is not None:
         if not isinstance(use, list) or not all(isinstance(u, str) for u in use):
@@ -329,6 +347,50 @@ def _policy(table: Mapping[str, Any], where: str) -> Any:
 
     policy = parse_policy(table["sandbox"], where=where)
     return policy if policy.confined else None
+
+
+def _approve(table: Mapping[str, Any], setting: str) -> dict[str, tuple[str, str]]:
+    """The ``approve`` of ``table`` (``setting`` names it in errors): one value for every
+    tool, or a table of the server's own tool names (``"*"``: the others) to values; each
+    with the name of the setting that gives it."""
+    value = table.get("approve")
+    if value is None:
+        return {}
+    known = "'read', 'ask' or 'deny'"
+    if isinstance(value, str):
+        value, whole = {"*": value}, True
+    elif isinstance(value, Mapping):
+        whole = False
+    else:
+        raise ConfigError(f"{setting}: must be {known}, or a table of tool names to one "
+                          f"of them, not {_shown(value)}")
+    out: dict[str, tuple[str, str]] = {}
+    for tool, rule in value.items():
+        here = setting if whole else \
+            f"{setting}.{tool}" if _NAME.match(str(tool)) else f"{setting}.{json.dumps(tool)}"
+        if not isinstance(rule, str) or rule not in APPROVE_VALUES:
+            raise ConfigError(f"{here}: must be {known}, not {_shown(rule)}")
+        out[str(tool)] = (rule, here)
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a table"
+    return repr(value)[:60]
+
+
+def _layered(server: Server, default: Mapping[str, tuple[str, str]]
+             ) -> dict[str, tuple[str, str]]:
+    """``server.approve`` over the plugin-wide ``default`` (a server's own ``"*"`` hides it
+    all); for a project's server a default ``"read"`` becomes ``"ask"``."""
+    if "*" in server.approve:
+        return dict(server.approve)
+    if server.workspace is not None:
+        default = {k: ("ask", w) if v == "read" else (v, w) for k, (v, w) in default.items()}
+    return {**default, **server.approve}
 
 
 def _number(table: Mapping[str, Any], key: str, default: float, where: str) -> float:
