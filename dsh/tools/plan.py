@@ -53,10 +53,10 @@ def propose_plan(plan: str) -> str:
                                      "mode ask")
     else:
         decision = _ask(plan, ctx)
+    mode = next((m for m in CHOICES.values() if decision.why.endswith(f"; mode {m}")), "ask")
     approval.note(ask, decision)
     if not decision.allowed:
         raise ToolError(f"the plan was not approved: {decision.why}; nothing may change yet")
-    mode = decision.why.rsplit("mode ", 1)[1]
     ctx.mode = mode
     if ctx.session is not None:
         ctx.session.planned_mode = mode
