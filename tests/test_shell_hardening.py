@@ -410,8 +410,10 @@ def test_write_file_through_a_hard_link_leaves_the_outside_file_alone(
     os.link(outside, link)
     write = make().agent("a").tools["write_file"].fn
     result = write(path="link.txt", content="new\n")
-    assert result == ("replaced link.txt (4 bytes); it had 1 other hard link(s), which keep "
-                      "the old content")
+    first, _, diff = result.partition("\n")
+    assert first == ("replaced link.txt (4 bytes); it had 1 other hard link(s), which keep "
+                     "the old content")
+    assert "-outside, keep me\n+new" in diff  # the model reads the diff of its write
     assert outside.read_text() == "outside, keep me\n"
     assert link.read_text() == "new\n" and os.stat(link).st_nlink == 1
 
@@ -422,7 +424,7 @@ def test_write_file_keeps_the_mode_and_leaves_no_temporary_file(
     target.write_text("old\n")
     target.chmod(0o750)
     write = make().agent("a").tools["write_file"].fn
-    assert write(path="run.sh", content="new\n") == "replaced run.sh (4 bytes)"
+    assert write(path="run.sh", content="new\n").endswith("@@ -1 +1 @@\n-old\n+new")
     assert target.stat().st_mode & 0o777 == 0o750 and target.read_text() == "new\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["run.sh"]
 

@@ -266,7 +266,8 @@ def test_symlinks_inside_the_workspace_are_followed(make: Callable[..., App],
     app = make()
     assert tool(app, "read_file")(path="alias") == "hello from x\n"
     assert tool(app, "read_file")(path="sub/../x.txt") == "hello from x\n"
-    assert tool(app, "write_file")(path="alias", content="new\n") == "replaced alias (4 bytes)"
+    assert tool(app, "write_file")(path="alias", content="new\n").startswith(
+        "replaced alias (4 bytes)\n--- a/x.txt\n+++ b/x.txt")  # the diff names the real file
     assert (links / "x.txt").read_text() == "new\n" and (links / "alias").is_symlink()
 
 
@@ -286,7 +287,7 @@ def test_write_file_creates_parents_and_says_what_it_did(make: Callable[..., App
                                                          ws: Path) -> None:
     write = tool(make(), "write_file")
     assert write(path="a/b/c.txt", content="héllo\n") == "created a/b/c.txt (7 bytes)"
-    assert write(path="a/b/c.txt", content="") == "replaced a/b/c.txt (0 bytes)"
+    assert write(path="a/b/c.txt", content="").startswith("replaced a/b/c.txt (0 bytes)\n")
     assert (ws / "a" / "b" / "c.txt").read_text() == ""
     with pytest.raises(ToolError, match="'a' is a directory"):
         write(path="a", content="x")

@@ -224,6 +224,35 @@ class Attachment:
     name: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class Change:
+    """One file a tool call changed, as recorded on its ``tool/result`` (``changes``).
+
+    The diff is what rewind, replay, ``sessions show``, the HTML page and ACP render or
+    apply; the disk is never re-read to show a change. Build one with
+    :func:`dsh.tools.changes.record` inside a tool.
+    """
+
+    #: The path relative to the workspace (for a move: the old path).
+    path: str
+    #: ``add``, ``update``, ``delete`` or ``move`` (a move may also change the content).
+    op: str
+    #: The unified diff (``--- a/PATH`` / ``+++ b/PATH``), complete unless ``complete`` is
+    #: false (a diff over :data:`dsh.tools.changes.MAX_RECORDED` bytes keeps only its start).
+    diff: str = ""
+    #: Lines added and removed (what OpenTelemetry gets, never the text).
+    added: int = 0
+    removed: int = 0
+    #: For a move: the new path.
+    moved_to: str | None = None
+    #: Hex SHA-256 of the file's bytes before and after (``None``: the file did not exist),
+    #: so a rewind can tell whether the disk still holds what the tool wrote.
+    before_sha256: str | None = None
+    after_sha256: str | None = None
+    #: False when ``diff`` was cut to stay bounded.
+    complete: bool = True
+
+
 def _reasoning(value: Iterable[Reasoning]) -> tuple[Reasoning, ...]:
     return value if type(value) is tuple else tuple(value)
 

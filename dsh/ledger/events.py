@@ -15,6 +15,7 @@ from typing import ClassVar
 import attrs
 
 from dsh.core.messages import Attachment
+from dsh.core.messages import Change
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -137,6 +138,9 @@ class ToolReturned(Event):
     status: str = "ok"
     output: str = ""
     duration_ms: float | None = None
+    #: The files the call changed, each with its unified diff (written only when there are
+    #: any): what rewind, replay and every view of the session use, never a re-read of disk.
+    changes: tuple[Change, ...] = ()
 
 
 @attrs.frozen(kw_only=True, repr=False)

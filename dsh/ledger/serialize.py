@@ -18,6 +18,7 @@ import attrs
 
 from dsh.core.errors import LedgerError
 from dsh.core.messages import Attachment
+from dsh.core.messages import Change
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -67,6 +68,7 @@ _NESTED_DUMP = {
     "Usage": "_dump_usage(e.{0})",
     "tuple[Reasoning, ...]": "_dump_reasoning(e.{0})",
     "tuple[Attachment, ...]": "_dump_attachments(e.{0})",
+    "tuple[Change, ...]": "_dump_changes(e.{0})",
     "tuple[ToolSpec, ...] | None":
         "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
         "'parameters': t.parameters}} for t in e.{0}]",
@@ -78,6 +80,7 @@ _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
 #: Fields most lines have empty (attachments, reasoning parts): a line carries them only when
 #: there are any, which keeps every other line as it was before they existed.
 _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
+                       "tuple[Change, ...]": "_dump_changes",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
 #: ``turn/start`` fields written only when set, by name: older lines stay as they were.
 _OMITTED_WHEN_NONE = {"trust": "_plain", "mode": ""}
@@ -119,7 +122,8 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
             return _generic_dict
     names: dict[str, Any] = {"_dump_messages": dump_messages, "_dump_usage": dump_usage,
                              "_dump_reasoning": dump_reasoning,
-                             "_dump_attachments": dump_attachments, "_plain": _plain}
+                             "_dump_attachments": dump_attachments,
+                             "_dump_changes": dump_changes, "_plain": _plain}
     exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
     dumper = _DUMPERS[cls] = names["dump"]
     return dumper
@@ -149,7 +153,7 @@ def _generic_dict(event: Event) -> dict[str, Any]:
     }
     for name in _field_names(type(event)):
         value = getattr(event, name)
-        if value == () and name in ("attachments", "reasoning"):  # see _OMITTED_WHEN_EMPTY
+        if value == () and name in ("attachments", "reasoning", "changes"):  # see _OMITTED_WHEN_EMPTY
             continue
         if value is None and name in _OMITTED_WHEN_NONE and event.type == "turn/start":
             continue
@@ -287,6 +291,25 @@ def dump_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, Any]]:
             for a in parts]
 
 
+def dump_changes(parts: tuple[Change, ...]) -> list[dict[str, Any]]:
+    """A tool result's changes (:class:`~dsh.core.messages.Change`) as JSON objects; the
+    optional fields only when set, so a plain update's line stays short."""
+    out = []
+    for c in parts:
+        d: dict[str, Any] = {"path": c.path, "op": c.op, "diff": c.diff, "added": c.added,
+                             "removed": c.removed}
+        if c.moved_to is not None:
+            d["moved_to"] = c.moved_to
+        if c.before_sha256 is not None:
+            d["before_sha256"] = c.before_sha256
+        if c.after_sha256 is not None:
+            d["after_sha256"] = c.after_sha256
+        if not c.complete:
+            d["complete"] = False
+        out.append(d)
+    return out
+
+
 def dump_messages(messages: Any) -> list[dict[str, Any]]:
     """Messages as JSON objects (``context/compacted``), every field written."""
     return [{"role": m.role, "content": m.content,
@@ -356,6 +379,29 @@ def _attachment(a: Any) -> Attachment:
                       name=a.get("name"))
 
 
+#: The operations a recorded change may name.
+CHANGE_OPS = frozenset({"add", "update", "delete", "move"})
+
+
+def _change(c: Any) -> Change:
+    _check(type(c) is dict and type(c["path"]) is str and c["op"] in CHANGE_OPS
+           and type(c.get("diff", "")) is str and type(c.get("added", 0)) is int
+           and type(c.get("removed", 0)) is int
+           and type(c.get("moved_to")) in _OPTIONAL_STR
+           and type(c.get("before_sha256")) in _OPTIONAL_STR
+           and type(c.get("after_sha256")) in _OPTIONAL_STR
+           and type(c.get("complete", True)) is bool)
+    return Change(path=c["path"], op=c["op"], diff=c.get("diff", ""), added=c.get("added", 0),
+                  removed=c.get("removed", 0), moved_to=c.get("moved_to"),
+                  before_sha256=c.get("before_sha256"), after_sha256=c.get("after_sha256"),
+                  complete=c.get("complete", True))
+
+
+def raw_changes(v: Any) -> tuple[Change, ...]:
+    """A tool result's recorded changes from JSON, checking every field's type."""
+    return _raw_parts(v, _change)
+
+
 def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
     """Reasoning parts from JSON, checking every field's type."""
     return _raw_parts(v, _reasoning_part)
@@ -395,6 +441,7 @@ _NESTED: dict[str, Callable[[Any], Any]] = {
     "Usage": _usage,
     "tuple[Reasoning, ...]": raw_reasoning,
     "tuple[Attachment, ...]": raw_attachments,
+    "tuple[Change, ...]": raw_changes,
     "tuple[ToolSpec, ...] | None": raw_tools,
     "tuple[Message, ...]": raw_messages,
 }
@@ -469,7 +516,8 @@ _RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
     "user/message": (("source", _STR, False),),
     "assistant/message": (("tool_call_source", _OPTIONAL_STR, False),
                           ("model", _OPTIONAL_STR, False), ("stop_reason", _OPTIONAL_STR, False)),
-    "tool/result": (("duration_ms", (float, int, type(None)), False),),
+    "tool/result": (("duration_ms", (float, int, type(None)), False),
+                    ("changes", (list,), False)),
     "tool/call": (("call_id", _STR, True), ("name", _STR, True), ("arguments", (dict,), False),
                   ("child_session", _OPTIONAL_STR, False)),
     "context/injected": (),
@@ -498,3 +546,5 @@ def check_raw(d: dict[str, Any]) -> None:
             raise _Invalid(name)
     if tag == "assistant/message" and "usage" in d:
         _usage(d["usage"])
+    elif tag == "tool/result" and "changes" in d:
+        raw_changes(d["changes"])

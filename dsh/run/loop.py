@@ -359,7 +359,7 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
         outcome = ToolOutcome("budget", f"not run: {refused}") if refused else next(results)
         ledger.append(ToolReturned, call_id=inv.call.id, name=inv.call.name,
                       status=outcome.status, output=outcome.output,
-                      duration_ms=outcome.duration_ms)
+                      duration_ms=outcome.duration_ms, changes=outcome.changes)
     return first_refusal
 
 

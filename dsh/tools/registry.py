@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from dsh.core.errors import ToolError
+from dsh.core.messages import Change
 from dsh.core.messages import ToolCall
 from dsh.core.messages import ToolSpec
 from dsh.core.messages import freeze
@@ -327,6 +328,9 @@ class ToolOutcome:
     output: str = ""
     #: How long the call took, in milliseconds (None when it did not run).
     duration_ms: float | None = None
+    #: The files the call changed (:func:`dsh.tools.changes.record`), recorded on
+    #: ``tool/result``.
+    changes: tuple[Change, ...] = ()
 
 
 @attrs.define(eq=False)
@@ -352,6 +356,9 @@ class ToolInvocation:
     #: Every :meth:`block` in order, as ``(plugin, reason)``: the first decides, later ones
     #: are kept so that each plugin's decision is seen (``blocked`` does not change).
     blocks: list[tuple[str, str]] = attrs.field(factory=list)
+    #: The files changed so far by this call (:func:`dsh.tools.changes.record` adds them);
+    #: they are recorded with its ``tool/result``.
+    changes: list[Change] = attrs.field(factory=list)
     # The agent's handle (passed as ``handle=``), read through the ``handle`` property.
     _handle: AgentHandle | None = attrs.field(default=None, repr=False)
     # The pre_execute implementation being called (dsh.tools.dispatch): who blocks.
@@ -438,6 +445,8 @@ def execute(call: ToolInvocation) -> ToolOutcome:
     finally:
         _current_call.reset(token)
     outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
+    if call.changes:
+        outcome.changes = tuple(call.changes)
     return outcome
 
 

@@ -108,3 +108,8 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     register(run_command, description=run_description, sequential=True)
     register(read_file)
     register(write_file, sequential=True)
+    # The workbench: each module registers its own tools (README.md, "Tools").
+    # [workbench:edit]
+    # [workbench:search]
+    # [workbench:jobs]
+    # [workbench:ask]

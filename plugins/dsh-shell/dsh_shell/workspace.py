@@ -184,42 +184,60 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
                         "Claude Code obey it): write_file does not change it. The person may "
                         f"allow it with [sandbox] unprotected = [{shaped!r}]")
     data = content.encode("utf-8", errors="replace")
-    from dsh.core import beneath
+    rel = "/".join(parts)
+    before, unread = old_content(root, rel, path)
+    from dsh.tools import changes
 
     if ask:
         from dsh.tools import approval
 
-        approval.request(approval.Ask(tool="write_file", action="write",
-                                      subject="/".join(parts), root=root,
-                                      detail=_diff_of(root, "/".join(parts), content)))
-
+        preview = (changes.diff_of((before or b"").decode("utf-8", "replace"), content, rel,
+                                   created=before is None) if unread is None else "")
+        approval.request(approval.Ask(tool="write_file", action="write", subject=rel,
+                                      root=root, detail=_bounded(preview)))
     try:
-        old = beneath.write(root, "/".join(parts), data, create_dirs=True)
+        from dsh.core import beneath
+
+        old = beneath.write(root, rel, data, create_dirs=True)
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory; give a file path") from None
     except OSError as exc:
         raise _os_error(path, exc) from None
+    change = changes.record(rel, before if old is not None else None, data, unread=unread)
+    shown = changes.for_model([change]) if change.op == "update" else ""
+    diff = f"\n{shown}" if shown else ""
     if old is None:
         return f"created {path} ({len(data)} bytes)"
     linked = (f"; it had {old.st_nlink - 1} other hard link(s), which keep the old content"
               if stat.S_ISREG(old.st_mode) and old.st_nlink > 1 else "")
-    return f"replaced {path} ({len(data)} bytes){linked}"
+    return f"replaced {path} ({len(data)} bytes){linked}{diff}"
 
 
-def _diff_of(root: str, rel: str, content: str, limit: int = 40) -> str:
-    """The unified diff the write would make, at most ``limit`` lines (for the question)."""
-    import difflib
+#: Bytes of an old content read to diff it; a larger file is replaced without a diff.
+MAX_DIFFED = 16 << 20
 
+
+def old_content(root: str, rel: str, path: str) -> tuple[bytes | None, int | None]:
+    """The bytes of ``rel`` before a write (``None``: no such file) and, when it is too large
+    to diff, its size instead (through the one file API, never by name)."""
     from dsh.core import beneath
+    from dsh.core import files
 
     try:
-        old = beneath.read(root, rel, 1 << 20).decode("utf-8", "replace")
+        return beneath.read(root, rel, MAX_DIFFED), None
     except FileNotFoundError:
-        old = ""
-    except OSError:
-        return ""
-    lines = list(difflib.unified_diff(old.splitlines(), content.splitlines(), f"a/{rel}",
-                                      f"b/{rel}", lineterm="", n=2))
+        return None, None
+    except files.TooLarge as exc:
+        return None, getattr(exc, "size", None) or MAX_DIFFED
+    except IsADirectoryError:
+        raise ToolError(f"{path!r} is a directory; give a file path") from None
+    except OSError as exc:
+        raise _os_error(path, exc) from None
+
+
+def _bounded(diff: str, limit: int = 40) -> str:
+    """At most ``limit`` lines of a diff, for the approval question."""
+    lines = diff.splitlines()
     if len(lines) > limit:
         lines = [*lines[:limit], f"… ({len(lines) - limit} more lines of diff)"]
     return "\n".join(lines)
