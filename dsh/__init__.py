@@ -21,6 +21,7 @@ from dsh._version import __version__
 _compat.install()  # old module paths (dsh.events, dsh.app…) still import, for one release
 
 if TYPE_CHECKING:
+    from dsh.core.messages import Change
     from dsh.hookspecs import hookimpl
     from dsh.host.runcontext import RunContext
     from dsh.host.runcontext import context
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from dsh.tools.approval import request_approval
     from dsh.tools.registry import tool
 
-__all__ = ["AgentHandle", "App", "Ask", "Decision", "Event", "RunContext", "Stash", "StashKey",
+__all__ = ["AgentHandle", "App", "Ask", "Change", "Decision", "Event", "RunContext", "Stash", "StashKey",
            "StateKey", "__version__",
            "context", "hookimpl", "request_approval", "tool"]
 
@@ -52,6 +53,7 @@ _LAZY = {
     "StashKey": "dsh.host.stash",
     "StateKey": "dsh.ledger.state",
     "Ask": "dsh.tools.approval",
+    "Change": "dsh.core.messages",
     "Decision": "dsh.tools.approval",
     "request_approval": "dsh.tools.approval",
 }

@@ -77,6 +77,27 @@ def _t(text: Any) -> str:
     return escape(_CONTROLS.sub("\ufffd", redact(str(text))), quote=True)
 
 
+def _changes(changes: Any) -> str:
+    """The recorded diffs of a tool result, one ``<details>`` each, coloured per line (the
+    ledger's diff, never the disk; cut at :data:`SHOW_CHARS` like every block)."""
+    from dsh.cli.diffs import headline
+
+    parts = []
+    for c in changes:
+        text = c.diff[:SHOW_CHARS]
+        rows = []
+        for line in text.splitlines():
+            kind = ("meta" if line.startswith(("+++ ", "--- ")) else "add" if line[:1] == "+"
+                    else "del" if line[:1] == "-" else "hunk" if line[:2] == "@@" else "ctx")
+            rows.append(f'<span class="{kind}">{_t(line)}</span>')
+        cut = (f'<p class="cut">{len(c.diff) - SHOW_CHARS} more characters of diff not shown '
+               "(the full diff is in the session's ledger)</p>" if len(c.diff) > SHOW_CHARS
+               else "")
+        parts.append(f'<details class="change" open><summary>{_t(headline(c))}</summary>'
+                     f'<pre class="diff">{chr(10).join(rows)}</pre>{cut}</details>')
+    return "".join(parts)
+
+
 def _block(text: str, cls: str, label: str = "") -> str:
     """A ``<pre>`` of ``text``: cut at :data:`SHOW_CHARS`, folded past :data:`FOLD_CHARS`."""
     n = len(text)
@@ -246,6 +267,8 @@ class Page:
           f'{_block(_json(dict(e.arguments)), "json args", "arguments")}')
         if result is not None:
             w(f'<div class="result">{_block(result.output, "text out", "result")}</div>')
+            if result.changes:
+                w(_changes(result.changes))
         child = e.child_session
         if child:
             self.counts["subagents"] += 1

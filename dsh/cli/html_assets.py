@@ -25,6 +25,10 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;margin:.3rem 0;max-height:40em;o
 .compaction{background:#ecfdf5;border:1px dashed #10b981}
 .rejected,.tool-call.error,.end.error,.end.aborted{border-left:3px solid var(--bad)}
 .result{border-top:1px dotted var(--line)}
+.change summary{font:12px ui-monospace,monospace;color:#6d28d9}
+pre.diff span{display:block}pre.diff .add{background:#dcfce7;color:#166534}
+pre.diff .del{background:#fee2e2;color:#991b1b}pre.diff .hunk{color:#0e7490}
+pre.diff .meta{font-weight:bold}pre.diff .ctx{color:var(--mute)}
 .subagent{margin:.4rem 0 .2rem 1rem;border-left:2px solid #a78bfa;padding-left:.6rem}
 .reasoning{color:#4b5563;font-style:italic}.cut{color:var(--bad);font-size:12px}
 .attachment img{max-width:480px;max-height:360px;display:block;margin:.3rem 0}

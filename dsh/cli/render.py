@@ -210,6 +210,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
             block(f"TOOL {e.name}", _truncate(e.output, full),
                   {"fg": "yellow" if ok else "red"}, f"{e.status}{took}")
+            if e.changes:  # the recorded diffs, coloured (never a re-read of the disk)
+                from dsh.cli.diffs import diff_lines
+
+                out.extend(diff_lines(e.changes, s, full=full))
         elif isinstance(e, StepRejected):
             by = f" by {e.plugin}" if e.plugin else ""
             block("REJECTED", e.text, {"fg": "red"}, f"step {e.step + 1}{by}: {e.reason}")
@@ -398,6 +402,10 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
                          + _fence(json.dumps(e.arguments, ensure_ascii=False, indent=2), "json"))
         elif isinstance(e, ToolReturned):
             parts.append(f"**Tool result** `{e.name}` ({e.status})\n\n" + _fence(e.output))
+            if e.changes:
+                from dsh.cli import diffs
+
+                parts.append(diffs.markdown(e.changes))
         elif isinstance(e, StepRejected):
             by = f" by `{e.plugin}`" if e.plugin else ""
             parts.append(f"**Step rejected**{by}: {e.reason}")

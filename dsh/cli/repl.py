@@ -280,6 +280,28 @@ class Chat:
             from dsh.cli.escape import one_line
 
             self.note(f"  ← {event.name}: {event.status}{took} · {one_line(first, 80)}")
+            if getattr(event, "changes", ()):
+                self.show_changes(event.changes)
+
+    def show_changes(self, changes: Any) -> None:
+        """The recorded diffs of a tool result, coloured on a terminal (at most 20 lines
+        each; ``/show`` or ``dsh sessions show --full`` has them whole)."""
+        import click
+
+        from dsh.cli.diffs import diff_lines
+        from dsh.cli.escape import escape_controls
+
+        color = sys.stderr.isatty()
+
+        def style(text: str, **kw: Any) -> str:
+            text = escape_controls(text)  # the diff is the workspace's text: no controls
+            return click.style(text, **kw) if color else text
+
+        for line in diff_lines(changes, style, limit=20, indent="    "):
+            if self.output is not None:
+                self.output.note(line, styled=True)
+            else:
+                click.echo(line, err=True)
 
     def typed_during_turn(self, line: str) -> None:
         """A line typed while a turn runs: steer it, keep it for later, or a command."""

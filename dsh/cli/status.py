@@ -146,11 +146,12 @@ class StatusLine:
         with self._lock:
             self.visible = True
 
-    def note(self, message: str) -> None:
-        """Print ``message`` on its own line of stderr without garbling the status line."""
+    def note(self, message: str, *, styled: bool = False) -> None:
+        """Print ``message`` on its own line of stderr without garbling the status line;
+        ``styled``: it is already escaped and coloured by dsh (a diff), written as it is."""
         with self._lock:
             self._erase()
-            self._write(escape_controls(message) + "\n")
+            self._write((message if styled else escape_controls(message)) + "\n")
 
     def on_event(self, event: Any) -> None:
         kind = getattr(event, "type", "")

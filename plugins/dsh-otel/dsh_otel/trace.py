@@ -331,6 +331,11 @@ class Spans:
             return
         status = self.meta(e, "status")
         span.set_attribute("dsh.tool.status", status)
+        changes = getattr(e, "changes", ())
+        if changes:  # counts only: a diff is content (paths and text), never an attribute
+            span.set_attribute("dsh.tool.files_changed", len(changes))
+            span.set_attribute("dsh.tool.lines_added", sum(c.added for c in changes))
+            span.set_attribute("dsh.tool.lines_removed", sum(c.removed for c in changes))
         output = self.content(e, "output")
         if output is not None:
             span.set_attribute("gen_ai.tool.call.result", output)
