@@ -161,3 +161,29 @@ def test_views_render_the_recorded_diff_not_the_disk(app: App, ws: Path, tmp_pat
     html = render(sid, events)
     assert '<span class="add">+\ufffd[31mTWO</span>' in html and "changed on disk" not in html
     assert "update notes.txt (+1 -1)" in html
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=_TEXT, after=_TEXT)
+def test_a_recorded_diff_applies_and_undoes_exactly(before: str, after: str) -> None:
+    change = changes.record("f.txt", before.encode(), after.encode())
+    assert changes.apply_diff(change.diff, before) == after
+    assert changes.apply_diff(change.diff, after, reverse=True) == before
+    assert changes.undo(change, after.encode()) == before.encode()
+
+
+def test_undo_refuses_a_file_changed_since_and_an_incomplete_diff() -> None:
+    change = changes.record("f.txt", b"a\nb\n", b"a\nc\n")
+    with pytest.raises(changes.DiffMismatch, match="changed since"):
+        changes.undo(change, b"a\nc\nmore\n")
+    with pytest.raises(changes.DiffMismatch, match="changed since"):
+        changes.undo(change, None)
+    with pytest.raises(changes.DiffMismatch, match="line 2 is not what the diff expects"):
+        changes.apply_diff(change.diff, "a\nX\n")
+    binary = changes.record("b.bin", b"\0", b"\0\1")
+    with pytest.raises(changes.DiffMismatch, match="without its whole diff"):
+        changes.undo(binary, b"\0\1")
+    added = changes.record("new.txt", None, b"x\n")
+    assert changes.undo(added, b"x\n") is None  # undoing an add removes the file
+    deleted = changes.record("old.txt", b"x\ny\n", None)
+    assert changes.undo(deleted, None) == b"x\ny\n"

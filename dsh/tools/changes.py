@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 from dsh.core.messages import Change
 
-__all__ = ["MAX_RECORDED", "Change", "diff_of", "for_model", "record"]
+__all__ = ["MAX_RECORDED", "Change", "DiffMismatch", "apply_diff", "diff_of", "for_model",
+           "record", "undo"]
 
 #: Characters of one change's diff kept in the ledger; a longer diff keeps its start and is
 #: marked incomplete (``complete`` false: a rewind of it is refused, not guessed).
@@ -143,3 +144,75 @@ def for_model(changes: Iterable[Change], max_lines: int = MODEL_LINES) -> str:
 def totals(changes: Sequence[Change]) -> tuple[int, int, int]:
     """Files changed, lines added, lines removed (what a trace or a summary shows)."""
     return len(changes), sum(c.added for c in changes), sum(c.removed for c in changes)
+
+
+class DiffMismatch(ValueError):
+    """A recorded diff does not fit the text it is applied to (the file changed since)."""
+
+
+_HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def apply_diff(diff: str, text: str, *, reverse: bool = False) -> str:
+    """``text`` with the unified ``diff`` applied (``reverse``: undone), every context and
+    removed line checked exactly; :class:`DiffMismatch` names the first line that differs.
+
+    The inverse of :func:`diff_of`: ``apply_diff(diff_of(a, b, p), a) == b`` and
+    ``apply_diff(diff_of(a, b, p), b, reverse=True) == a`` (tests/test_changes.py checks
+    both, and that ``patch`` agrees). What rewind uses; it never guesses at fuzz.
+    """
+    lines = _lines(text)
+    out: list[str] = []
+    pos = 0  # index in ``lines`` of the next line not yet copied
+    rows = _lines(diff)
+    i = 0
+    while i < len(rows):
+        m = _HUNK.match(rows[i])
+        i += 1
+        if m is None:
+            continue  # headers (---, +++, diff …) and anything before the first hunk
+        start = int(m.group(3) if reverse else m.group(1))
+        start = max(start - 1, 0) if int((m.group(4) if reverse else m.group(2)) or 1) else start
+        if start < pos or start > len(lines):
+            raise DiffMismatch(f"hunk {m.group(0)} does not fit: the text has {len(lines)} lines")
+        out.extend(lines[pos:start])
+        pos = start
+        old_sign, new_sign = ("+", "-") if reverse else ("-", "+")
+        while i < len(rows) and not rows[i].startswith("@@"):
+            row = rows[i]
+            i += 1
+            sign, body = row[:1], row[1:]
+            if i < len(rows) and rows[i] == _NO_NEWLINE:
+                body = body[:-1] if body.endswith("\n") else body
+                i += 1
+            if sign == " " or sign == old_sign:
+                if pos >= len(lines) or lines[pos] != body:
+                    raise DiffMismatch(f"line {pos + 1} is not what the diff expects: "
+                                       f"{body[:60]!r}")
+                pos += 1
+                if sign == " ":
+                    out.append(body)
+            elif sign == new_sign:
+                out.append(body)
+            elif row.startswith(("--- ", "+++ ", "diff ")):
+                i -= 1
+                break
+    out.extend(lines[pos:])
+    return "".join(out)
+
+
+def undo(change: Change, current: bytes | None) -> bytes | None:
+    """The content ``change`` replaced, from ``current`` (the file now; ``None``: missing):
+    what rewind writes back. :class:`DiffMismatch` when ``current`` is not what the change
+    left (its digest differs) or the change was recorded incomplete."""
+    if _digest(current) != change.after_sha256:
+        raise DiffMismatch(f"{change.moved_to or change.path} changed since the tool wrote it")
+    if not change.complete:
+        raise DiffMismatch(f"the change to {change.path} was recorded without its whole diff")
+    if change.op == "add":
+        return None
+    text = (current or b"").decode("utf-8")
+    before = apply_diff(change.diff, text, reverse=True).encode("utf-8")
+    if _digest(before) != change.before_sha256:
+        raise DiffMismatch(f"undoing the diff of {change.path} does not give its old content")
+    return before
