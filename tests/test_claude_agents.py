@@ -45,14 +45,16 @@ def test_agent_file_runs_with_dash_a(project: Project) -> None:
         "role": "system",
         "content": "You are a careful code reviewer. List risks, most serious first."}
     assert body["model"] == "gpt-4o"  # inherit, run on its own: the default model
-    assert [t["function"]["name"] for t in body.get("tools", [])] == ["read_file"]  # mapped
+    # mapped (docs/claude.md, "Tool names"); WebFetch: dsh-web is not enabled here
+    assert [t["function"]["name"] for t in body.get("tools", [])] == ["read_file", "grep"]
     listing = project.dsh("claude", "agents")
     assert listing.returncode == 0, listing.stderr
     assert "reviewer\tReviews a change and lists its risks." in listing.stdout
-    assert "tool 'Grep' has no dsh equivalent: left out" in listing.stderr
+    assert "  tools: read_file (Read), grep (Grep)" in listing.stdout
+    assert "tool 'WebFetch' (web_fetch) is not available here" in listing.stderr
     inventory = project.dsh("agents")  # dsh's own listing has it too
     assert inventory.returncode == 0, inventory.stderr
-    assert "\nreviewer\n" in inventory.stdout and "tools: read_file" in inventory.stdout
+    assert "\nreviewer\n" in inventory.stdout and "tools: read_file, grep" in inventory.stdout
 
 
 def test_main_agent_delegates_and_resume_after_sigkill_is_byte_identical(

@@ -139,6 +139,8 @@ RUN_MODULES_DSH = {
     "dsh.host.manager", "dsh.host.runcontext", "dsh.host.scope", "dsh.host.stash",
     "dsh.ledger", "dsh.ledger.blobs", "dsh.ledger.events", "dsh.ledger.history",
     "dsh.ledger.owners", "dsh.ledger.plugin_events", "dsh.ledger.scan", "dsh.ledger.serialize",
+    # the nested parts of a line (tool calls, usage, changes…): serialize's, split off it
+    "dsh.ledger.parts",
     "dsh.ledger.state",
     "dsh.ledger.store", "dsh.ledger.writer", "dsh.llm", "dsh.llm.base", "dsh.llm.builtin",
     "dsh.llm.invariant", "dsh.llm.record", "dsh.llm.schema", "dsh.llm.transport", "dsh.run",
@@ -150,6 +152,8 @@ RUN_MODULES_DSH = {
     "dsh.sandbox.policy", "dsh.tools", "dsh.tools.dispatch", "dsh.tools.registry",
     "dsh_shell", "dsh_shell.commands", "dsh_shell.process", "dsh_shell.settings",
     "dsh_shell.workspace",
+    # the workbench's signatures and docstrings only; each tool imports its module when called
+    "dsh_shell.workbench",
 }
 
 #: dsh's own modules on ``dsh --help``: no plugin, no run machinery.
@@ -174,7 +178,9 @@ RUN_ATTRS_CLASSES = {
     # the data of the public API and of the ledger's events
     *(f"dsh.core.messages.{n}" for n in (
         "ToolCall", "Usage", "Reasoning", "Attachment", "Message", "ToolSpec", "ModelRequest",
-        "ModelResponse")),
+        "ModelResponse",
+        # a tool result's recorded diff: a field of ToolReturned, so built with it
+        "Change")),
     *(f"dsh.ledger.events.{n}" for n in (
         "Event", "TurnStarted", "StepStarted", "UserMessage", "ContextInjected",
         "AssistantMessage", "ToolCalled", "ToolReturned", "StepRejected", "StepEnded",

@@ -13,8 +13,9 @@ before the open is a race by construction. So every such path is opened here:
   :class:`Refused`;
 * **then used by descriptor**, never opened again by name: :func:`read` reads the descriptor it
   opened (bounded, regular files only, a FIFO never blocks), :func:`write` replaces a file by
-  a rename inside the directory descriptor it resolved, and :func:`open_beneath` gives the
-  descriptor itself (``O_APPEND`` for a log-like file);
+  a rename inside the directory descriptor it resolved, :func:`remove` and :func:`rename`
+  unlink and move a regular file by its folders' descriptors, and :func:`open_beneath` gives
+  the descriptor itself (``O_APPEND`` for a log-like file);
 * **never one of dsh's protected paths**: where the opened descriptor really is (the kernel's
   own name for it, ``/proc/self/fd/N``) is checked against :func:`protected_paths` — dsh's
   config directory with its key store, ``$DSH_CONFIG``, the session and attachment store, and
@@ -297,32 +298,44 @@ def write(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str], data:
     bytes or the new and a hard link keeps the old. The old file's permission bits are kept
     (``mode`` for a new one). Returns the old file's ``lstat`` (``None`` when it was created).
     Refuses a folder, a symbolic link, a non-regular file and the protected paths."""
-    parts = parts_of(rel)
-    if not parts:
-        raise IsADirectoryError(errno.EISDIR, "the folder itself is not a file")
-    dfd = open_dir(root, "/".join(parts[:-1]), create=create_dirs)
+    folder, name = _split(rel)
+    dfd = open_dir(root, folder, create=create_dirs)
     try:
-        return _replace(dfd, parts[-1], data, mode)
+        return _replace(dfd, name, data, mode)
     finally:
         os.close(dfd)
 
 
-def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | None:
+def _split(rel: str | os.PathLike[str]) -> tuple[str, str]:
+    """``rel``'s folder and name; the folder itself is refused as not a file."""
+    parts = parts_of(rel)
+    if not parts:
+        raise IsADirectoryError(errno.EISDIR, "the folder itself is not a file")
+    return "/".join(parts[:-1]), parts[-1]
+
+
+def _leaf(dfd: int, name: str) -> os.stat_result | None:
+    """The ``lstat`` of the regular file ``name`` in the folder ``dfd`` (``None``: there is
+    none), after refusing a protected path, a folder, a symbolic link or another kind."""
     hit = protected_by(os.path.join(where(dfd), name))
     if hit is not None:
         raise Refused(f"it is one of dsh's protected paths ({hit}); dsh never reads or "
                       "writes them for a project")
     try:
-        old: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        old = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except FileNotFoundError:
-        old = None
-    if old is not None:
-        if stat.S_ISDIR(old.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "it is a folder, not a file")
-        if stat.S_ISLNK(old.st_mode):
-            raise Refused("it goes through a symbolic link (links are not followed)")
-        if not stat.S_ISREG(old.st_mode):
-            raise files.NotRegular(files.kind_of(old.st_mode))
+        return None
+    if stat.S_ISDIR(old.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder, not a file")
+    if stat.S_ISLNK(old.st_mode):
+        raise Refused("it goes through a symbolic link (links are not followed)")
+    if not stat.S_ISREG(old.st_mode):
+        raise files.NotRegular(files.kind_of(old.st_mode))
+    return old
+
+
+def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | None:
+    old = _leaf(dfd, name)
     tmp = f".{name[:200]}.dsh-{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode, dir_fd=dfd)
@@ -339,3 +352,71 @@ def _replace(dfd: int, name: str, data: bytes, mode: int) -> os.stat_result | No
             pass
         raise
     return old
+
+
+def _missing(rel: str | os.PathLike[str]) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), os.fspath(rel))
+
+
+def remove(root: str | os.PathLike[str] | int, rel: str | os.PathLike[str]) -> os.stat_result:
+    """Unlink the regular file ``rel`` beneath ``root`` by its folder's descriptor; returns its
+    ``lstat`` (a caller undoing the removal recreates it with that mode). Refuses a folder,
+    a symbolic link (removing one is easily taken for removing its target), any other
+    non-regular file and the protected paths. A name swapped between the check and the
+    unlink is only a name: ``unlink`` never follows it, and fails on a folder."""
+    folder, name = _split(rel)
+    dfd = open_dir(root, folder)
+    try:
+        old = _leaf(dfd, name)
+        if old is None:
+            raise _missing(rel)
+        os.unlink(name, dir_fd=dfd)
+        return old
+    finally:
+        os.close(dfd)
+
+
+#: ``link`` errors that mean the file system has no hard links for this file (FAT, some
+#: FUSE and network mounts; ``EPERM`` also under ``fs.protected_hardlinks``).
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK}
+
+
+def rename(root: str | os.PathLike[str] | int, src: str | os.PathLike[str],
+           dst: str | os.PathLike[str], *, create_dirs: bool = False) -> None:
+    """Move the regular file ``src`` to ``dst`` (both beneath ``root``, by their folders'
+    descriptors; ``dst``'s missing folders made when ``create_dirs``), never replacing a
+    ``dst`` that exists (:class:`FileExistsError`).
+
+    ``rename(2)`` replaces its target silently and Python has no ``RENAME_NOREPLACE``, so the
+    move is ``link`` then ``unlink``: ``link`` refuses an existing ``dst`` in the kernel call
+    that makes it (a file appearing meanwhile is never lost) and the file keeps its inode, as
+    with a rename; an interruption between the two leaves both names, never neither. Where
+    the file system has no hard links it falls back to a check, then ``rename``: a ``dst``
+    created in that short window would be replaced."""
+    src_folder, src_name = _split(src)
+    dst_folder, dst_name = _split(dst)
+    sfd = open_dir(root, src_folder)
+    try:
+        dfd = open_dir(root, dst_folder, create=create_dirs)
+        try:
+            if _leaf(sfd, src_name) is None:
+                raise _missing(src)
+            if _leaf(dfd, dst_name) is not None:
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
+            try:
+                os.link(src_name, dst_name, src_dir_fd=sfd, dst_dir_fd=dfd,
+                        follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                os.rename(src_name, dst_name, src_dir_fd=sfd, dst_dir_fd=dfd)
+                return
+            try:
+                os.unlink(src_name, dir_fd=sfd)
+            except OSError:
+                os.unlink(dst_name, dir_fd=dfd)  # not moved: leave only the old name
+                raise
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)

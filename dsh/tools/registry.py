@@ -25,7 +25,6 @@ from typing import Any
 import attrs
 
 from dsh.core.errors import ToolError
-from dsh.core.messages import Change
 from dsh.core.messages import ToolCall
 from dsh.core.messages import ToolSpec
 from dsh.core.messages import freeze
@@ -36,6 +35,7 @@ from dsh.tools.dispatch import HookDispatch as HookDispatch  # registered as dsh
 from dsh.tools.dispatch import call_pre_execute as call_pre_execute
 
 if TYPE_CHECKING:
+    from dsh.core.messages import Change
     from dsh.host.scope import AgentHandle
 
 _TOOL_OPTIONS = "__dsh_tool__"
@@ -328,8 +328,7 @@ class ToolOutcome:
     output: str = ""
     #: How long the call took, in milliseconds (None when it did not run).
     duration_ms: float | None = None
-    #: The files the call changed (:func:`dsh.tools.changes.record`), recorded on
-    #: ``tool/result``.
+    #: The files the call changed (:func:`dsh.tools.changes.record`), for ``tool/result``.
     changes: tuple[Change, ...] = ()
 
 
@@ -356,8 +355,7 @@ class ToolInvocation:
     #: Every :meth:`block` in order, as ``(plugin, reason)``: the first decides, later ones
     #: are kept so that each plugin's decision is seen (``blocked`` does not change).
     blocks: list[tuple[str, str]] = attrs.field(factory=list)
-    #: The files changed so far by this call (:func:`dsh.tools.changes.record` adds them);
-    #: they are recorded with its ``tool/result``.
+    #: The files changed so far by this call (:func:`dsh.tools.changes.record` adds them).
     changes: list[Change] = attrs.field(factory=list)
     # The agent's handle (passed as ``handle=``), read through the ``handle`` property.
     _handle: AgentHandle | None = attrs.field(default=None, repr=False)

@@ -6,7 +6,10 @@ agent's model sees, its tools, so it is asked for by name).
 
 A file's frontmatter: ``name`` (required; lowercase letters, digits, ``-``), ``description``
 (required: the ``ask_NAME`` tool's description), ``tools`` (a comma list of Claude Code tool
-names, mapped to dsh tools by :func:`map_tools`; absent: every tool of the agent's plugins),
+names, mapped to dsh tools by :func:`map_tools` through :data:`TOOLS`; a name with no dsh tool
+(:data:`NO_TOOL`), or whose tool is not available here (:func:`availability`: its plugin is
+not installed or not enabled), is left out with a note that ``dsh claude agents`` shows;
+absent: every tool of the agent's plugins),
 ``model`` (:func:`map_model`); the body is the system prompt. The config's own
 ``[agents.NAME]`` wins a collision (a note says so), the project's files win over the
 user's, the user's over plugin folders'.
@@ -34,12 +37,113 @@ import attrs
 #: overrides it, key by key). ``inherit``: the parent agent's model.
 MODELS = {"sonnet": "anthropic:claude-sonnet-4-5", "opus": "anthropic:claude-opus-4-1",
           "haiku": "anthropic:claude-haiku-4-5", "inherit": "inherit"}
-#: Claude Code tool names → the dsh tools doing the same (dsh-shell's). Names not here are
-#: kept when they look like a dsh tool name (``read_file``) and dropped otherwise, with a note.
-TOOLS = {"Bash": "run_command", "Read": "read_file", "Write": "write_file",
-         "Edit": "write_file", "MultiEdit": "write_file"}
+#: Claude Code tool names → the dsh tool doing the same (docs/claude.md, "Tool names"): the
+#: one table for sub-agent files' ``tools``, skills' and commands' ``allowed-tools``
+#: (``[plugins.claude] tools`` adds or changes entries). A name not here is kept when it looks
+#: like a dsh tool name (``read_file``) and dropped otherwise, with a note. ``NotebookEdit``:
+#: a notebook is a JSON text file, edited as one (wider than a cell editor: any file; each
+#: write is still approved as every edit is).
+TOOLS = {
+    "Read": "read_file", "NotebookRead": "read_file",
+    "Write": "write_file",
+    "Edit": "edit_file", "NotebookEdit": "edit_file",
+    "MultiEdit": "multi_edit",
+    "Bash": "run_command", "BashOutput": "job_output", "KillShell": "job_kill",
+    "KillBash": "job_kill",
+    "Grep": "grep", "Glob": "glob", "LS": "list_dir",
+    "WebFetch": "web_fetch",
+    "TodoWrite": "update_tasks",
+    "AskUserQuestion": "ask_user",
+}
+#: Claude Code tool names dsh has no tool for, and what to do instead.
+NO_TOOL = {
+    "WebSearch": "dsh has no web search tool",
+    "Task": "delegation is named in the config: [agents.MAIN] subagents = [\"NAME\"] gives "
+            "an ask_NAME tool",
+    "SlashCommand": "custom commands are run by the person (/NAME), not by the model",
+    "ExitPlanMode": "dsh's plan mode (--mode plan) offers propose_plan by itself",
+    "Skill": "list the dsh names skill, skill_file to keep the skill tools",
+}
+#: Where each dsh tool of :data:`TOOLS` comes from: ``(plugin, settings key that must be
+#: true or "", what to tell the person)``, for :func:`availability`.
+PROVIDERS: dict[str, tuple[str, str, str]] = {
+    **{tool: ("shell", "", "install dsh-shell") for tool in (
+        "read_file", "write_file", "edit_file", "multi_edit", "apply_patch", "run_command",
+        "job_output", "job_kill", "grep", "glob", "list_dir", "ask_user")},
+    "web_fetch": ("web", "enabled", "install dsh-web and set [plugins.web] enabled = true"),
+    "update_tasks": ("dsh.tasks", "enabled", 'set [plugins."dsh.tasks"] enabled = true'),
+}
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _DSH_TOOL = re.compile(r"[a-z][a-z0-9_]{0,63}")
+#: The notes of how a file's tools map (shown by ``dsh claude agents``, not at every run).
+MAPPING_NOTES = ("has no dsh equivalent", "is not available here")
+
+
+@attrs.frozen
+class ToolName:
+    """How one name of a ``tools`` list maps: ``given`` (as written, ``Bash(git diff:*)``),
+    ``wanted`` (the dsh tool it means, None: none), ``tool`` (the dsh tool the agent gets, or
+    None: left out) and ``why`` (why it was left out, or that a pattern is not enforced)."""
+
+    given: str
+    wanted: str | None
+    tool: str | None
+    why: str = ""
+
+    @property
+    def base(self) -> str:
+        """The name without its pattern: ``Bash``."""
+        return self.given.split("(", 1)[0].strip()
+
+
+def availability(app: Any) -> Any:
+    """``why_not(tool)`` for the agents of ``app``: ``""`` when the dsh tool will be there
+    (its plugin is loaded, and enabled when it must be: :data:`PROVIDERS`; a name not in that
+    table is assumed to be), else what to do to have it. A sub-agent file sets no plugin
+    settings of its own, so the config's ``[plugins.NAME]`` decide."""
+    pm = getattr(app, "pm", None)
+
+    def why_not(tool: str) -> str:
+        provider = PROVIDERS.get(tool)
+        if provider is None or pm is None:
+            return ""
+        plugin, key, fix = provider
+        if pm.get_plugin(plugin) is None:
+            return fix
+        if key and app.config.plugin_settings(plugin).get(key) is not True:
+            return fix
+        return ""
+
+    return why_not
+
+
+def map_names(value: Any, path: Path, settings: Mapping[str, Any],
+              why_not: Any = None) -> list[ToolName] | None:
+    """Each name of a ``tools`` value and the dsh tool it becomes (None: every tool)."""
+    from dsh_claude.commands import _string_list
+
+    names = _string_list(value, "tools", path)
+    if value is None:
+        return None
+    table = {**TOOLS, **{k: v for k, v in (settings.get("tools") or {}).items()
+                         if isinstance(v, str)}}
+    out: list[ToolName] = []
+    for name in names:
+        given = name.strip()
+        base = given.split("(", 1)[0].strip()
+        mapped = table.get(base) or (base if _DSH_TOOL.fullmatch(base) else None)
+        if mapped is None:
+            out.append(ToolName(given, None, None,
+                                NO_TOOL.get(base, "no dsh tool of that name")))
+            continue
+        missing = why_not(mapped) if why_not is not None else ""
+        if missing:
+            out.append(ToolName(given, mapped, None, missing))
+        elif given != base:
+            out.append(ToolName(given, mapped, mapped, "its pattern is not enforced"))
+        else:
+            out.append(ToolName(given, mapped, mapped))
+    return out
 
 
 def map_model(model: str, settings: Mapping[str, Any]) -> str:
@@ -57,23 +161,26 @@ def map_model(model: str, settings: Mapping[str, Any]) -> str:
 
 
 def map_tools(value: Any, path: Path, settings: Mapping[str, Any],
-              notes: list[str]) -> list[str] | None:
-    """The dsh allow list of a ``tools`` value (None: every tool)."""
-    from dsh_claude.commands import _string_list
-
-    names = _string_list(value, "tools", path)
-    if value is None:
+              notes: list[str], why_not: Any = None,
+              names: list[ToolName] | None = None) -> list[str] | None:
+    """The dsh allow list of a ``tools`` value (None: every tool); a name left out is a
+    note. ``why_not``: :func:`availability`; ``names``: filled with :func:`map_names`'
+    entries (for ``dsh claude agents``)."""
+    mapped = map_names(value, path, settings, why_not)
+    if mapped is None:
         return None
-    table = {**TOOLS, **{k: v for k, v in (settings.get("tools") or {}).items()
-                         if isinstance(v, str)}}
+    if names is not None:
+        names.extend(mapped)
     out: list[str] = []
-    for name in names:
-        base = name.split("(", 1)[0].strip()
-        mapped = table.get(base) or (base if _DSH_TOOL.fullmatch(base) else None)
-        if mapped is None:
-            notes.append(f"{path}: tool {base!r} has no dsh equivalent: left out")
-        elif mapped not in out:
-            out.append(mapped)
+    for entry in mapped:
+        if entry.wanted is None:
+            notes.append(f"{path}: tool {entry.base!r} has no dsh equivalent ({entry.why}): "
+                         "left out")
+        elif entry.tool is None:
+            notes.append(f"{path}: tool {entry.base!r} ({entry.wanted}) is not available here "
+                         f"({entry.why}): left out")
+        elif entry.tool not in out:
+            out.append(entry.tool)
     return out
 
 
@@ -84,9 +191,11 @@ def read_agent(path: Path, root: Path, settings: Mapping[str, Any],
 
 
 def parse_agent(path: Path, root: Path, settings: Mapping[str, Any], notes: list[str], *,
-                follow: bool = False) -> tuple[str, dict[str, Any], bytes]:
+                follow: bool = False, why_not: Any = None,
+                names: list[ToolName] | None = None) -> tuple[str, dict[str, Any], bytes]:
     """``(name, [agents.NAME] settings, the bytes read)`` of one agent file, read beneath
-    ``root`` (no link followed; ``follow``: the person's own folder, a link resolved once)."""
+    ``root`` (no link followed; ``follow``: the person's own folder, a link resolved once).
+    ``why_not`` and ``names``: as for :func:`map_tools`."""
     from dsh_claude.frontmatter import ClaudeFileError
     from dsh_claude.frontmatter import load_bytes
 
@@ -101,7 +210,7 @@ def parse_agent(path: Path, root: Path, settings: Mapping[str, Any], notes: list
         raise ClaudeFileError(path, "key 'description': required (it says when to "
                                     "delegate to this agent)")
     out: dict[str, Any] = {"description": description.strip(), "system": doc.body.strip()}
-    tools = map_tools(doc.meta.get("tools"), path, settings, notes)
+    tools = map_tools(doc.meta.get("tools"), path, settings, notes, why_not, names)
     if tools is not None:
         out["tools"] = tools
     model = doc.meta.get("model")
@@ -140,6 +249,8 @@ class AgentFile:
     root: Path
     data: bytes = attrs.field(repr=False)
     in_project: bool = False
+    #: How each name of its ``tools`` maps (None: it has no ``tools``: every tool).
+    tool_names: tuple[ToolName, ...] | None = None
 
     def rel(self) -> str:
         import os
@@ -148,9 +259,11 @@ class AgentFile:
                                os.path.normpath(os.path.abspath(self.root)))
 
 
-def discover_files(settings: Mapping[str, Any]) -> tuple[list[AgentFile], list[str]]:
+def discover_files(settings: Mapping[str, Any], app: Any = None
+                   ) -> tuple[list[AgentFile], list[str]]:
     """Every agent file that parses, first of a name only, and notes (a bad file, a
-    shadowed name, a tool left out): one line each. Nothing is trusted or asked here."""
+    shadowed name, a tool left out): one line each. Nothing is trusted or asked here. With
+    ``app``, a tool its plugins will not provide is left out (:func:`availability`)."""
     from dsh_claude.folders import configured_plugins
     from dsh_claude.folders import markdown_files
     from dsh_claude.folders import project_root
@@ -166,10 +279,13 @@ def discover_files(settings: Mapping[str, Any]) -> tuple[list[AgentFile], list[s
                (user / "agents", user, not inside(user, [project]))]
     folders += [(folder, p.base, False) for p in plugins for folder in p.agents]
     found: dict[str, AgentFile] = {}
+    why_not = availability(app) if app is not None else None
     for folder, root, follow in folders:
         for _ns, path in markdown_files(folder, root, depth=0):
+            names: list[ToolName] = []
             try:
-                name, agent, data = parse_agent(path, root, settings, notes, follow=follow)
+                name, agent, data = parse_agent(path, root, settings, notes, follow=follow,
+                                                why_not=why_not, names=names)
             except ClaudeFileError as exc:
                 notes.append(f"{exc}; agent file skipped")
                 continue
@@ -178,7 +294,8 @@ def discover_files(settings: Mapping[str, Any]) -> tuple[list[AgentFile], list[s
                              f"{found[name].source}: skipped")
                 continue
             found[name] = AgentFile(name, agent, str(path), root, data,
-                                    in_project(path, project))
+                                    in_project(path, project),
+                                    tuple(names) if "tools" in agent else None)
     return list(found.values()), notes
 
 
@@ -229,13 +346,13 @@ def register_agents(register: Any, app: Any) -> None:
     check_settings(settings, f"{app.config.source or 'config'}: [plugins.claude]")
     if settings.get("agents") is False or settings.get("enabled") is False:
         return
-    files, notes = discover_files(settings)
+    files, notes = discover_files(settings, app)
     files = admit(files, app.config.agents, app.config.agent, notes)
     # A bad file or a shadowed name is said at every run; a tool left out only by
     # `dsh claude agents` (it is how the file maps, not a problem).
     from dsh.core.escape import escape_controls
 
     app.notes.extend(escape_controls(n, newlines=False) for n in notes
-                     if "has no dsh equivalent" not in n)
+                     if not any(m in n for m in MAPPING_NOTES))
     for f in files:
         register(f.name, f.settings, source=f.source)

@@ -112,12 +112,14 @@ def list_commands(agent: str | None) -> None:
 @claude.command("agents")
 def list_agents() -> None:
     """List the sub-agent files found, as the dsh agents they become (a file in the project
-    that is not trusted is listed, marked: it takes no effect until ``dsh trust approve``)."""
+    that is not trusted is listed, marked: it takes no effect until ``dsh trust approve``),
+    each with its tools: the dsh tool each Claude Code name became, and the names left out
+    (no dsh tool, or one not available here, and why)."""
     from dsh_claude.agents import discover_files
     from dsh_claude.frontmatter import trusted
 
     state = click.get_current_context().obj
-    files, notes = discover_files(_settings(None))
+    files, notes = discover_files(_settings(None), state.app)
     config_agents = state.app.config.agents  # before the merge: the file's own view
     for f in files:
         name = f.name
@@ -127,5 +129,29 @@ def list_agents() -> None:
             mark += "  [not trusted: dsh trust approve " + _clean(f.source) + "]"
         click.echo(f"{_clean(name)}\t{_clean(f.settings['description'][:120])}\t"
                    f"{_clean(f.source)}{mark}")
+        for line in _tool_lines(f.tool_names):
+            click.echo(_clean(line))
     for note in notes:
         _note(note)
+
+
+def _tool_lines(names: Any) -> list[str]:
+    """An agent file's tools, under its line: ``tools: read_file (Read), …``; then the names
+    left out: ``no dsh tool: WebSearch (dsh has no web search tool)``, and ``not available
+    here: WebFetch → web_fetch (install dsh-web …)`` (its plugin is not installed or off)."""
+    if names is None:
+        return ["  tools: every tool of its plugins (no tools: list)"]
+    kept = []
+    for n in names:
+        if n.tool is not None:
+            detail = ": ".join(d for d in (n.given if n.given != n.tool else "", n.why) if d)
+            kept.append(f"{n.tool} ({detail})" if detail else n.tool)
+    lines = ["  tools: " + (", ".join(dict.fromkeys(kept)) or "none")]
+    none = [f"{n.given} ({n.why})" for n in names if n.wanted is None]
+    if none:
+        lines.append("  no dsh tool: " + ", ".join(none))
+    absent = [(n.given if n.given == n.wanted else f"{n.given} → {n.wanted}") + f" ({n.why})"
+              for n in names if n.wanted is not None and n.tool is None]
+    if absent:
+        lines.append("  not available here: " + ", ".join(absent))
+    return lines

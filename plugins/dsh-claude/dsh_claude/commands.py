@@ -15,7 +15,8 @@ Expansion (so what the user types can never trigger file reads or shell):
    ``!`CMD``` runs ``CMD`` under the agent's sandbox policy (``sh -c``, in the project
    folder, the arguments in ``$ARGUMENTS`` and ``$1…`` as *shell variables*, never pasted
    into the command text) and its output replaces it — refused unless the command's
-   ``allowed-tools`` names ``Bash`` (as in Claude Code) and ``[plugins.claude]
+   ``allowed-tools`` names ``Bash`` (as in Claude Code; or ``run_command``, its dsh name,
+   :data:`dsh_claude.agents.TOOLS`) and ``[plugins.claude]
    command_shell`` is not false; and a command file **in the project** runs its shell lines
    only while its bytes are the ones the person trusted (``dsh trust``, kind ``command``):
    otherwise the ``!`…``` parts stay as they are, as text, with a note. ``@PATH`` (at the
@@ -248,10 +249,10 @@ def expand(cmd: Command, arguments: str, agent: Any, settings: Mapping[str, Any]
         if settings.get("command_shell") is False:
             raise ClaudeFileError(cmd.path, "runs shell lines (!`…`) and [plugins.claude] "
                                             "command_shell = false: not run")
-        if not any(a == "Bash" or a.startswith("Bash(") for a in allowed):
+        if not any(a.split("(", 1)[0].strip() in ("Bash", "run_command") for a in allowed):
             raise ClaudeFileError(cmd.path, "runs shell lines (!`…`) but its allowed-tools "
-                                            "does not name Bash (as Claude Code requires): "
-                                            "not run")
+                                            "does not name Bash (as Claude Code requires; "
+                                            "or dsh's run_command): not run")
         shell = may_run_shell(cmd, data, body, project)
         if not shell:
             import sys

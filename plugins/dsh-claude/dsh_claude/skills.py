@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from dsh.ledger.state import StateKey
+from dsh_claude.agents import TOOLS
 from dsh_claude.frontmatter import ClaudeFileError
 from dsh_claude.frontmatter import parse
 from dsh_claude.frontmatter import read_text
@@ -50,8 +51,9 @@ NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 #: Claude Code) and the skill tools.
 BUILTIN_NAMES = frozenset({"help", "tools", "model", "system", "session", "attach", "inject",
                            "stop", "exit", "quit", "skill", "skill-file"})
-#: Claude Code's tool names in ``allowed-tools`` and the dsh tool each means.
-TOOL_ALIASES = {"Bash": "run_command", "Read": "read_file", "Write": "write_file"}
+#: Claude Code's tool names in ``allowed-tools`` and the dsh tool each means: the table of
+#: sub-agent files (:data:`dsh_claude.agents.TOOLS`).
+TOOL_ALIASES = TOOLS
 #: Tools never refused while a skill is active: the skill tools themselves.
 ALWAYS_ALLOWED = ("skill", "skill_file")
 
@@ -86,7 +88,8 @@ class Catalogue:
 def parse_allowed_tools(value: Any, path: str) -> list[str]:
     """``allowed-tools`` as dsh tool names: a space- or comma-separated string, or a list.
     ``Bash(git:*)`` means the tool ``Bash`` (its argument pattern is not enforced: see
-    docs/claude.md); Claude Code's ``Bash``/``Read``/``Write`` are dsh-shell's tools."""
+    docs/claude.md); Claude Code's names are mapped through :data:`TOOL_ALIASES` (``Bash``
+    → ``run_command``, ``Edit`` → ``edit_file``, …); other names are kept as dsh names."""
     if isinstance(value, list):
         items = []
         for item in value:

@@ -117,6 +117,10 @@ def read_text(root: str, path: str, *, start_line: int, max_bytes: int) -> str:
         raise ToolError(f"{path!r} looks like a binary file ({st.st_size} bytes); "
                         "read_file returns text only")
     if len(data) <= max_bytes:
+        if start_line == 1:  # the model saw the whole file: an edit can tell if it changes
+            from dsh_shell import edit
+
+            edit.remember_read(root, rel, data)
         return data.decode("utf-8", errors="replace")
     data = data[:max_bytes]
     cut = data.rfind(b"\n")
@@ -204,6 +208,9 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
     except OSError as exc:
         raise _os_error(path, exc) from None
     change = changes.record(rel, before if old is not None else None, data, unread=unread)
+    from dsh_shell import edit
+
+    edit.remember_read(root, rel, data)  # what the model wrote is what it knows of the file
     shown = changes.for_model([change]) if change.op == "update" else ""
     diff = f"\n{shown}" if shown else ""
     if old is None:
@@ -231,6 +238,10 @@ def old_content(root: str, rel: str, path: str) -> tuple[bytes | None, int | Non
         return None, getattr(exc, "size", None) or MAX_DIFFED
     except IsADirectoryError:
         raise ToolError(f"{path!r} is a directory; give a file path") from None
+    except files.NotRegular:
+        if os.path.isdir(os.path.join(root, rel)):  # only to word the refusal
+            raise ToolError(f"{path!r} is a directory; give a file path") from None
+        raise ToolError(f"{path!r} is not a regular file") from None
     except OSError as exc:
         raise _os_error(path, exc) from None
 
