@@ -48,7 +48,8 @@ INSTALL = (
 REFUSED = ("run_command was not run: 'rm' needs approval: not on the allowlist "
            "(plugins.shell.allow); there is no terminal to ask on; the person may rerun with "
            "--mode full-auto or --yes; do not retry it")
-SHELL_TOOLS = {"run_command", "read_file", "write_file"}
+SHELL_TOOLS = {"run_command", "read_file", "write_file", "edit_file", "multi_edit",
+               "apply_patch", "grep", "glob", "list_dir", "job_output", "job_kill", "ask_user"}
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,8 @@ reads), and a body that imports the module doing the work at the first call.
 
 Registering a tool needs only its signature: an agent assembled with dsh-shell, on every
 ``dsh run``, builds these functions and imports none of :mod:`dsh_shell.edit`,
-:mod:`dsh_shell.patch`, :mod:`dsh_shell.ask` (tests/test_hot_path.py keeps it so).
+:mod:`dsh_shell.patch`, :mod:`dsh_shell.search`, :mod:`dsh_shell.grep`,
+:mod:`dsh_shell.ask` (tests/test_hot_path.py keeps it so).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 if TYPE_CHECKING:
+    from dsh.sandbox.policy import Policy
     from dsh_shell.settings import ShellSettings
 
 
@@ -134,3 +136,51 @@ def register_ask(register: Callable[..., None], settings: ShellSettings) -> None
         return ask.ask(settings, question, choices)
 
     register(ask_user, sequential=True)
+
+
+def register_search(register: Callable[..., None], settings: ShellSettings,
+             policy: Policy | None = None) -> None:
+    """Register ``grep``, ``glob`` and ``list_dir`` (reads: not sequential) for ``settings``'
+    workspace; ``grep`` runs ``rg`` under ``policy``, made read-only."""
+
+    def grep(pattern: str, path: str = ".", glob: str | None = None, ignore_case: bool = False,
+             context: int = 0, max_results: int = 100) -> str:
+        """Search file contents for a regular expression; print path:line:text, sorted.
+
+        Skips .gitignore'd, binary and huge files, .git and symlinks.
+
+        :param pattern: regex matched per line, e.g. "def \\w+_test".
+        :param path: folder or file, relative to the workspace.
+        :param glob: only files matching it, e.g. "*.py" (any depth) or "src/**/*.ts".
+        :param ignore_case: case-insensitive.
+        :param context: lines shown before and after each match (0-10).
+        :param max_results: matching lines shown (1-1000).
+        """
+        from dsh_shell import grep as grepping
+
+        return grepping.run_grep(settings, policy, pattern, path, glob, ignore_case, context,
+                                 max_results)
+
+    def glob(pattern: str, path: str = ".") -> str:
+        """List the files whose paths match a glob (** for any depth), sorted.
+
+        :param pattern: e.g. "**/*.py" or "src/*.{ts,tsx}", relative to path.
+        :param path: folder to search in, relative to the workspace.
+        """
+        from dsh_shell import search
+
+        return search.run_glob(settings, pattern, path)
+
+    def list_dir(path: str = ".", depth: int = 1) -> str:
+        """Show a folder as a tree: folders end in /, .gitignore'd entries are counted.
+
+        :param path: folder relative to the workspace.
+        :param depth: levels shown (1-5).
+        """
+        from dsh_shell import search
+
+        return search.run_list_dir(settings, path, depth)
+
+    register(grep)
+    register(glob)
+    register(list_dir)
