@@ -389,8 +389,10 @@ def test_allowlist_names_programs_not_paths(make: Callable[..., App], ws: Path) 
 ])
 def test_shell_syntax_is_refused_with_an_explanation(
         make: Callable[..., App], ws: Path, command: str, message: str) -> None:
+    # shell = "never": the no-shell mode (with the sandbox active, these lines would run in
+    # bash or ask: tests/test_workbench_shell.py)
     with pytest.raises(ToolError, match=_re(message)):
-        tool(make(), "run_command")(command=command)
+        tool(make(shell="never"), "run_command")(command=command)
     assert not (ws / "out.txt").exists() and (ws / "x.txt").exists()
 
 

@@ -1,4 +1,6 @@
-"""dsh-shell: tools to run commands and read and write files in a workspace directory.
+"""dsh-shell, dsh's workbench: run commands (a shell inside the kernel sandbox, background
+jobs), read, write, edit and patch files (every change recorded as a diff), search them, and
+ask the person, all in one workspace directory.
 
 Installed, it is found through the ``dsh`` entry point ``shell`` and reaches only the agents
 that enable it (``plugins = ["shell"]``, or every agent that lists no plugins). Its settings
@@ -19,6 +21,11 @@ come from ``[plugins.shell]``, overlaid with ``[agents.NAME.plugin_settings.shel
     environment variables passed to commands besides ``PATH``, ``HOME``, ``USER``,
     ``LOGNAME``, ``SHELL``, ``LANG``, ``LANGUAGE``, ``LC_*``, ``TERM``, ``TZ`` and ``TMPDIR``
     (names, or patterns such as ``GIT_*``); nothing else of dsh's environment reaches them.
+``shell``
+    ``"auto"`` (default: a command line with shell syntax runs in bash when the kernel
+    sandbox is active) or ``"never"`` (one program per call, shell operators refused);
+``max_jobs``
+    background jobs of a run that may be running at once (default 4).
 
 Any other command is asked about on the terminal, or refused when there is none unless the
 run was started with ``dsh run --yes``. See README.md for the security model.
@@ -33,6 +40,7 @@ from dsh import sandbox
 from dsh.hookspecs import hookimpl
 from dsh.tools.registry import parse_docstring
 from dsh_shell import commands
+from dsh_shell import workbench
 from dsh_shell import workspace
 from dsh_shell.settings import ShellSettings
 from dsh_shell.settings import parse_settings
@@ -46,8 +54,8 @@ __all__ = ["ShellSettings", "__version__", "register_tools"]
 
 @hookimpl
 def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
-    """Register ``run_command``, ``read_file`` and ``write_file`` bound to ``agent``'s
-    settings, so agents with different workspaces each get their own."""
+    """Register the workbench's tools bound to ``agent``'s settings, so agents with different
+    workspaces each get their own (README.md, "Tools")."""
     settings = parse_settings(agent.plugin_settings("shell"),
                               where=f"plugins.shell, agent {agent.name}")
     # The agent's sandbox policy ([sandbox], [agents.NAME] sandbox): every command runs under it.
@@ -57,19 +65,18 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     memory = agent.plugin_settings("dsh.memory").get("file")
     memory_file = (str(memory),) if memory and not str(memory).startswith(("/", "~")) else ()
 
-    def run_command(command: str) -> str:
-        """Run one program in the workspace directory; return its exit code, stdout and stderr.
+    def run_command(command: str, background: bool = False) -> str:
+        """Run a command line in the workspace directory; return its exit code, stdout and stderr.
 
-        The command line is split into words as a POSIX shell would (quotes work), but it runs
-        WITHOUT a shell: pipes (|), redirection (> <), '&&', ';', globs (*.py), $VARIABLES, ~
-        and cd do not work. Run one program per call; use write_file to create files and
-        read_file to read them. Programs on the allowlist run at once; any other program must
-        first be approved by the user, who may refuse. Long output is cut, and a command that
-        runs too long is killed.
+        A line that only reads, with every program on the allowlist, runs at once; anything
+        else must first be approved by the user, who may refuse. Long output is cut, and a
+        command that runs too long is killed. background=true starts it as a job and returns
+        at once: job_output reads what it printed, job_kill stops it; jobs end with the run.
 
         :param command: the command line, e.g. "grep -rn TODO src" or "python -m pytest -q".
+        :param background: start it as a background job (a server, a watcher) and return.
         """
-        return commands.run_command(settings, command, policy)
+        return commands.run_command(settings, command, policy, background)
 
     def read_file(path: str, start_line: int = 1) -> str:
         """Read a text file in the workspace and return its content.
@@ -99,9 +106,18 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     summary, _ = parse_docstring(run_command.__doc__)
     allowed = ", ".join(settings.allow) or "none"
     # The model plans better when it knows which programs run without a question.
+    # A shell only inside the kernel sandbox (commands.shell_unavailable, checked per call).
+    shell = (
+        "Shell: the line runs in bash, so pipes (|), '&&', ';', redirection, globs and $(...) "
+        "work; a line that writes a file (> out.txt) needs approval: prefer write_file."
+        if policy.confined and settings.shell == "auto" else
+        "No shell: the line is split into words as a POSIX shell would (quotes work) and runs "
+        "as ONE program: pipes, redirection, '&&', ';', globs, $VARIABLES, ~ and cd do not "
+        "work; use write_file to create files."
+    )
     run_description = (
-        f"{summary}\n\nSandbox: {policy.describe()}. Runs without approval: {allowed}. "
-        f"Output limit: {settings.max_output} bytes. Timeout: {settings.timeout:g}s."
+        f"{summary}\n\n{shell}\n\nSandbox: {policy.describe()}. Runs without approval: "
+        f"{allowed}. Output limit: {settings.max_output} bytes. Timeout: {settings.timeout:g}s."
     )
     # Side effects are ordered as the model wrote them: a step's write_file and run_command
     # calls run one after another, never concurrently (an approval question also waits).
@@ -109,7 +125,29 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     register(read_file)
     register(write_file, sequential=True)
     # The workbench: each module registers its own tools (README.md, "Tools").
-    # [workbench:edit]
-    # [workbench:search]
-    # [workbench:jobs]
-    # [workbench:ask]
+    workbench.register_edits(register, settings, unprotected, memory_file)
+    workbench.register_search(register, settings, policy)
+
+    def job_output(job_id: int) -> str:
+        """Return what a background job printed since the last read, and whether it still runs.
+
+        At most the output limit is returned (its beginning and end, with a note when cut).
+
+        :param job_id: the job's number, from run_command's "started job N".
+        """
+        from dsh_shell import jobs  # not at start-up: only when a job is asked about
+
+        return jobs.output(job_id, settings.max_output)
+
+    def job_kill(job_id: int) -> str:
+        """Stop a background job: kill it and every process it started.
+
+        :param job_id: the job's number, from run_command's "started job N".
+        """
+        from dsh_shell import jobs
+
+        return jobs.kill(job_id)
+
+    register(job_output)
+    register(job_kill, sequential=True)
+    workbench.register_ask(register, settings)

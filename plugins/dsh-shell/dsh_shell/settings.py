@@ -18,6 +18,8 @@ from dsh.core.errors import ConfigError
 #: Read-only commands that run without asking. Nothing here writes, deletes or executes
 #: other programs (``find`` is left out for ``-delete`` / ``-exec``).
 DEFAULT_ALLOW: tuple[str, ...] = ("ls", "cat", "echo", "pwd", "grep", "head", "tail", "wc")
+#: The values of ``shell``.
+SHELL_MODES = ("auto", "never")
 
 
 @attrs.frozen
@@ -43,6 +45,12 @@ class ShellSettings:
     env_keep: tuple[str, ...] = ()
     #: Where approval is asked. Only tests and unusual setups change it.
     tty: str = "/dev/tty"
+    #: ``auto``: a command line with shell syntax (pipes, ``&&``, redirection) runs with
+    #: ``bash -c`` when the kernel sandbox confines it; ``never``: commands never get a
+    #: shell (shell operators are refused, as without the sandbox).
+    shell: str = "auto"
+    #: Background jobs (``run_command(background=true)``) that may run at once, per run.
+    max_jobs: int = 4
 
     def workspace_path(self) -> str:
         """The workspace's real path, resolved now (the default follows the current
@@ -68,6 +76,11 @@ def parse_settings(raw: Mapping[str, Any], where: str = "plugins.shell") -> Shel
         values["workspace"] = _string(raw["workspace"], where, "workspace")
     if "tty" in raw:
         values["tty"] = _string(raw["tty"], where, "tty")
+    if "shell" in raw:
+        if raw["shell"] not in SHELL_MODES:
+            raise ConfigError(f"[{where}] shell: expected one of "
+                              f"{', '.join(map(repr, SHELL_MODES))}, got {raw['shell']!r}")
+        values["shell"] = raw["shell"]
     if "allow" in raw:
         allow = raw["allow"]
         if isinstance(allow, str) or not isinstance(allow, list | tuple) or not all(
@@ -88,7 +101,7 @@ def parse_settings(raw: Mapping[str, Any], where: str = "plugins.shell") -> Shel
         values["env_keep"] = tuple(keep)
     if "timeout" in raw:
         values["timeout"] = _positive(raw["timeout"], where, "timeout", integer=False)
-    for key in ("max_output", "max_read"):
+    for key in ("max_output", "max_read", "max_jobs"):
         if key in raw:
             values[key] = int(_positive(raw[key], where, key, integer=True))
     return ShellSettings(**values)
