@@ -320,6 +320,31 @@ def test_the_approval_question_is_answered_at_the_chat_prompt(env: Env) -> None:
     assert "user/message:y" not in kinds  # the answer did not become a message
 
 
+def test_a_write_shows_its_recorded_diff_in_the_chat(env: Env) -> None:
+    """The diff under the tool line is the ledger's (what was recorded with the result), with
+    the file's escape sequences made visible."""
+    pytest.importorskip("dsh_shell", reason="dsh-shell is installed by .ci/run")
+    work = env.tmp / "work"
+    work.mkdir()
+    (work / "app.cfg").write_text("name = demo\nport = 80\n")
+    env.configure(
+        {"tool_calls": [{"name": "edit_file", "arguments": {
+            "path": "app.cfg", "old": "port = 80\n", "new": "port = 8080 \x1b[2J\n"}}]},
+        {"text": "edited"},
+        load=["slowtool", "dsh_shell"],
+        plugins={"shell": {"workspace": str(work)}})
+    child = env.spawn("--mode", "auto-edit")
+    child.sendline("change the port")
+    child.expect(r"± update app\.cfg \(\+1 -1\)")
+    child.expect(r"-port = 80")
+    child.expect(r"\+port = 8080 \\x1b\[2J")  # shown, never sent as a control
+    child.expect("edited")
+    child.expect("› ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    assert (work / "app.cfg").read_text() == "name = demo\nport = 8080 \x1b[2J\n"
+
+
 # -- the default model, as a newcomer meets it ---------------------------------------------
 
 

@@ -248,12 +248,14 @@ class RunOutput:
         are written as ``\\uXXXX`` escapes (the same JSON value)."""
         self.out.write((escape_json_controls(line) if self.tty else line) + "\n")
 
-    def note(self, message: str) -> None:
-        """A line on stderr that does not garble the status line."""
+    def note(self, message: str, *, styled: bool = False) -> None:
+        """A line on stderr that does not garble the status line; ``styled``: already escaped
+        and coloured by dsh (a recorded diff), written as it is."""
         if self.status is not None:
-            self.status.note(message)
+            self.status.note(message, styled=styled)
         else:
-            click.echo(escape_controls(message) if self.err_tty else message, err=True)
+            click.echo(escape_controls(message) if self.err_tty and not styled else message,
+                       err=True)
 
     def begin(self, session: str, agent: str, model: str, resumed: bool) -> None:
         if self.events:
