@@ -371,3 +371,26 @@ def test_rebuilding_a_ledger_that_names_itself_as_its_child_ends(tmp_path: Path)
             ev.TurnEnded(session="s", turn=1, outcome="completed")]
     assert feed_session(Spans(tracer), lambda sid: loop, "s") == len(loop)
     assert len(exporter.get_finished_spans()) == 2
+
+
+def test_a_tool_that_changed_files_gets_line_counts_never_the_diff() -> None:
+    from dsh_otel.trace import Spans
+
+    from dsh.ledger import events as ev
+    from dsh.tools import changes
+
+    tracer, exporter = _in_memory()
+    secret_diff = changes.record("keys.txt", b"a\nb\n", b"a\nTOP-SECRET\nc\n")
+    spans = Spans(tracer, capture_content=False)
+    for e in (ev.TurnStarted(session="s", turn=1, agent="a"),
+              ev.ToolCalled(session="s", call_id="c", name="edit_file"),
+              ev.ToolReturned(session="s", call_id="c", name="edit_file", output="edited",
+                              changes=(secret_diff,)),
+              ev.TurnEnded(session="s", turn=1, outcome="completed")):
+        spans.feed(e)
+    spans.close()
+    [tool] = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool")]
+    assert (tool.attributes["dsh.tool.files_changed"], tool.attributes["dsh.tool.lines_added"],
+            tool.attributes["dsh.tool.lines_removed"]) == (1, 2, 1)
+    assert not any("TOP-SECRET" in str(v) or "keys.txt" in str(v)
+                   for v in tool.attributes.values())
