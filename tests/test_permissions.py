@@ -301,6 +301,11 @@ def test_modes_and_commands(ws: Path, tmp_path: Path, script: Callable[..., str]
     proc = _dsh(net, "run", "-m", model, "--json", "--mode", mode, "go")
     assert proc.returncode == 0, proc.stderr
     assert not (ws / "net").exists()
+    [result] = [e for e in _ledger(proc) if e["type"] == "tool/result"]
+    if mode == "read-only":  # --yes cannot override a mode's refusal: it names a mode that asks
+        assert "may choose --mode ask and approve it" in result["output"]
+    else:
+        assert "no terminal" in result["output"] and "--yes" in result["output"]
 
 
 # -- plan mode -------------------------------------------------------------------------------

@@ -132,9 +132,12 @@ def request(ask: Ask) -> Decision:
                                            "call propose_plan with your plan for the person "
                                            "to approve; nothing changes before that")
     elif verdict is False:
+        # No mode runs an act that leaves the sandbox unasked: name one that asks, not --yes
+        # (which cannot override a mode's refusal).
+        choice = _option_for(ask)
+        choice = "--mode ask and approve it" if choice == "--yes" else choice
         decision = Decision(False, "mode", f"the permission mode is {mode}, which does not "
-                                           f"allow this; the person may choose "
-                                           f"{_option_for(ask)}")
+                                           f"allow this; the person may choose {choice}")
     elif ctx.approve_all:
         decision = Decision(True, "yes", "--yes approved every call of this run")
     elif (given := _given(ctx)) is not None:
