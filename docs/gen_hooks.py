@@ -95,6 +95,7 @@ REFERENCE = (
     ("dsh.core.messages.Reasoning", "dsh.core.messages:Reasoning"),
     ("dsh.core.messages.Attachment", "dsh.core.messages:Attachment"),
     ("dsh.core.messages.ToolSpec", "dsh.core.messages:ToolSpec"),
+    ("dsh.core.messages.Change", "dsh.core.messages:Change"),
     ("dsh.tools.registry.ToolInvocation", "dsh.tools.registry:ToolInvocation"),
     ("dsh.tools.registry.ToolDef", "dsh.tools.registry:ToolDef"),
     ("dsh.tools.registry.ToolOutcome", "dsh.tools.registry:ToolOutcome"),

@@ -122,12 +122,18 @@ def _app(make_app: Any, server: ScriptedServer, sim: SmallWindow, **kw: Any) -> 
     return make_app(model="openai:small", models={"openai:small": model}, **kw)
 
 
+#: What a person gives a 512-token model: the workbench's three basic tools (its twelve
+#: schemas together, about 2,900 tokens, are five times the window).
+SMALL_TOOLS = ["run_command", "read_file", "write_file"]
+
+
 def _shell(make_app: Any, server: ScriptedServer, sim: SmallWindow, tmp_path: Path,
            **kw: Any) -> Any:
     """The default agent with dsh-shell's tools on (its workspace a scratch directory)."""
     (tmp_path / "notes.txt").write_text("rain on Monday; roses; the old bicycle\n" * 3)
     return _app(make_app, server, sim, load=["dsh_shell"],
-                plugins={"shell": {"workspace": str(tmp_path)}}, **kw)
+                plugins={"shell": {"workspace": str(tmp_path)}},
+                agents={"default": {"tools": SMALL_TOOLS}}, **kw)
 
 
 def _fresh(path: Path) -> list[Message]:
@@ -370,6 +376,7 @@ def test_fourteen_turns_of_dsh_run_c_at_512_through_the_command_line(
         "model": "openai:small", "autoload": False, "load": ["dsh_shell"],
         "sessions_dir": str(tmp_path / "sessions"),
         "plugins": {"shell": {"workspace": str(tmp_path)}},
+        "agents": {"default": {"tools": SMALL_TOOLS}},
         "models": {"openai:small": {"base_url": server.url + "/v1", "retries": 0,
                                     "context_window": 512}}}))
     env = {**os.environ, "DSH_CONFIG": str(config), "DSH_HOME": str(tmp_path / "home")}

@@ -35,6 +35,7 @@ import tomli_w
 
 from dsh.config.loader import config_from_dict
 from dsh.core.messages import Attachment
+from dsh.core.messages import Change
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -103,10 +104,12 @@ def _hostile_events() -> list[ev.Event]:
                             stop_reason="tool_calls"),
         ev.ToolCalled(session=s, call_id="c1", name=BIG_NAME, arguments={"a": m()}),
         ev.ToolReturned(session=s, call_id="c1", name=BIG_NAME, status="error",
-                        output=f"unknown tool {BIG_NAME!r}"),
+                        output=f"unknown tool {BIG_NAME!r}", changes=(
+                            Change(path=m(), op="add", diff=m(), added=1),)),
         ev.ToolCalled(session=s, call_id="c2", name="read", arguments={"p": m()}),
         ev.ToolReturned(session=s, call_id="c2", name="read", status="error",
-                        output=f"ValueError: {FILE_TEXT}"),
+                        output=f"ValueError: {FILE_TEXT}", changes=(
+                            Change(path=m(), op="update", diff=m(), added=1, removed=1),)),
         ev.PluginEvent(session=s, plugin="p", name="n", data={"file": m()}),
         ev.StepRejected(session=s, turn=1, step=1, reason=m(), text=m()),
         ev.ContextCompacted(session=s, start=0, end=2, strategy="mask", reason="threshold",

@@ -152,7 +152,7 @@ def test_pre_compact_veto_is_recorded(tmp_path: Path, proj: Path) -> None:
     (proj / "big.txt").write_text("lorem ipsum dolor sit amet " * 80)
     cfg = write_config(tmp_path, proj, hook("PreCompact", "echo 'keep it all' >&2; exit 2",
                                             "auto"))
-    cfg.write_text('compaction = "mask"\ncontext_window = 3000\ncompact_at = 0.5\n'
+    cfg.write_text('compaction = "mask"\ncontext_window = 6000\ncompact_at = 0.5\n'
                    + cfg.read_text())
     read = {"name": "read_file", "arguments": {"path": "big.txt"}}
     m = model(tmp_path, {"tool_calls": [read, read, read]}, {"text": "read it"},

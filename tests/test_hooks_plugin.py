@@ -749,7 +749,7 @@ def test_compact_context_pre_compact_veto(tmp_path: Path, proj: Path, veto: bool
            'open(os.environ["DSH_PROJECT_DIR"]+"/pc.log","a").write(d["trigger"]+"\\n")\'')
     command = log + ("; echo 'keep the whole history' >&2; exit 2" if veto else "")
     cfg = write_config(tmp_path, proj, hook("PreCompact", command, "auto"))
-    cfg.write_text('compaction = "mask"\ncontext_window = 3000\ncompact_at = 0.5\n'
+    cfg.write_text('compaction = "mask"\ncontext_window = 6000\ncompact_at = 0.5\n'
                    + cfg.read_text())
     read = {"name": "read_file", "arguments": {"path": "big.txt"}}
     m = model(tmp_path, {"tool_calls": [read, read, read]}, {"text": "read it"},

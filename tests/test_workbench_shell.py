@@ -348,7 +348,7 @@ def test_shell_never_keeps_the_old_refusal(make: Callable[..., App], ws: Path) -
     assert str(err.value).startswith("shell syntax is not supported ('|'): commands run "
                                      "without a shell")
     assert 'No shell here: the setting [plugins.shell] shell = "never"' in str(err.value)
-    assert "No shell: the line is split into words" in \
+    assert "No shell: ONE program per call" in \
         app.agent("a").tools["run_command"].description
     # without a shell, a glob is a plain word, as it always was
     assert tool(app)(command="ls *.txt").startswith("exit code: 2\n--- stderr ---\n")
@@ -388,7 +388,7 @@ def test_no_bash_means_no_shell(make: Callable[..., App], ws: Path,
 @needs_sandbox
 def test_the_description_says_which(make: Callable[..., App]) -> None:
     description = make().agent("a").tools["run_command"].description
-    assert "Shell: the line runs in bash, so pipes (|)" in description
+    assert "Shell: bash (pipes, &&, ;, redirection" in description
     assert "Runs without approval: ls, cat, echo" in description
     params = make().agent("a").tools["run_command"].parameters["properties"]
     assert params["background"] == {"type": "boolean", "default": False,

@@ -240,14 +240,16 @@ class Change:
     #: The unified diff (``--- a/PATH`` / ``+++ b/PATH``), complete unless ``complete`` is
     #: false (a diff over :data:`dsh.tools.changes.MAX_RECORDED` bytes keeps only its start).
     diff: str = ""
-    #: Lines added and removed (what OpenTelemetry gets, never the text).
+    #: Lines added (what OpenTelemetry gets, never the text).
     added: int = 0
+    #: Lines removed.
     removed: int = 0
     #: For a move: the new path.
     moved_to: str | None = None
-    #: Hex SHA-256 of the file's bytes before and after (``None``: the file did not exist),
-    #: so a rewind can tell whether the disk still holds what the tool wrote.
+    #: Hex SHA-256 of the file's bytes before the change (``None``: it did not exist).
     before_sha256: str | None = None
+    #: Hex SHA-256 after it (``None``: deleted), so a rewind can tell whether the disk
+    #: still holds what the tool wrote.
     after_sha256: str | None = None
     #: False when ``diff`` was cut to stay bounded.
     complete: bool = True

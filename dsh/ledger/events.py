@@ -281,7 +281,9 @@ FIELD_KINDS: dict[type[Event], dict[str, str]] = {
     ToolCalled: {**_BASE, "call_id": METADATA, "name": TOOL_NAME, "arguments": CONTENT,
                  "child_session": METADATA},
     ToolReturned: {**_BASE, "call_id": METADATA, "name": TOOL_NAME, "status": METADATA,
-                   "output": CONTENT, "duration_ms": METADATA},
+                   "output": CONTENT, "duration_ms": METADATA,
+                   # paths and diffs of workspace files (exporters send only their counts)
+                   "changes": CONTENT},
     StepRejected: {**_BASE, "turn": METADATA, "step": METADATA, "reason": CONTENT,
                    "plugin": METADATA, "text": CONTENT},
     StepEnded: {**_BASE, "turn": METADATA, "step": METADATA},

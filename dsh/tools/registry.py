@@ -443,8 +443,7 @@ def execute(call: ToolInvocation) -> ToolOutcome:
     finally:
         _current_call.reset(token)
     outcome.duration_ms = round((time.perf_counter() - start) * 1000, 3)
-    if call.changes:
-        outcome.changes = tuple(call.changes)
+    outcome.changes = tuple(call.changes)  # the files it changed (dsh.tools.changes)
     return outcome
 
 

@@ -66,15 +66,14 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     memory_file = (str(memory),) if memory and not str(memory).startswith(("/", "~")) else ()
 
     def run_command(command: str, background: bool = False) -> str:
-        """Run a command line in the workspace directory; return its exit code, stdout and stderr.
+        """Run a command line in the workspace; return its exit code and output.
 
         A line that only reads, with every program on the allowlist, runs at once; anything
-        else must first be approved by the user, who may refuse. Long output is cut, and a
-        command that runs too long is killed. background=true starts it as a job and returns
-        at once: job_output reads what it printed, job_kill stops it; jobs end with the run.
+        else needs the user's approval (they may refuse). Output is cut; slow commands are
+        killed. background=true starts a job: read it with job_output, stop it with job_kill.
 
         :param command: the command line, e.g. "grep -rn TODO src" or "python -m pytest -q".
-        :param background: start it as a background job (a server, a watcher) and return.
+        :param background: run it as a background job (a server, a watcher).
         """
         return commands.run_command(settings, command, policy, background)
 
@@ -108,12 +107,11 @@ def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
     # The model plans better when it knows which programs run without a question.
     # A shell only inside the kernel sandbox (commands.shell_unavailable, checked per call).
     shell = (
-        "Shell: the line runs in bash, so pipes (|), '&&', ';', redirection, globs and $(...) "
-        "work; a line that writes a file (> out.txt) needs approval: prefer write_file."
+        "Shell: bash (pipes, &&, ;, redirection, $(...)); a line that writes a file needs "
+        "approval: prefer write_file or edit_file."
         if policy.confined and settings.shell == "auto" else
-        "No shell: the line is split into words as a POSIX shell would (quotes work) and runs "
-        "as ONE program: pipes, redirection, '&&', ';', globs, $VARIABLES, ~ and cd do not "
-        "work; use write_file to create files."
+        "No shell: ONE program per call, its words split as a POSIX shell would (quotes work); "
+        "pipes, redirection, &&, ;, globs, $VARIABLES and cd do not work."
     )
     run_description = (
         f"{summary}\n\n{shell}\n\nSandbox: {policy.describe()}. Runs without approval: "
