@@ -106,7 +106,11 @@ def _thirty_turns(tmp_path: Path, model: str, models: dict[str, object]) -> None
     load = ["dsh_shell"] + (["dsh_llama"] if model == "local" else [])
     config.write_text(tomli_w.dumps({"model": model, "autoload": False, "models": models,
                                      "load": load,
-                                     "plugins": {"shell": {"workspace": str(workspace)}}}))
+                                     "plugins": {"shell": {"workspace": str(workspace)}},
+                                     # a 512-token model gets the three basic tools (the
+                                     # workbench's twelve schemas are five windows)
+                                     "agents": {"default": {"tools": [
+                                         "run_command", "read_file", "write_file"]}}}))
     env = {**os.environ, "DSH_CONFIG": str(config), "DSH_HOME": str(tmp_path / "home")}
     for i in range(1, 31):
         args = ["run", "-o", "max_tokens=96", PROMPT.format(i=i)] + (["-c"] if i > 1 else [])
