@@ -925,7 +925,7 @@ def test_too_large_says_which_part_when_nothing_can_go(make_app: Any, script: An
             "prompt and the 0 tool schemas (about 1 tokens) with the newest user message "
             "(about 6 tokens) and the 2 other messages left after compaction 'auto' (about 50 "
             "tokens in all, by dsh's estimate); shorten the message or the system prompt, or "
-            "turn tools off")
+            "give the agent fewer tools (-T NAME, or [agents.NAME] tools = [...])")
         ledger.projection._messages = [_answer("b" * 3)]
         with pytest.raises(ProviderError, match=r"newest user message \(about 0 tokens\)"):
             compaction.too_large(agent, ledger, 20, 20, 50)

@@ -234,7 +234,8 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
         raise ProviderError(
             f"context too long: the system prompt and the {len(proj.tools)} tool schemas "
             f"alone are about {fixed} tokens, more than the model's context window "
-            f"({room}) holds; shorten the system prompt or turn tools off")
+            f"({room}) holds; shorten the system prompt or give the agent fewer tools "
+            "(-T NAME, or [agents.NAME] tools = [...])")
     msgs = list(proj.view())
     sizes = sorted(((meter.scale(message_tokens(m)), i) for i, m in enumerate(msgs)),
                    reverse=True)
@@ -253,8 +254,8 @@ def too_large(agent: Agent, ledger: Ledger, window: int, limit: int, used: int) 
             f"prompt and the {len(proj.tools)} tool schemas (about {fixed} tokens) with the "
             f"newest user message (about {size} tokens) and the {len(msgs) - 1} other "
             f"messages left after compaction {agent.compaction!r} (about {used} tokens in "
-            "all, by dsh's estimate); shorten the message or the system prompt, or turn "
-            "tools off")
+            "all, by dsh's estimate); shorten the message or the system prompt, or give the "
+            "agent fewer tools (-T NAME, or [agents.NAME] tools = [...])")
     start, end = min(dropped), max(dropped) + 1
     picked = set(dropped)
     replacement = tuple(
