@@ -99,8 +99,13 @@ _json = st.recursive(_json_scalars, lambda c: st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(tag=st.text(min_size=1, max_size=20).filter(
-           lambda t: ("/" in t or t.isidentifier()) and not t.startswith("x/")),
+# Tags are built in the shapes dsh's tags have (a filter over random text threw away most
+# inputs, and Hypothesis's health check failed on a slower machine).
+@given(tag=st.one_of(
+           st.builds(lambda a, b: f"{a}/{b}", st.text(min_size=1, max_size=8),
+                     st.text(max_size=10)),
+           st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]{0,15}\Z")).filter(
+           lambda t: not t.startswith("x/")),
        fields=st.dictionaries(st.text(min_size=1, max_size=10).filter(
            lambda k: k not in ("type", "v", "seq", "ts", "session")), _json, max_size=5))
 def test_future_event_types_round_trip(tag, fields):
