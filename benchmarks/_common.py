@@ -18,7 +18,7 @@ def noop(x: int) -> int:
 
 
 def bench_app(tmp: str, *, extra: Any = None, fsync: str = "step",
-              plugins: Any = None, autoload: bool = False) -> App:
+              plugins: Any = None, autoload: bool = False, load: tuple[str, ...] = ()) -> App:
     """An app with one trivial tool, sessions on disk under ``tmp``; with ``autoload``, every
     installed plugin is loaded too (as ``dsh run`` does without a config)."""
     mod = types.ModuleType("dsh_bench_plugin")
@@ -33,7 +33,7 @@ def bench_app(tmp: str, *, extra: Any = None, fsync: str = "step",
             setattr(mod, k, v)
     sys.modules["dsh_bench_plugin"] = mod
     return App(config_from_dict({
-        "autoload": autoload, "load": ["dsh_bench_plugin"], "sessions_dir": tmp,
+        "autoload": autoload, "load": ["dsh_bench_plugin", *load], "sessions_dir": tmp,
         "max_steps": 1_000_000, "fsync": fsync, "plugins": plugins or {},
     }))
 

@@ -10,7 +10,9 @@ from the kernel's price of durability. Prints:
 * CPU µs per step around step k=10 and around step k=10,000 of one long turn, measured in
   the same process, and their ratio (target ≤ 1.2: the per-step cost must not grow);
 * CPU µs per step with the built-in ``dsh.tasks`` and ``dsh.memory`` enabled and their state
-  empty, against without (issue 25; target ≤ 1.10).
+  empty, against without (issue 25; target ≤ 1.10);
+* CPU µs per step with dsh-shell's twelve workbench tools enabled but never called, against
+  without (their schemas are in every request; target ≤ 1.10).
 
 Every figure is also printed as a ratio against a baseline measured in the same run (issue
 27): the *floor*, a loop doing the least a step must do — encode five event-sized dicts with
@@ -61,9 +63,14 @@ def floor_cpu(steps: int, fsync: str = "step") -> float:
         os.close(fd)
 
 
-def per_step_cpu(steps: int, fsync: str = "step", state: bool = False) -> float:
-    plugins = {"dsh.tasks": {"enabled": True}, "dsh.memory": {"enabled": True}} if state else None
-    app = bench_app(tmpdir(), fsync=fsync, plugins=plugins, autoload=AUTOLOAD)
+def per_step_cpu(steps: int, fsync: str = "step", state: bool = False,
+                 workbench: bool = False) -> float:
+    plugins = {"dsh.tasks": {"enabled": True}, "dsh.memory": {"enabled": True}} if state else {}
+    load: tuple[str, ...] = ()
+    if workbench:  # dsh-shell's twelve tools registered and sent, never called
+        load = ("dsh_shell",)
+        plugins["shell"] = {"workspace": tmpdir()}
+    app = bench_app(tmpdir(), fsync=fsync, plugins=plugins, autoload=AUTOLOAD, load=load)
     agent = app.agent(model="echo")
     agent._model = ScriptedModel("", {"responses": tool_loop_script(steps)})
     gc.collect()
@@ -115,6 +122,16 @@ def main() -> None:
         off = min(off, per_step_cpu(args.n, "never"))
         on = min(on, per_step_cpu(args.n, "never", state=True))
     print(f"cpu per step with dsh.tasks + dsh.memory enabled, empty state: {on:.1f} us; "
+          f"without: {off:.1f} us; ratio {on / off:.2f}  (target <= 1.10)")
+    try:
+        import dsh_shell  # noqa: F401
+    except ImportError:
+        return
+    off = on = float("inf")
+    for _ in range(args.repeat):  # interleaved
+        off = min(off, per_step_cpu(args.n, "never"))
+        on = min(on, per_step_cpu(args.n, "never", workbench=True))
+    print(f"cpu per step with dsh-shell's workbench tools enabled, unused: {on:.1f} us; "
           f"without: {off:.1f} us; ratio {on / off:.2f}  (target <= 1.10)")
 
 
