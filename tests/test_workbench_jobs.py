@@ -37,6 +37,7 @@ from dsh.run.app import App
 from tests.procs import alive_with
 from tests.procs import needs_namespaces
 from tests.procs import needs_sandbox
+from tests.workbench import shell_apps
 
 dsh_shell = pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
 from dsh_shell import jobs  # noqa: E402
@@ -61,16 +62,8 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def make(tmp_path: Path, ws: Path) -> Callable[..., App]:
-    def build(sandbox: Any = None, **shell: Any) -> App:
-        settings = {"workspace": str(ws), "tty": str(tmp_path / "no-terminal"), **shell}
-        config: dict[str, Any] = {"sessions_dir": str(tmp_path / "sessions"),
-                                  "plugins": {"shell": settings},
-                                  "agents": {"a": {"plugins": ["shell"]}}}
-        if sandbox is not None:
-            config["sandbox"] = sandbox
-        return App.from_config(config)
-
-    return build
+    """``make(sandbox=…, **shell_settings)``: agent ``a`` with the shell tools."""
+    return shell_apps(tmp_path, ws)
 
 
 class Tools:

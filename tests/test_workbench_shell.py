@@ -27,6 +27,7 @@ from dsh.ledger.events import ToolReturned
 from dsh.run.app import App
 from dsh.run.app import RunResult
 from tests.procs import needs_sandbox
+from tests.workbench import shell_apps
 
 dsh_shell = pytest.importorskip("dsh_shell", reason="pip install ./plugins/dsh-shell")
 from dsh_shell import commands  # noqa: E402
@@ -51,17 +52,7 @@ def ws(tmp_path: Path) -> Path:
 @pytest.fixture
 def make(tmp_path: Path, ws: Path) -> Callable[..., App]:
     """``make(sandbox=…, **shell_settings)``: agent ``a`` with the shell tools."""
-
-    def build(sandbox: Any = None, **shell: Any) -> App:
-        settings = {"workspace": str(ws), "tty": str(tmp_path / "no-terminal"), **shell}
-        config: dict[str, Any] = {"sessions_dir": str(tmp_path / "sessions"),
-                                  "plugins": {"shell": settings},
-                                  "agents": {"a": {"plugins": ["shell"]}}}
-        if sandbox is not None:
-            config["sandbox"] = sandbox
-        return App.from_config(config)
-
-    return build
+    return shell_apps(tmp_path, ws)
 
 
 def tool(app: App, name: str = "run_command") -> Callable[..., str]:
