@@ -399,7 +399,8 @@ def rename(root: str | os.PathLike[str] | int, src: str | os.PathLike[str],
     try:
         dfd = open_dir(root, dst_folder, create=create_dirs)
         try:
-            if _leaf(sfd, src_name) is None:
+            old = _leaf(sfd, src_name)
+            if old is None:
                 raise _missing(src)
             if _leaf(dfd, dst_name) is not None:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
@@ -411,6 +412,11 @@ def rename(root: str | os.PathLike[str] | int, src: str | os.PathLike[str],
                     raise
                 os.rename(src_name, dst_name, src_dir_fd=sfd, dst_dir_fd=dfd)
                 return
+            new = os.stat(dst_name, dir_fd=dfd, follow_symlinks=False)
+            if (new.st_dev, new.st_ino, new.st_mode) != (old.st_dev, old.st_ino, old.st_mode):
+                # src was swapped after the check (a symbolic link may reuse its inode)
+                os.unlink(dst_name, dir_fd=dfd)
+                raise Refused("it changed while it was being moved: nothing was moved")
             try:
                 os.unlink(src_name, dir_fd=sfd)
             except OSError:

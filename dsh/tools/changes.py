@@ -19,6 +19,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 from collections.abc import Sequence
+from typing import Any
 
 from dsh.core.messages import Change
 
@@ -58,26 +59,158 @@ def _lines(text: str) -> list[str]:
 
 def diff_of(before: str, after: str, path: str, *, new_path: str | None = None,
             context: int = 3, created: bool = False, deleted: bool = False) -> str:
-    """The unified diff from ``before`` to ``after`` (both text), ``""`` when equal."""
-    import difflib  # only when something changed
-
+    """The unified diff from ``before`` to ``after`` (both text), ``""`` when equal. A name
+    with a control character, a quote or a backslash is quoted as git quotes it, so a file
+    name cannot add lines to the diff. The time is bounded (:data:`MAX_DIFF_WORK`)."""
     a, b = _lines(before), _lines(after)
-    old_name = "/dev/null" if created else f"a/{path}"
-    new_name = "/dev/null" if deleted else f"b/{new_path or path}"
-    out: list[str] = []
-    for line in difflib.unified_diff(a, b, old_name, new_name, n=context):
-        if not line.endswith("\n"):
-            line = f"{line}\n{_NO_NEWLINE}"
-        out.append(line)
+    if a == b:
+        return ""
+    old_name = "/dev/null" if created else _quote(f"a/{path}")
+    new_name = "/dev/null" if deleted else _quote(f"b/{new_path or path}")
+    out = [f"--- {old_name}\n", f"+++ {new_name}\n"]
+    for group in _grouped(a, b, context):
+        first, last = group[0], group[-1]
+        out.append(f"@@ -{_range(first[1], last[2])} +{_range(first[3], last[4])} @@\n")
+        for tag, i1, i2, j1, j2 in group:
+            for sign, rows in ((" ", a[i1:i2] if tag == "equal" else ()),
+                               ("-", a[i1:i2] if tag in ("replace", "delete") else ()),
+                               ("+", b[j1:j2] if tag in ("replace", "insert") else ())):
+                out.extend(f"{sign}{line}" if line.endswith("\n")
+                           else f"{sign}{line}\n{_NO_NEWLINE}" for line in rows)
     return "".join(out)
 
 
+#: Work difflib may do to find the lines two contents share (about one step of its inner
+#: loop each): its matching is quadratic on some inputs (many short matches between
+#: changed lines, as a ``replace_all`` makes), which would take hours for a few MiB. Past
+#: it the diff is made in linear time, still exact, maybe less minimal.
+MAX_DIFF_WORK = 1_000_000
+
+
+class _Costly(Exception):
+    pass
+
+
+_Op = tuple[str, int, int, int, int]
+
+
+def _grouped(a: list[str], b: list[str], context: int) -> list[list[_Op]]:
+    """The opcodes of the diff from ``a`` to ``b`` in hunks of ``context`` lines around, as
+    :meth:`difflib.SequenceMatcher.get_grouped_opcodes` gives them, within the bound."""
+    import difflib  # only when something changed
+
+    class Bounded(difflib.SequenceMatcher):
+        ops: list[_Op] | None = None
+        cost: list[int] | None = None
+        spent = 0
+
+        def find_longest_match(self, alo: int = 0, ahi: int | None = None, blo: int = 0,
+                               bhi: int | None = None) -> Any:
+            if self.cost is None:  # steps of its loop for a[:i]: 1 + where a[i] is in b
+                from itertools import accumulate
+
+                b2j = self.b2j  # type: ignore[attr-defined]
+                self.cost = [0, *accumulate(1 + len(b2j.get(x, ())) for x in a)]
+            ahi = len(a) if ahi is None else ahi
+            self.spent += self.cost[ahi] - self.cost[alo]
+            if self.spent > MAX_DIFF_WORK:
+                raise _Costly
+            return super().find_longest_match(alo, ahi, blo, len(b) if bhi is None else bhi)
+
+        def get_opcodes(self) -> Any:
+            return self.ops if self.ops is not None else super().get_opcodes()
+
+    try:
+        return list(Bounded(None, a, b, autojunk=True).get_grouped_opcodes(context))
+    except _Costly:
+        matcher = Bounded(None, [], [])
+    matcher.ops = _anchored(a, b)
+    return list(matcher.get_grouped_opcodes(context))
+
+
+def _anchored(a: list[str], b: list[str]) -> list[_Op]:
+    """Opcodes from ``a`` to ``b`` in O(n log n): the lines found once in each, in the
+    longest order both share (patience diff's anchors), grown by the equal lines around
+    them; what lies between is replaced (line for line when both sides have as many)."""
+    from bisect import bisect_left
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    where = {line: j for j, line in enumerate(b) if cb[line] == 1}
+    pairs = [(i, where[line]) for i, line in enumerate(a) if ca[line] == 1 and line in where]
+    tails: list[int] = []  # the longest chain of pairs increasing in both
+    ends: list[int] = []
+    before: list[int | None] = []
+    for k, (_, j) in enumerate(pairs):
+        x = bisect_left(tails, j)
+        tails[x:x + 1], ends[x:x + 1] = [j], [k]
+        before.append(ends[x - 1] if x else None)
+    chain: list[tuple[int, int]] = []
+    at = ends[-1] if ends else None
+    while at is not None:
+        chain.append(pairs[at])
+        at = before[at]
+    ops: list[_Op] = []
+
+    def emit(tag: str, i1: int, i2: int, j1: int, j2: int) -> None:
+        if i1 == i2 and j1 == j2:
+            return
+        if ops and ops[-1][0] == tag:
+            tag, i1, _, j1, _ = ops.pop()
+        ops.append((tag, i1, i2, j1, j2))
+
+    i = j = 0
+    for ai, bj in [*reversed(chain), (len(a), len(b))]:
+        si, sj = i, j
+        while i < ai and j < bj and a[i] == b[j]:
+            i, j = i + 1, j + 1
+        emit("equal", si, i, sj, j)
+        ei, ej = ai, bj
+        while ei > i and ej > j and a[ei - 1] == b[ej - 1]:
+            ei, ej = ei - 1, ej - 1
+        if ei - i == ej - j:
+            for k in range(ei - i):
+                emit("equal" if a[i + k] == b[j + k] else "replace", i + k, i + k + 1,
+                     j + k, j + k + 1)
+        else:
+            emit("replace" if ei > i and ej > j else "delete" if ei > i else "insert",
+                 i, ei, j, ej)
+        emit("equal", ei, min(ai + 1, len(a)), ej, min(bj + 1, len(b)))
+        i, j = ai + 1, bj + 1
+    return ops
+
+
+def _range(start: int, stop: int) -> str:
+    """A hunk's range as ``diff -u`` writes it (``difflib._format_range_unified``)."""
+    length = stop - start
+    if length == 1:
+        return str(start + 1)
+    return f"{start + 1 if length else start},{length}"
+
+
+_QUOTED = re.compile(r'[\x00-\x1f\x7f"\\]')
+
+
+def _quote(name: str) -> str:
+    """``name`` as git writes it in a diff header: in double quotes with C escapes when it
+    holds a control character, a double quote or a backslash."""
+    if _QUOTED.search(name) is None:
+        return name
+    named = {"\n": "\\n", "\t": "\\t", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+    return '"' + _QUOTED.sub(lambda m: named.get(m[0], f"\\{ord(m[0]):03o}"), name) + '"'
+
+
 def _counts(diff: str) -> tuple[int, int]:
+    """Lines added and removed: the ``+`` and ``-`` rows after the first hunk header (a
+    removed line ``-- x`` is the row ``--- x``, not a header)."""
     added = removed = 0
-    for line in diff.splitlines():
-        if line.startswith("+") and not line.startswith("+++ "):
+    hunks = False
+    for line in _lines(diff):
+        if line.startswith("@@ "):
+            hunks = True
+        elif hunks and line.startswith("+"):
             added += 1
-        elif line.startswith("-") and not line.startswith("--- "):
+        elif hunks and line.startswith("-"):
             removed += 1
     return added, removed
 
@@ -88,9 +221,9 @@ def record(path: str, before: bytes | None, after: bytes | None, *,
     (``None``: the file did not exist / no longer exists); return the change.
 
     ``moved_to`` names the new path of a move; ``unread`` is the size of an old content too
-    large to have been read (the change is then recorded without its diff, incomplete). Inside a tool call the change is written with
-    the call's ``tool/result``; outside one (a script calling a tool's function) it is only
-    returned.
+    large to have been read (the change is then recorded without its diff, incomplete).
+    Inside a tool call the change is written with the call's ``tool/result``; outside one (a
+    script calling a tool's function) it is only returned.
     """
     op = ("move" if moved_to is not None else "add" if before is None and unread is None
           else "delete" if after is None else "update")

@@ -29,9 +29,11 @@ so, in its result or its error, since the model's idea of the file is then out o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -39,7 +41,6 @@ import attrs
 from dsh.core.errors import ToolError
 from dsh.host.stash import StashKey
 from dsh_shell import workspace
-from dsh_shell.settings import ShellSettings
 
 #: Bytes of the largest file the edit tools change: it is held in memory a few times over
 #: (old, new, diff), so a huge file is refused before it is read.
@@ -76,12 +77,51 @@ def target(root: str, path: str, unprotected: tuple[str, ...], protect: tuple[st
     if not parts:
         raise ToolError("the path is the workspace directory itself, not a file")
     rel = "/".join(parts)
-    shaped = workspace.persistence_of(rel, unprotected, protect)
+    shaped = shapes(root, path, rel, unprotected, protect)
     if shaped is not None:
         raise ToolError(f"{path!r} is {shaped}, a file that shapes later runs (git, dsh and "
                         f"Claude Code obey it): {tool} does not change it. The person may "
                         f"allow it with [sandbox] unprotected = [{shaped!r}]")
     return rel
+
+
+def shapes(root: str, path: str, rel: str, unprotected: tuple[str, ...],
+           protect: tuple[str, ...]) -> str | None:
+    """The persistence path that ``rel`` (``path`` resolved) is, or lies in, judged three
+    ways, as a write through any of them would reach it: by ``rel``; by ``path`` as written
+    (``.git/config`` when ``.git`` is a symlink to a folder elsewhere in the workspace), and
+    by where such a symlinked entry really is; each also with case, compatibility forms,
+    invisible format characters and trailing dots and spaces folded away (a case-insensitive
+    file system, such as a Windows drive under WSL, finds ``.MCP.json`` as ``.mcp.json``)."""
+    from dsh.core.beneath import PERSISTENCE
+
+    lexical = os.path.normpath(path).replace(os.sep, "/")
+    for entry in (*PERSISTENCE, *protect):
+        if entry in unprotected:
+            continue
+        places = [_fold(entry)]
+        link = os.path.join(root, entry)
+        if os.path.islink(link):  # where the entry really is, if inside the workspace
+            real = os.path.realpath(link)
+            if real == root:  # the workspace itself: all of it is that entry
+                return entry
+            if workspace._inside(root, real):
+                places.append(_fold(os.path.relpath(real, root).replace(os.sep, "/")))
+        for name in (_fold(rel), _fold(lexical)):
+            if any(name == p or name.startswith(p + "/") for p in places):
+                return entry
+    return None
+
+
+def _fold(rel: str) -> str:
+    """``rel`` as a case-insensitive file system may compare it."""
+    import unicodedata
+
+    parts = []
+    for part in rel.split("/"):
+        part = "".join(c for c in part if unicodedata.category(c) != "Cf")
+        parts.append(unicodedata.normalize("NFKC", part).casefold().rstrip(" ."))
+    return "/".join(parts)
 
 
 def read(root: str, rel: str, path: str) -> bytes:
@@ -201,8 +241,12 @@ def _replace_in(text: str, old: str, new: str, replace_all: bool, path: str, *,
     starts = _starts(text, old)
     if not starts:
         raise ToolError(_not_found(text, old, path, mixed))
+    count = text.count(old) if replace_all else 1
+    if len(text) + count * (len(new) - len(old)) > MAX_EDIT:  # before it is made
+        raise ToolError(f"the edit would make {path} longer than the edit tools make a file "
+                        f"({MAX_EDIT >> 20} MiB): write it with write_file, or in parts")
     if replace_all:
-        return text.replace(old, new), text.count(old)
+        return text.replace(old, new), count
     if len(starts) > 1:
         lines = _lines_of(text, starts)
         shown = ", ".join(map(str, lines[:LISTED])) + (", …" if len(lines) > LISTED else "")
@@ -249,10 +293,15 @@ def _not_found(text: str, old: str, path: str, mixed: bool) -> str:
     words = old.split()
     if words:
         # The same words with other whitespace between them: another indentation, spaces
-        # or line breaks (a regex of literal words, so no backtracking blow-up).
-        loose = re.search(r"\s+".join(map(re.escape, words)), text)
-        if loose is not None:
-            line = _lines_of(text, [loose.start()])[0]
+        # or line breaks. Searched in the text with each run of whitespace made one space,
+        # in linear time (a regex of the words is O(text × words) on repetitive text).
+        flat = re.sub(r"\s+", " ", text)
+        at = flat.find(" ".join(words))
+        if at >= 0:
+            word = flat.count(" ", 0, at) - flat.startswith(" ")  # which word it starts in
+            into = at - (flat.rfind(" ", 0, at) + 1)
+            start = next(itertools.islice(re.finditer(r"\S+", text), word, None)).start()
+            line = _lines_of(text, [start + into])[0]
             why += (f"; text that differs from it only in whitespace (indentation, spaces, "
                     f"line breaks) starts at line {line}: copy old exactly as the file has it")
     return why
@@ -264,6 +313,68 @@ def _hints(text: Text, old: str) -> str:
         return ("; the file is not UTF-8 (it is edited as latin-1), so read_file showed its "
                 "non-UTF-8 bytes as U+FFFD, which old must not contain: choose old around them")
     return ""
+
+
+# -- finding lines (apply_patch) -----------------------------------------------------------------
+
+
+#: Lines of a file the hunks of apply_patch may look at to be placed (passed by, or
+#: compared): far more than any real patch needs, and a bound on a hostile one's time.
+MAX_SEEK = 100_000_000
+_NORMS: tuple[Callable[[str], str], ...] = (lambda s: s, str.rstrip, str.strip)
+
+
+class Lines:
+    """A file's lines in each form :func:`dsh_shell.patch.seek` compares (each made once),
+    and the work its hunks did so far."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts, self.work = texts, 0
+        self.forms: list[list[str] | None] = [texts, None, None]
+        #: (form, line) → (from, at): the line's first index from ``from`` on is ``at``.
+        self.next: dict[tuple[int, str], tuple[int, int]] = {}
+
+    def find(self, wants: list[list[str]], n: int, start: int, eof: bool) -> int | None:
+        """Where the first ``n`` lines of a pattern (``wants``: in each form) are."""
+        last = len(self.texts) - n
+        if last < start or n <= 0:
+            return None
+        for k, norm in enumerate(_NORMS):
+            form = self.forms[k] = self.forms[k] or [norm(t) for t in self.texts]
+            head, at = wants[k][0], start
+            if eof and self._at(form, wants[k], n, last):
+                return last
+            while at <= last:
+                known = self.next.get((k, head))
+                if known is not None and known[0] <= at <= known[1]:
+                    found = known[1]  # hunks are placed forwards: asked again, not sought
+                else:
+                    try:
+                        found = form.index(head, at)
+                    except ValueError:
+                        found = len(form)
+                    self.next[k, head] = (at, found)
+                    self._spend(found - at)
+                if found <= last and self._at(form, wants[k], n, found):
+                    return found
+                at = found + 1
+        return None
+
+    def _at(self, form: list[str], want: list[str], n: int, at: int) -> bool:
+        self._spend(2 * n)
+        return form[at:at + n] == want[:n]
+
+    def _spend(self, work: int) -> None:
+        self.work += work + 1
+        if self.work > MAX_SEEK:
+            raise ToolError(f"placing the hunks took more than {MAX_SEEK} line comparisons "
+                            f"in a file of {len(self.texts)} lines: give each hunk distinctive "
+                            "lines of context, or split the patch")
+
+
+def forms_of(pattern: list[str]) -> list[list[str]]:
+    """``pattern`` in each form :class:`Lines` compares."""
+    return [[norm(p) for p in pattern] for norm in _NORMS]
 
 
 # -- what the model last saw -----------------------------------------------------------------------

@@ -210,19 +210,7 @@ def seek(lines: list[str], pattern: list[str], start: int, eof: bool) -> int | N
     """Where ``pattern`` first occurs in ``lines`` from index ``start``: compared exactly, then
     without trailing whitespace, then without leading and trailing whitespace (Codex's
     ``seek_sequence``). With ``eof`` the end of the file is tried first."""
-    n = len(pattern)
-    last = len(lines) - n
-    if last < start:
-        return None
-    order = [last] if eof else []
-    order.extend(range(start, last + 1))
-    norms: tuple[Callable[[str], str], ...] = (lambda s: s, str.rstrip, str.strip)
-    for norm in norms:
-        want = [norm(p) for p in pattern]
-        for at in order:
-            if all(norm(lines[at + k]) == want[k] for k in range(n)):
-                return at
-    return None
+    return edit.Lines(lines).find(edit.forms_of(pattern), len(pattern), start, eof)
 
 
 def _split(body: str) -> list[tuple[str, str]]:
@@ -243,9 +231,10 @@ def apply_chunks(body: str, chunks: tuple[Chunk, ...]) -> str:
     eol = "\r\n" if crlf > len(lines) - crlf else "\n"
     spans: list[tuple[int, int, tuple[tuple[str, str], ...]]] = []
     at = 0
+    view = edit.Lines(texts)
     for chunk in chunks:
         if chunk.context is not None:
-            found = seek(texts, [chunk.context], at, eof=False)
+            found = view.find(edit.forms_of([chunk.context]), 1, at, eof=False)
             if found is None:
                 after = f" after line {at}" if at else ""
                 raise ToolError(f"the line {chunk.context!r} named by the '@@' at patch line "
@@ -256,29 +245,32 @@ def apply_chunks(body: str, chunks: tuple[Chunk, ...]) -> str:
         if not old:  # only added lines: after the @@ line, else at the end
             spans.append((len(texts) if chunk.eof or chunk.context is None else at, 0, ops))
             continue
-        found = seek(texts, old, at, chunk.eof)
-        while found is None and ops and ops[-1] == (" ", ""):
+        wants, n, cut = edit.forms_of(old), len(old), 0
+        found = view.find(wants, n, at, chunk.eof)
+        while found is None and cut < len(ops) and ops[-1 - cut] == (" ", ""):
             # Blank lines at a hunk's end are often the gap before the next header, not
             # lines of the file: try without them (Codex does, for one).
-            ops = ops[:-1]
-            old = [t for op, t in ops if op != "+"]
-            found = seek(texts, old, at, chunk.eof) if old else None
+            cut, n = cut + 1, n - 1
+            found = view.find(wants, n, at, chunk.eof)
         if found is None:
             raise ToolError(_mismatch(texts, chunk, at))
-        spans.append((found, len(old), ops))
-        at = found + len(old)
-    out = list(lines)
-    # From the last span back, so earlier indexes stay valid; of two spans at one index
-    # (lines added after an @@ line, then a hunk right there) the later one goes first.
-    for start, count, ops in reversed(sorted(spans, key=lambda s: s[0])):
-        segment, k = [], start
+        spans.append((found, n, ops[:len(ops) - cut]))
+        at = found + n
+    out: list[tuple[str, str]] = []
+    done = 0  # lines of the file copied to out so far
+    # In the file's order (of two spans at one index, lines added after an @@ line and a
+    # hunk right there, the first one first), each in one pass.
+    for start, count, ops in sorted(spans, key=lambda s: s[0]):
+        out.extend(lines[done:start])
+        k = start
         for op, text in ops:
             if op == " ":
-                segment.append(lines[k])  # the file's own line, not the patch's loose copy
+                out.append(lines[k])  # the file's own line, not the patch's loose copy
             elif op == "+":
-                segment.append((text, eol))
+                out.append((text, eol))
             k += op != "+"
-        out[start:start + count] = segment
+        done = start + count
+    out.extend(lines[done:])
     open_end = bool(lines) and lines[-1][1] == ""
     for k in range(len(out) - 1):
         if not out[k][1]:
@@ -368,6 +360,10 @@ def _plan(root: str, section: Section, unprotected: tuple[str, ...],
             after = edit.encode(edit.Text("", b"", "utf-8"), section.contents, section.path)
             return Step("A", section.line, rel, None, after,
                         preview=changes.diff_of("", section.contents, rel, created=True))
+        if (section.kind == "delete" or section.move_to is not None) and _link(root,
+                                                                               section.path):
+            raise ToolError(f"{section.path!r} is a symbolic link: apply_patch deletes and "
+                            "moves files, not links (it would act on the file the link names)")
         before = edit.read(root, rel, section.path)
         note = edit.stale(root, rel, before, section.path)
         if section.kind == "delete":
@@ -397,9 +393,12 @@ def _plan(root: str, section: Section, unprotected: tuple[str, ...],
 
 
 def _absent(root: str, rel: str, path: str) -> None:
-    """Refuse unless nothing exists at ``rel`` (a file to add, or a move's target)."""
+    """Refuse unless nothing exists at ``rel`` (a file to add, or a move's target), nor at
+    ``path`` as written (a symbolic link, maybe dangling, there is something)."""
     from dsh.core import beneath
 
+    if _link(root, path):
+        raise ToolError(f"{path!r} already exists, as a symbolic link")
     try:
         os.close(beneath.open_beneath(root, rel, os.O_PATH))
     except FileNotFoundError:
@@ -410,6 +409,11 @@ def _absent(root: str, rel: str, path: str) -> None:
         raise workspace._os_error(path, exc) from None
     raise ToolError(f"{path!r} already exists: change it with an Update File section, or "
                     "delete it first")
+
+
+def _link(root: str, path: str) -> bool:
+    """Whether ``path`` as written (its last part not followed) is a symbolic link."""
+    return os.path.islink(os.path.join(root, path.rstrip("/")))
 
 
 def _touched(steps: list[Step]) -> list[str]:

@@ -182,7 +182,9 @@ def write_text(root: str, path: str, content: str, unprotected: tuple[str, ...] 
     parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
     if not parts:
         raise ToolError("the path is the workspace directory itself, not a file")
-    shaped = persistence_of("/".join(parts), unprotected, protect)
+    from dsh_shell import edit  # the edit tools' check: every spelling, through symlinks
+
+    shaped = edit.shapes(root, path, "/".join(parts), unprotected, protect)
     if shaped is not None:
         raise ToolError(f"{path!r} is {shaped}, a file that shapes later runs (git, dsh and "
                         "Claude Code obey it): write_file does not change it. The person may "

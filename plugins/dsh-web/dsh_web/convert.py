@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 from typing import Any
 
 #: The wrapper's tag: the page's text is between ``<untrusted-web-content …>`` and its end tag.
@@ -21,9 +22,21 @@ _DROPPED = frozenset(DROPPED)
 #: A ``style`` that hides its element (whitespace and case removed first).
 _HIDING_STYLE = re.compile(r"display:none|visibility:hidden|visibility:collapse|opacity:0(?![.\d])"
                            r"|font-size:0(?![.\d])")
-#: Anything that would read as the wrapper's start or end tag, even spaced or cased
-#: differently, or with ``_`` for ``-``: ``<`` becomes ``&lt;``.
-_TAG_LIKE = re.compile(r"<(?=\s*/?\s*untrusted[\s_-]*web[\s_-]*content)", re.IGNORECASE)
+#: What may open something read as the wrapper's tag: ``<`` and the characters drawn like
+#: it (fullwidth, small, angle brackets, arrowheads).
+_OPENERS = "<\uff1c\ufe64\u2039\u2329\u3008\u27e8\u276e\u02c2\u1438\u2b9c"
+#: An opener the name may follow: after ASCII punctuation or spaces, a ``u``, a ``0`` or
+#: a character that is not ASCII (found by the regex engine, so ``<div>`` costs nothing).
+_CANDIDATE = re.compile(f"[{_OPENERS}]"
+                        + r"(?=[\x00-/:-@\[-`{-\x7f]{0,256}+[uU\x80-\U0010ffff])")
+#: The letters of the tag's name, as :func:`_names_tag` reads what follows an opener.
+_NAME = "untrustedwebcontent"
+#: Letters of other scripts drawn like the Latin ones (Cyrillic, Greek, Armenian, small
+#: capitals), and the digit 0.
+_LOOKALIKE = str.maketrans(dict(zip("аеорсхѕԁԝѡьтгυνωոսօοτεϲϵꜱᴜᴛʀᴄᴏᴡɴ0",
+                                    "aeopcxsdwwbtruvwnuootecesutrcowno", strict=True)))
+#: Characters looked at after an opener for the name.
+_REACH = 256
 #: C0 controls other than tab, newline and carriage return, and DEL.
 _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -125,9 +138,56 @@ def _codec(charset: str | None) -> str | None:
 
 
 def neutralize(text: str) -> str:
-    """``text`` made unable to end (or fake) the wrapper: each ``<`` that begins something
-    reading as its tag becomes ``&lt;``; control characters are dropped."""
-    return _TAG_LIKE.sub("&lt;", _CONTROLS.sub("", text))
+    """``text`` made unable to end (or fake) the wrapper: each ``<`` (or a character drawn
+    like it) that begins something reading as its tag becomes ``&lt;``, however the name is
+    spaced, cased, punctuated, written in look-alike letters or interleaved with invisible
+    characters; control characters are dropped."""
+    text = _CONTROLS.sub("", text)
+    out: list[str] = []
+    done = 0
+    budget = [len(text) + 4096]  # characters looked at; past it, every opener is escaped
+    for opener in _CANDIDATE.finditer(text):
+        at = opener.start()
+        if _names_tag(text, at + 1, budget):
+            out.extend((text[done:at], "&lt;"))
+            done = at + 1
+    out.append(text[done:])
+    return "".join(out)
+
+
+_letters: dict[str, str] = {}  # a character not ASCII → the letters it reads as
+
+
+def _names_tag(text: str, start: int, budget: list[int]) -> bool:
+    """Whether the letters from ``start`` on spell the wrapper's name (:data:`_NAME`), all
+    that is not a letter or digit skipped, each letter reduced to its Latin look-alike (or
+    the ``budget`` of characters to look at is spent: then it may, as far as is known)."""
+    matched = 0
+    for at in range(start, min(len(text), start + _REACH)):
+        budget[0] -= 1
+        if budget[0] < 0:
+            return True
+        char = text[at]
+        if char.isascii():  # the usual case, quickly
+            if not char.isalnum():
+                continue
+            letters = char.lower().translate(_LOOKALIKE)
+        else:
+            known = _letters.get(char)
+            if known is None:
+                if len(_letters) > 4096:
+                    _letters.clear()
+                known = _letters[char] = "".join(
+                    c for c in unicodedata.normalize("NFKD", char).casefold()
+                    .translate(_LOOKALIKE) if unicodedata.category(c)[0] in "LN")
+            letters = known
+        for c in letters:
+            if c != _NAME[matched]:
+                return False
+            matched += 1
+            if matched == len(_NAME):
+                return True
+    return False
 
 
 def cap(text: str, limit: int) -> tuple[str, int]:

@@ -24,6 +24,7 @@ bounds (README.md, "Security model").
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import ssl
 import threading
@@ -296,7 +297,7 @@ def fetch(text: str, settings: WebSettings, cancelled: Callable[[], bool] = lamb
                             url = _checked(url.join(location).copy_with(fragment=None))
                         except (httpx.InvalidURL, ValueError, TypeError) as exc:
                             raise FetchError(f"it redirects to an invalid URL "
-                                             f"{_shown(location)} ({exc})") from None
+                                             f"{_shown(location)} ({_reason(exc)})") from None
                         except Refused as exc:
                             raise Refused(f"it redirects to {_shown(location)}: {exc}") from None
                         chain.append(url)
@@ -311,7 +312,7 @@ def fetch(text: str, settings: WebSettings, cancelled: Callable[[], bool] = lamb
         error = FetchError(f"no complete answer within the time limit of "
                            f"{settings.timeout:g}s ([plugins.web] timeout)")
     except (httpcore.NetworkError, httpcore.ProtocolError, OSError) as exc:
-        error = FetchError(f"the connection failed ({type(exc).__name__}: {exc})")
+        error = FetchError(f"the connection failed ({type(exc).__name__}: {_reason(exc)})")
     error.chain = tuple(str(u) for u in chain)
     raise error
 
@@ -339,8 +340,9 @@ def _page(response: httpcore.Response, url: httpx.URL, chain: list[httpx.URL],
                                       and media_type.endswith("+json")):
         kind = "text"
     else:
-        raise Refused(f"its content type is {media_type or '(none)'}; web_fetch returns "
-                      f"only HTML, plain text, Markdown and JSON")
+        shown = media_type if _TOKENS.fullmatch(media_type) else "not a valid media type"
+        raise Refused(f"its content type is {shown if media_type else '(none)'}; web_fetch "
+                      f"returns only HTML, plain text, Markdown and JSON")
     coding = _encoding(_header(response, b"content-encoding"))
     body, cut = _read_body(response, settings.max_bytes, coding, deadline)
     return Page(url=str(url), status=response.status, media_type=media_type, kind=kind,
@@ -419,8 +421,10 @@ def _encoding(value: str | None) -> str | None:
         return None
     if len(codings) == 1 and codings[0] in ("gzip", "x-gzip", "deflate"):
         return "deflate" if codings[0] == "deflate" else "gzip"
-    raise Refused(f"its body is encoded as {', '.join(codings)[:60]!r}, which web_fetch does "
-                  f"not decode (it asks for gzip or deflate)")
+    named = ", ".join(codings)[:60]
+    shown = repr(named) if all(_TOKENS.fullmatch(c) for c in codings) else "something"
+    raise Refused(f"its body is encoded as {shown}, which web_fetch does not decode (it asks "
+                  f"for gzip or deflate)")
 
 
 def _content_type(value: str | None) -> tuple[str, str | None]:
@@ -453,6 +457,18 @@ def _headers(url: httpx.URL) -> list[tuple[bytes, bytes]]:
 def _core_url(url: httpx.URL) -> httpcore.URL:
     return httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
                         target=url.raw_path)
+
+
+#: An HTTP token (a content coding), or a media type: what a server's words may be shown as
+#: in an error, which is outside the wrapper (words with spaces could be read as orders).
+_TOKENS = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]{1,40}(/[a-z0-9!#$%&'*+.^_`|~-]{1,60})?")
+
+
+def _reason(exc: Exception) -> str:
+    """An error's words without the server's own that h11 and httpx quote in them (an
+    illegal status line, a port, a host), capped."""
+    text = re.split(r"""[\s:,]*(?:['"]|bytearray\(|\bb['"])""", str(exc), maxsplit=1)[0]
+    return text[:160] or type(exc).__name__
 
 
 def _shown(text: str, limit: int = 300) -> str:
