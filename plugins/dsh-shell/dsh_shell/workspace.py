@@ -254,17 +254,3 @@ def _bounded(diff: str, limit: int = 40) -> str:
     if len(lines) > limit:
         lines = [*lines[:limit], f"… ({len(lines) - limit} more lines of diff)"]
     return "\n".join(lines)
-
-
-def persistence_of(rel: str, unprotected: tuple[str, ...] = (),
-                   protect: tuple[str, ...] = ()) -> str | None:
-    """The persistence path (``.git/hooks``) that ``rel`` (symlink-free, relative to the
-    workspace) is or lies in, unless ``unprotected`` names it; else ``None``."""
-    from dsh.core.beneath import PERSISTENCE
-
-    for entry in (*PERSISTENCE, *protect):
-        if entry in unprotected:
-            continue
-        if rel == entry or rel.startswith(entry + "/"):
-            return entry
-    return None
