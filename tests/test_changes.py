@@ -187,3 +187,38 @@ def test_undo_refuses_a_file_changed_since_and_an_incomplete_diff() -> None:
     assert changes.undo(added, b"x\n") is None  # undoing an add removes the file
     deleted = changes.record("old.txt", b"x\ny\n", None)
     assert changes.undo(deleted, None) == b"x\ny\n"
+
+
+def test_a_plugin_cannot_make_the_ledger_unreadable_through_changes(
+        tmp_path: Path, script: Callable[..., str], plugin_module: Any) -> None:
+    """Whatever a tool appends to its call's changes, only values the ledger reads back are
+    written: the session still loads and resumes."""
+    from dsh.hookspecs import hookimpl
+    from dsh.tools.registry import current_call
+
+    @hookimpl
+    def register_tools(register: Any) -> None:
+        def meddle() -> str:
+            """Append junk to the call's changes."""
+            call = current_call()
+            call.changes.append("not a change")  # type: ignore[arg-type]
+            call.changes.append(Change(path="a", op="update", added="1"))  # type: ignore[arg-type]
+            call.changes.append(Change(path="\udcff", op="update"))
+            call.changes.append(Change(path="a", op="chmod"))
+            changes.record("ok.txt", b"a\n", b"b\n")  # appends itself
+            return "done"
+
+        register(meddle)
+
+    name = plugin_module(register_tools=register_tools)
+    app = App.from_config({"sessions_dir": str(tmp_path / "s"), "autoload": False,
+                           "load": [name]})
+    run = app.run("go", model=script({"tool_calls": [{"name": "meddle", "arguments": {}}]},
+                                     {"text": "ok"}))
+    assert run.outcome == "completed", run.reason
+    [result] = _results(app, run.session_id)
+    assert [c.path for c in result.changes] == ["ok.txt"]
+    # both load paths accept every line written (resume reads the raw one)
+    for line in Path(run.path).read_text().splitlines():
+        check_raw(json.loads(line))
+        load_event(line)

@@ -285,7 +285,7 @@ class Chat:
 
     def show_changes(self, changes: Any) -> None:
         """The recorded diffs of a tool result, coloured on a terminal (at most 20 lines
-        each; ``/show`` or ``dsh sessions show --full`` has them whole)."""
+        each; ``dsh sessions show --full`` has them whole)."""
         import click
 
         from dsh.cli.diffs import diff_lines

@@ -357,9 +357,14 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
     results = iter(ran)
     for inv, refused in zip(invocations, refusals, strict=True):
         outcome = ToolOutcome("budget", f"not run: {refused}") if refused else next(results)
+        changes = outcome.changes
+        if changes:  # only what the ledger reads back (a plugin may have appended anything)
+            from dsh.tools.changes import checked
+
+            changes = checked(changes)
         ledger.append(ToolReturned, call_id=inv.call.id, name=inv.call.name,
                       status=outcome.status, output=outcome.output,
-                      duration_ms=outcome.duration_ms, changes=outcome.changes)
+                      duration_ms=outcome.duration_ms, changes=changes)
     return first_refusal
 
 

@@ -16,6 +16,7 @@ and a content that is not UTF-8 text (a NUL byte, an invalid sequence) is record
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable
 from collections.abc import Sequence
@@ -259,6 +260,27 @@ def record(path: str, before: bytes | None, after: bytes | None, *,
         return change
     call.changes.append(change)
     return change
+
+
+def checked(changes: Iterable[object]) -> tuple[Change, ...]:
+    """The changes a tool result may record: :class:`Change` values whose every field has
+    the type the ledger reads back (a plugin may append anything to ``call.changes``; a
+    value that would make the session unreadable is dropped, never written)."""
+    from dsh.ledger.parts import dump_changes
+    from dsh.ledger.parts import raw_changes
+
+    kept = []
+    for c in changes:
+        try:
+            if type(c) is not Change:
+                continue
+            plain = dump_changes((c,))
+            json.dumps(plain, ensure_ascii=False).encode("utf-8")  # no lone surrogate
+            if raw_changes(plain) == (c,):
+                kept.append(c)
+        except Exception:  # noqa: BLE001,S112 - any shape the loader refuses is dropped
+            continue
+    return tuple(kept)
 
 
 def for_model(changes: Iterable[Change], max_lines: int = MODEL_LINES) -> str:
