@@ -36,6 +36,8 @@ from dsh.core import beneath
 from dsh.core.errors import ToolError
 from dsh.run.app import App
 from dsh.tools import changes
+from tests.workbench import patch_of
+from tests.workbench import shell_apps
 
 edit = pytest.importorskip("dsh_shell.edit")
 patches = pytest.importorskip("dsh_shell.patch")
@@ -76,15 +78,10 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def app(tmp_path: Path, ws: Path) -> App:
-    return App.from_config({
-        "sessions_dir": str(tmp_path / "sessions"),
-        "plugins": {"shell": {"workspace": str(ws), "tty": str(tmp_path / "no-tty")}},
-        "agents": {"a": {"plugins": ["shell"]}},
-    })
+    return shell_apps(tmp_path, ws)()
 
 
-def P(*lines: str) -> str:
-    return "\n".join(("*** Begin Patch", *lines, "*** End Patch"))
+P = patch_of
 
 
 def tool(app: App, name: str) -> Callable[..., str]:

@@ -33,6 +33,8 @@ from dsh.ledger.events import ToolReturned
 from dsh.run.app import App
 from dsh.tools.registry import ToolInvocation
 from dsh.tools.registry import execute
+from tests.workbench import patch_of
+from tests.workbench import shell_apps
 
 edit = pytest.importorskip("dsh_shell.edit")
 
@@ -56,16 +58,10 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def app(tmp_path: Path, ws: Path) -> App:
-    return App.from_config({
-        "sessions_dir": str(tmp_path / "sessions"),
-        "plugins": {"shell": {"workspace": str(ws), "tty": str(tmp_path / "no-tty")}},
-        "agents": {"a": {"plugins": ["shell"]}},
-    })
+    return shell_apps(tmp_path, ws)()
 
 
-def P(*lines: str) -> str:
-    """A patch of ``lines`` between the begin and end markers."""
-    return "\n".join(("*** Begin Patch", *lines, "*** End Patch"))
+P = patch_of
 
 
 #: Every kind of section at once: add, update with a move, delete, update.

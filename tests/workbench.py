@@ -23,3 +23,8 @@ def shell_apps(tmp_path: Path, ws: Path) -> Callable[..., App]:
         return App.from_config(config)
 
     return build
+
+
+def patch_of(*lines: str) -> str:
+    """A patch (Codex's format) of ``lines`` between the begin and end markers."""
+    return "\n".join(("*** Begin Patch", *lines, "*** End Patch"))
