@@ -193,6 +193,21 @@ class ContextCompacted(Event):
 
 
 @attrs.frozen(kw_only=True, repr=False)
+class SessionForked(Event):
+    """The session began as a copy of another session's history (``dsh sessions fork``,
+    ``rewind``, ``/fork``): the first line of a fork. The lines after it are the parent's
+    lines up to the end of its turn ``turn`` (0: none), ``session`` and ``seq`` renumbered;
+    ``parent_seq`` is the parent's last line copied. The fork does not need its parent:
+    deleting the parent later loses nothing here. ``reason`` is ``fork`` or ``rewind``."""
+
+    type: ClassVar[str] = "session/fork"
+    parent: str
+    turn: int = 0
+    parent_seq: int = -1
+    reason: str = "fork"
+
+
+@attrs.frozen(kw_only=True, repr=False)
 class UnknownEvent(Event):
     """A line whose ``type`` this version does not know (a newer dsh, or a plugin that is no
     longer installed). Kept verbatim in ``extra`` and written back unchanged."""
@@ -232,6 +247,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     StepEnded,
     TurnEnded,
     ContextCompacted,
+    SessionForked,
 )
 
 
@@ -293,6 +309,8 @@ FIELD_KINDS: dict[type[Event], dict[str, str]] = {
                        "strategy": METADATA, "plugin": METADATA, "reason": METADATA,
                        "tokens_before": METADATA, "tokens_after": METADATA,
                        "summary_session": METADATA},
+    SessionForked: {**_BASE, "parent": METADATA, "turn": METADATA, "parent_seq": METADATA,
+                    "reason": METADATA},
     UnknownEvent: {**_BASE, "tag": METADATA},
     PluginEvent: {**_BASE, "plugin": METADATA, "name": METADATA, "data": CONTENT,
                   "version": METADATA},

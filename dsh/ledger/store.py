@@ -49,6 +49,7 @@ from dsh.hookspecs import hookimpl
 from dsh.ledger.blobs import BlobFiles
 from dsh.ledger.blobs import MemoryBlobs as MemoryBlobs  # re-exported
 from dsh.ledger.events import Event
+from dsh.ledger.events import SessionForked
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
 from dsh.ledger.history import Projection
@@ -84,6 +85,13 @@ class SessionInfo:
     turns: int = 0
     first_prompt: str = ""
     parent: str | None = None
+    #: The working directory of the session's first turn (``turn/start`` ``cwd``).
+    cwd: str | None = None
+    #: The session this one was forked from (its first line is ``session/fork``).
+    forked_from: str | None = None
+    #: Tokens per model over the whole ledger: ``(model, input, output, cache read, cache
+    #: write)``; empty when the summary did not read the whole ledger.
+    usage: tuple[tuple[str, int, int, int, int], ...] = ()
 
 
 class JsonlStore(BlobFiles):
@@ -256,7 +264,9 @@ class JsonlStore(BlobFiles):
                 event = parse_line(line, codec, f"{path}:{lineno}", lineno - 1)
             except LedgerError:
                 break
-            if isinstance(event, TurnStarted):
+            if isinstance(event, SessionForked):
+                info.setdefault("forked_from", event.parent)
+            elif isinstance(event, TurnStarted):
                 info.setdefault("agent", event.agent)
                 info.setdefault("started", event.ts)
                 if event.parent and "parent" not in info:
