@@ -184,7 +184,9 @@ RUN_ATTRS_CLASSES = {
     *(f"dsh.ledger.events.{n}" for n in (
         "Event", "TurnStarted", "StepStarted", "UserMessage", "ContextInjected",
         "AssistantMessage", "ToolCalled", "ToolReturned", "StepRejected", "StepEnded",
-        "TurnEnded", "ContextCompacted", "UnknownEvent", "PluginEvent")),
+        "TurnEnded", "ContextCompacted", "UnknownEvent", "PluginEvent",
+        # the first line of a fork: the codec reads every tag of any ledger it may resume
+        "SessionForked")),
     "dsh.run.result.RunResult", "dsh.host.runcontext.Limits", "dsh.host.runcontext.Budget",
     "dsh.host.runcontext.RunContext", "dsh.config.loader.AgentConfig",
     "dsh.config.loader.Config", "dsh.host.manager.PluginRecord", "dsh.llm.base.ModelEntry",
