@@ -233,6 +233,21 @@ class Ledger:
                 self.observer(event)
             return event
 
+    def adopt(self, event: Event) -> Event:
+        """Write ``event`` — a line of another session's ledger, or a ``session/fork`` line —
+        as this session's next line: ``seq`` and ``session`` renumbered, every other field
+        (and the unknown ones in ``extra``) kept. What a fork is made of
+        (:mod:`dsh.ledger.fork`)."""
+        from dsh.ledger.events import UnknownEvent
+
+        with self._lock:
+            seq = max(self.projection.seq, self._written) + 1
+            fields: dict[str, Any] = {"seq": seq, "session": self.session_id,
+                                      "ts": event.ts or _now()}
+            if type(event) is UnknownEvent:  # written back from its raw object
+                fields["extra"] = {**event.extra, **fields}
+            return self._write(attrs.evolve(event, **fields))
+
     @property
     def projection(self) -> Projection:
         """What the next request contains: read-only to everyone but this ledger, which feeds
