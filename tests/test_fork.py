@@ -321,3 +321,58 @@ def test_rewind_files_never_writes_outside_the_workspace(tmp_path: Path) -> None
     assert done.returncode != 0
     assert (tmp_path / "escaped.txt").read_text() == "moved\n"
     assert not (tmp_path / "extra.txt").exists()
+
+
+def test_a_fork_keeps_a_compaction_before_its_point_and_rewinds_past_one(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    cfg = _server_config(tmp_path, server)
+    long = "word " * 400
+    server.script(*(Reply(body=openai_completion(f"{long} answer {i}")) for i in range(1, 6)))
+    first = _dsh(cfg, "run", "--json", f"{long} one")
+    sid = json.loads(first.stdout)["session"]
+    assert _dsh(cfg, "run", "-m", "oa", "--session", sid, f"{long} two").returncode == 0
+    compacted = _dsh(cfg, "sessions", "compact", sid, "--strategy", "truncate")
+    assert compacted.returncode == 0 and "compacted" in compacted.stderr, compacted.stderr
+    assert _dsh(cfg, "run", "-m", "oa", "--session", sid, "three").returncode == 0
+    parent_turn3 = server.received[2].raw
+
+    at2 = _dsh(cfg, "sessions", "fork", sid, "--at", "2").stdout.strip()
+    types = [d["type"] for d in _lines(tmp_path / "sessions" / f"{at2}.jsonl")]
+    assert "context/compacted" in types  # made between turns 2 and 3: before the fork point
+    assert _dsh(cfg, "run", "-m", "oa", "--session", at2, "three").returncode == 0
+    assert server.received[3].raw == parent_turn3
+
+    at1 = _dsh(cfg, "sessions", "rewind", sid, "--to", "1")
+    assert at1.returncode == 0, at1.stderr
+    types = [d["type"] for d in _lines(tmp_path / "sessions" / f"{at1.stdout.strip()}.jsonl")]
+    assert "context/compacted" not in types  # rewound past it: the whole history again
+    assert _dsh(cfg, "run", "-m", "oa", "--session", at1.stdout.strip(), f"{long} two"
+                ).returncode == 0
+    assert server.received[4].raw == server.received[1].raw  # the parent's turn-2 request
+
+
+def test_a_fork_killed_mid_turn_resumes_with_its_fork_line(
+        tmp_path: Path, server: ScriptedServer) -> None:
+    cfg = _server_config(tmp_path, server)
+    server.script(Reply(body=openai_completion("first")),
+                  Reply(body=openai_completion("late"), delay=60),
+                  Reply(body=openai_completion("after")))
+    sid = json.loads(_dsh(cfg, "run", "--json", "one").stdout)["session"]
+    new = _dsh(cfg, "sessions", "fork", sid).stdout.strip()
+    proc = subprocess.Popen([sys.executable, "-m", "dsh", "--config", str(cfg), "run",
+                             "-m", "oa", "--session", new, "two"], env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(server.received) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    again = _dsh(cfg, "run", "-m", "oa", "--session", new, "three")
+    assert again.returncode == 0 and again.stdout.strip() == "after", again.stderr
+    lines = _lines(tmp_path / "sessions" / f"{new}.jsonl")
+    assert lines[0]["type"] == "session/fork" and lines[0]["parent"] == sid
+    assert [d["seq"] for d in lines] == list(range(len(lines)))
+    assert [d["outcome"] for d in lines if d["type"] == "turn/end"] == [
+        "completed", "aborted", "completed"]
