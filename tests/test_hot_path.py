@@ -162,8 +162,10 @@ HELP_MODULES_DSH = {
     "dsh.cli.run_command", "dsh.cli.shared", "dsh.core", "dsh.core.errors",
     # each command's module, for its short help in the list
     "dsh.cli.commands", *(f"dsh.cli.commands.{c}" for c in (
-        "batch", "chat", "config", "install", "inventory", "keys", "permissions", "sandbox",
-        "sessions", "trust")),
+        "batch", "chat", "config", "install", "inventory", "keys", "permissions", "replay",
+        "sandbox", "sessions", "trust")),
+    # fork and rewind are commands of the sessions group, defined in their own module
+    "dsh.cli.commands.session_tree",
 }
 
 #: attrs classes alive after ``dsh run -m echo hi``: attrs' own, then dsh's. Each costs

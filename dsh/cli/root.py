@@ -65,6 +65,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "sandbox": "dsh.cli.commands.sandbox:sandbox",
     "trust": "dsh.cli.commands.trust:trust",
     "permissions": "dsh.cli.commands.permissions:permissions",
+    "replay": "dsh.cli.commands.replay:replay",
 }
 
 #: Other names that moved from this module to dsh/cli/commands/. They, and the commands above,

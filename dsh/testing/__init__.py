@@ -66,6 +66,18 @@ __all__ = [
     "request_to_dict",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    """``dsh.testing.replay`` (:func:`dsh.testing._replay.replay`), imported when first asked
+    for: loading the pytest plugin does not pay for it."""
+    if name == "replay":
+        from dsh.testing._replay import replay
+
+        globals()["replay"] = replay
+        return replay
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Environment variables :func:`dsh_env` removes, besides every ``DSH_*`` variable.
 SECRET_VARIABLE = re.compile(r"(API_KEY|API_TOKEN|_TOKEN|_SECRET|SECRET_KEY|ACCESS_KEY|"
                              r"_PASSWORD|_BASE_URL|^RAY_ADDRESS)$")

@@ -12,5 +12,6 @@ module imports nothing but click and :mod:`dsh.cli` at import time.
 * :mod:`dsh.cli.commands.batch` — ``batch`` (running the tasks: :mod:`dsh.batch`);
 * :mod:`dsh.cli.commands.inventory` — ``plugins``, ``tools``, ``models``, ``agents``;
 * :mod:`dsh.cli.commands.install` — ``install``, ``uninstall`` (pip into dsh's environment);
-* :mod:`dsh.cli.commands.keys` — ``keys`` (stored API keys).
+* :mod:`dsh.cli.commands.keys` — ``keys`` (stored API keys);
+* :mod:`dsh.cli.commands.replay` — ``replay`` (the driver: :mod:`dsh.run.replay`).
 """
