@@ -688,7 +688,8 @@ def test_sub_agent_sessions_nest_in_show_and_are_not_latest(
     child = next(s for s in listing if s["parent"] == data["session"])
     assert child["agent"] == "researcher"
     shown = dsh("sessions", "show", "latest").stdout  # the lead's, not the newer child's
-    assert shown.startswith("━━ turn 1 ━━ agent lead")
+    assert shown.startswith(f"session {data['session']} · cwd ")
+    assert shown.splitlines()[1].startswith("━━ turn 1 ━━ agent lead")
     assert f"    │ ━━ turn 1 ━━ agent researcher · model echo · mode ask · sub-agent of session " \
            f"{data['session']}" in shown
     assert "    │   find x" in shown

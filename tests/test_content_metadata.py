@@ -91,7 +91,8 @@ def _hostile_events() -> list[ev.Event]:
     tools = (ToolSpec(name="read", description=m(), parameters={"x": {"description": m()}}),)
     return [
         ev.TurnStarted(session=s, turn=1, agent="lead", model="echo", system=m(), tools=tools,
-                       options={"stop": [m()]}, trust=({"path": m()},), extra={"new": m()}),
+                       options={"stop": [m()]}, trust=({"path": m()},), cwd=m(),
+                       extra={"new": m()}),
         ev.StepStarted(session=s, turn=1, step=0),
         ev.ContextInjected(session=s, text=m()),
         ev.UserMessage(session=s, text=m() + SECRET_PROMPT, attachments=(

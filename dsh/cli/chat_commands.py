@@ -1,7 +1,7 @@
 """The ``/`` commands of ``dsh chat`` (docs/cli.md): :class:`ChatCommand` (a name, a function
 ``fn(chat, argument)`` that may return text to print, its help and plugin, whether it may be
 typed while a turn runs) and the built-in ones (:data:`BUILTIN_COMMANDS`: ``/help``,
-``/tools``, ``/model``, ``/system``, ``/session``, ``/attach``, ``/inject``, ``/stop``,
+``/tools``, ``/model``, ``/system``, ``/session``, ``/cost``, ``/attach``, ``/inject``, ``/stop``,
 ``/exit``). Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
 (:meth:`dsh.cli.repl.Chat._commands`). Also here: the input syntax ``/help`` describes
 (:data:`FOLLOW_UP`, :data:`BLOCK`).
@@ -81,6 +81,26 @@ def _session(chat: Chat, arg: str) -> str:
     return f"session {chat.session.id}" + (f"\n{path}" if path else "")
 
 
+def _cost(chat: Chat, arg: str) -> str:
+    """``/cost``: tokens and cost of the session so far, sub-agents included."""
+    from dsh.run.costs import app_prices
+    from dsh.run.costs import session_cost
+    from dsh.run.costs import tally_text
+
+    store = chat.app.store
+    session = chat.session
+    try:
+        events = list(store.read(session.id)) if session.ledger.path else []
+    except errors.DshError:
+        events = []
+    found = session_cost(events, app_prices(chat.app), store.read)
+    t = found.total
+    n = len(found.children)
+    subs = f", {n} sub-agent session{'s' if n != 1 else ''} included" if n else ""
+    return (f"session {session.id}: {tally_text(t)}, {t.responses} "
+            f"response{'s' if t.responses != 1 else ''}{subs}")
+
+
 def _stop(chat: Chat, arg: str) -> str | None:
     output = chat.output
     ctx = getattr(output, "ctx", None)
@@ -118,6 +138,7 @@ BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
     ChatCommand("model", _model, "show or switch the model: /model NAME"),
     ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
     ChatCommand("session", _session, "the session's id and ledger path"),
+    ChatCommand("cost", _cost, "tokens and cost of this session so far"),
     ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
     ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
                 during_turn=True),

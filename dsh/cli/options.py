@@ -2,7 +2,9 @@
 (:func:`parse_limits`), ``-o`` model options (:func:`parse_options`), the agent overrides of
 ``-m -s --max-steps -o`` (:func:`agent_overrides`), the agent assembled with the ``-T`` allow
 list (:func:`assemble_agent`), and the session to resume for ``-c`` / ``--session`` — an id,
-a unique prefix of one, or ``latest`` (:func:`session_to_resume`, :func:`resolve_session`).
+its short form (the end of its random part), a unique prefix of one, or ``latest``
+(:func:`session_to_resume`, :func:`resolve_session`) — with the model it recorded
+(:func:`keep_session_model`).
 
 Imports only click and :mod:`dsh.cli.shared` at import time; the config, the run context and
 the sanitiser are imported when an option needs them.
@@ -103,10 +105,11 @@ def agent_overrides(model: str | None, system: str | None, max_steps: int | None
 
 
 def assemble_agent(app: App, agent: str | None, overrides: dict[str, Any],
-                   tools: tuple[str, ...], no_tools: bool = False) -> tuple[Any, dict[str, Any]]:
+                   tools: tuple[str, ...], no_tools: bool = False,
+                   note: bool = True) -> tuple[Any, dict[str, Any]]:
     """The agent with ``overrides`` and the ``-T`` allow list (an unknown tool is a usage
-    error naming the available ones; ``-T ''`` and ``--no-tools`` mean no tool at all); says
-    so when the offline default model answers."""
+    error naming the available ones; ``-T ''`` and ``--no-tools`` mean no tool at all); with
+    ``note``, says so when the offline default model answers (:func:`note_default_model`)."""
     allow = [t.strip() for item in tools for t in item.split(",") if t.strip()]
     overrides = dict(overrides)
     if no_tools or (tools and not allow):
@@ -125,7 +128,8 @@ def assemble_agent(app: App, agent: str | None, overrides: dict[str, Any],
                 raise UsageError("--tool: " + unknown_name("tool", name, known, "available"))
         overrides["tools"] = allow
     assembled = app.agent(agent, **overrides)
-    note_default_model(app, assembled, overrides)
+    if note:
+        note_default_model(app, assembled, overrides)
     return assembled, overrides
 
 
@@ -148,18 +152,88 @@ def note_unpriced(agent: Any, limits: Any) -> None:
     import json
 
     key = json.dumps(agent.model_id)
-    warn(f"warning: the cost limit ({where}) cannot apply: model {agent.model_id!r} has no known price; "
-         f"set [models.{key}] price = {{input = …, output = …}} (dollars per million tokens)")
+    warn(f"warning: the cost limit ({where}) cannot apply: model {agent.model_id!r} has no "
+         f"known price; set [models.{key}] price = {{input = …, output = …}} (dollars per "
+         "million tokens)")
 
 
-def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None) -> str | None:
-    """``-c`` (the agent's latest session, with a note when there is none) or ``--session``."""
+def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None,
+                      any_dir: bool = False) -> str | None:
+    """``-c`` (the agent's latest session in the current directory — of any directory with
+    ``any_dir`` —, with a note when there is none) or ``--session``."""
     if continue_:
-        resume = latest_session(app, agent.name)
+        cwd = None if any_dir else _cwd()
+        resume = latest_session(app, agent.name, cwd=cwd, any_dir=any_dir)
         if resume is None:
-            warn(f"no session of agent {agent.name} to continue; starting a new one")
+            where = "" if any_dir else f" in {cwd or 'this directory'}"
+            hint = "" if any_dir else " (--any-dir continues the latest of any directory)"
+            warn(f"no session of agent {agent.name}{where} to continue; starting a new "
+                 f"one{hint}")
         return resume
     return resolve_session(app, session_id) if session_id else None
+
+
+def _cwd() -> str | None:
+    import os
+
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def keep_session_model(app: App, agent: Any, overrides: dict[str, Any],
+                       resume: str | None) -> tuple[Any, dict[str, Any]]:
+    """A resumed session runs on the model its last turn recorded unless ``-m`` chose one
+    (then one ``dsh: note:`` line when that changes it): the agent to run and its overrides
+    (with the recorded ``model``, so that a chat's later switches keep it)."""
+    if resume is None:
+        return agent, overrides
+    from dsh.core.errors import DshError
+
+    recorded = _recorded_model(app.store, resume)
+    if not recorded or recorded in (agent.model_id, _effective(agent)):
+        return agent, overrides
+    if "model" in overrides:
+        warn(f"note: session {resume} continues on {agent.model_id} (was {recorded})")
+        return agent, overrides
+    kept = {**overrides, "model": recorded}
+    try:
+        kept_agent = app.agent(agent.name, **kept)
+        kept_agent.model  # noqa: B018 - built now: a model that cannot be is said here
+        return kept_agent, kept
+    except DshError as exc:
+        from dsh.core.errors import UsageError
+
+        raise UsageError(f"session {resume} runs on model {recorded!r}, which cannot be used "
+                         f"here ({exc}); choose one with -m MODEL") from None
+
+
+def _effective(agent: Any) -> str | None:
+    """The id the agent's adapter records (an alias resolved), None when it cannot be built."""
+    from dsh.core.errors import DshError
+
+    try:
+        return str(agent.effective_model)
+    except DshError:
+        return None
+
+
+def _recorded_model(store: Any, session_id: str) -> str:
+    """The model the session's last turn named (``turn/start`` ``model``), ``""`` if none."""
+    from dsh.core.errors import DshError
+
+    try:
+        info = store.info(session_id) if hasattr(store, "info") else None
+        if info is not None:
+            return str(info.model or "")
+        model = ""
+        for event in store.read(session_id):
+            if getattr(event, "type", "") == "turn/start" and getattr(event, "model", None):
+                model = str(event.model)
+        return model
+    except DshError:  # unreadable: opening it says why
+        return ""
 
 
 def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
@@ -172,19 +246,23 @@ def note_default_model(app: App, agent: Any, overrides: dict[str, Any]) -> None:
          "OPENAI_API_KEY), or pass -m MODEL; `dsh models` lists them")
 
 
-def latest_session(app: App, agent: str | None = None) -> str | None:
-    """The newest session (of ``agent``) that is not a sub-agent's; sessions that cannot be
-    read (or are empty) are passed over."""
+def latest_session(app: App, agent: str | None = None, *, cwd: str | None = None,
+                   any_dir: bool = True) -> str | None:
+    """The newest session (of ``agent``; recorded in directory ``cwd`` unless ``any_dir``)
+    that is not a sub-agent's; sessions that cannot be read (or are empty) are passed over.
+    A session an older dsh recorded names no directory: only ``any_dir`` finds it."""
     from dsh.ledger.reader import newest_sessions
 
     for info in newest_sessions(app.store, agent, roots=True):
-        return str(info.id)
+        if any_dir or (cwd is not None and getattr(info, "cwd", None) == cwd):
+            return str(info.id)
     return None
 
 
 def resolve_session(app: App, text: str) -> str:
-    """A session id from ``text``: an id, a unique prefix of one, or ``latest``
-    (:func:`dsh.ledger.reader.resolve`)."""
+    """A session id from ``text``: an id, its short form (``1a0a61``, or the last 4 or more
+    characters of it, for ``20261202-060357.140-1a0a61``), a unique prefix of one, or
+    ``latest``, the newest of any directory (:func:`dsh.ledger.reader.resolve`)."""
     from dsh.ledger.reader import resolve
 
     return resolve(app.store, text)
@@ -200,8 +278,13 @@ def agent_and_session_options(f: Any) -> Any:
         click.option("-a", "--agent",
                      help="Agent from the config (default: the config's `agent`)."),
         click.option("-c", "--continue", "continue_", is_flag=True,
-                     help="Continue the agent's latest session."),
-        click.option("--session", "session_id", metavar="ID", help="Resume session ID."),
+                     help="Continue the agent's latest session in the current directory, "
+                          "on the model it recorded (unless -m)."),
+        click.option("--any-dir", is_flag=True,
+                     help="With -c: the latest session of any directory."),
+        click.option("--session", "session_id", metavar="ID",
+                     help="Resume session ID (an id, its random last part, a unique prefix, "
+                          "or latest), on the model it recorded (unless -m)."),
     )):
         f = option(f)
     return f

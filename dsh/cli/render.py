@@ -62,30 +62,6 @@ def local_time(ts: str) -> str:
         return ts
 
 
-def sessions_table(rows: Iterable[Any], width: int | None = None, *,
-                   terminal: bool = False) -> str:
-    """The ``dsh sessions list`` table: id, agent, model, start, turns, first prompt (``↳``
-    marks a sub-agent's session). ``terminal``: controls in the cells are made visible
-    (:func:`escape_controls`)."""
-    header = ("ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST PROMPT")
-    clean: Callable[[str], str] = (
-        (lambda t: escape_controls(t, newlines=False)) if terminal else (lambda t: t))
-    cells = [header] + [
-        (clean(r.id), clean(r.agent), clean(r.model),
-         local_time(r.started) if r.started else "", str(r.turns),
-         ("↳ " if getattr(r, "parent", None) else "") + clean(" ".join(r.first_prompt.split())))
-        for r in rows
-    ]
-    widths = [max(len(c[i]) for c in cells) for i in range(5)]
-    used = sum(widths) + 2 * 5
-    last = max(20, (width or 100) - used)
-    lines = []
-    for c in cells:
-        fixed = "  ".join(v.ljust(w) for v, w in zip(c[:5], widths, strict=True))
-        lines.append((fixed + "  " + one_line(c[5], last)).rstrip())
-    return "\n".join(lines)
-
-
 def _args(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, ensure_ascii=False, sort_keys=False)
 
@@ -133,7 +109,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                depth: int = 0, terminal: bool = False,
                installed: Callable[[str], bool] | None = None,
                attachment_problem: Callable[[Attachment], str | None] | None = None,
-               ) -> str:
+               price: Callable[[str], Any] | None = None) -> str:
     """The USER / ASSISTANT / TOOL timeline of a session, rendered from its ledger events.
 
     :param children: reads a child session's events: a sub-agent's session is then shown
@@ -144,12 +120,16 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         or None: such an attachment is marked (issue 17).
     :param installed: tells whether a plugin is installed: a plugin event of one that is not
         is marked ``(plugin NAME not installed)``.
+    :param price: a price lookup (:func:`dsh.run.costs.app_prices`): each turn's line then
+        says its cost, and each sub-agent's session its tokens and cost under its call.
     """
     s = _Styler(color, terminal)
     out: list[str] = []
     usage = [0, 0]
     cached = [0, 0]  # prompt-cache reads, writes (parts of the input tokens)
     steps = 0
+    model = ""  # the turn's model
+    cost: Any = None  # with ``price``: the tally of the turn's responses (dsh.run.costs)
 
     def block(label: str, text: str, style: dict[str, Any], note: str = "") -> None:
         head = s(label, bold=True, **style) + (s(" " + note, dim=True) if note else "")
@@ -160,6 +140,11 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
     for e in events:
         if isinstance(e, TurnStarted):
             usage, cached, steps = [0, 0], [0, 0], 0
+            model = e.model or model
+            if price is not None:
+                from dsh.run.costs import Tally
+
+                cost = Tally()
             bits = [f"agent {e.agent}"] + ([f"model {e.model}"] if e.model else [])
             if e.tools is not None:
                 bits.append(f"tools: {', '.join(t.name for t in e.tools) or 'none'}")
@@ -190,6 +175,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             usage[1] += e.usage.output_tokens
             cached[0] += e.usage.cache_read_tokens
             cached[1] += e.usage.cache_write_tokens
+            if cost is not None and price is not None:
+                from dsh.run.costs import price_of
+
+                cost.add_usage(e.usage, price_of(price, model, e.model))
             for part in e.reasoning:
                 out.append(reasoning_line(part, s, full))
             notes = []
@@ -204,7 +193,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                        + " " + s.text(_args(e.arguments)) + s(child, dim=True))
             if e.child_session and children is not None and depth < MAX_NESTING:
                 out.append(_nested(e.child_session, children, s, color, full, depth,
-                                   installed))
+                                   installed, price))
         elif isinstance(e, ToolReturned):
             ok = e.status == "ok"
             took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
@@ -223,6 +212,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             tail = f"{steps} step{'s' if steps != 1 else ''}"
             if usage != [0, 0]:
                 tail += f" · {usage[0]} in{cache_note(*cached)} / {usage[1]} out tokens"
+                if cost is not None:
+                    from dsh.run.costs import format_cost
+
+                    tail += f" · {format_cost(cost.cost)}"
             out.append(s(f"━━ turn {e.turn} {e.outcome}{reason} ━━ ", bold=True, **style)
                        + s(tail, dim=True))
             out.append("")
@@ -292,9 +285,22 @@ def cache_note(read: int, written: int) -> str:
     return f" ({read} cache read, {written} cache write)"
 
 
-def usage_totals(events: Iterable[Event]) -> str | None:
+def usage_totals(events: Iterable[Event], price: Callable[[str], Any] | None = None,
+                 children: Callable[[str], Iterable[Event]] | None = None) -> str | None:
     """``usage: N in (R cache read, W cache write) / M out tokens, K responses`` over a
-    session's ``assistant/message`` events (``dsh sessions show``); None when none counted."""
+    session's ``assistant/message`` events (``dsh sessions show``); None when none counted.
+    With ``price`` (and ``children``), the cost too, sub-agents' sessions included."""
+    if price is not None:
+        from dsh.run.costs import session_cost
+        from dsh.run.costs import tally_text
+
+        found = session_cost(events, price, children)
+        t = found.total
+        if not t.counted:
+            return None
+        n, k = t.responses, len(found.children)
+        subs = f" (with {k} sub-agent session{'s' if k != 1 else ''})" if k else ""
+        return f"usage: {tally_text(t)}, {n} response{'s' if n != 1 else ''}{subs}"
     total = [0, 0, 0, 0, 0]
     for e in events:
         if isinstance(e, AssistantMessage):
@@ -355,16 +361,30 @@ def compaction_note(e: ContextCompacted) -> str:
 
 def _nested(session: str, children: Callable[[str], Iterable[Event]], s: _Styler,
             color: bool, full: bool, depth: int,
-            installed: Callable[[str], bool] | None = None) -> str:
+            installed: Callable[[str], bool] | None = None,
+            price: Callable[[str], Any] | None = None) -> str:
+    """A sub-agent's session under the call that started it; with ``price``, its tokens and
+    cost (its own sub-agents' included) on a last line."""
     from dsh.core.errors import DshError
 
+    tally = None
     try:
-        text = trajectory(children(session), color=color, full=full, children=children,
-                          depth=depth + 1, terminal=s.safe, installed=installed)
+        events = list(children(session))
+        text = trajectory(events, color=color, full=full, children=children,
+                          depth=depth + 1, terminal=s.safe, installed=installed, price=price)
+        if price is not None:
+            from dsh.run.costs import session_cost
+
+            tally = session_cost(events, price, children, depth + 1).total
     except DshError as exc:
         text = s.text(f"(session {session} cannot be read: {exc})") + "\n"
     bar = s("    │ ", dim=True)
-    return "\n".join(bar + line for line in text.rstrip("\n").splitlines())
+    lines = [bar + line for line in text.rstrip("\n").splitlines()]
+    if tally is not None:
+        from dsh.run.costs import tally_text
+
+        lines.append(s(f"    └ sub-agent {session}: {tally_text(tally)}", dim=True))
+    return "\n".join(lines)
 
 
 def _fence(text: str, lang: str = "") -> str:

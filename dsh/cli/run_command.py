@@ -19,6 +19,8 @@ from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import keep_session_model
+from dsh.cli.options import note_default_model
 from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
@@ -81,16 +83,19 @@ def read_prompt(prompt: str | None) -> str:
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.reasoning", value),
               help="Stream the model's reasoning (thinking) to stderr, dimmed, as it arrives; "
                    "never to stdout.")
+@click.option("-u", "--usage", "show_usage", is_flag=True,
+              help="Print one line on stderr at the end: the run's tokens and cost.")
 @click.option("--schema", metavar="SCHEMA",
               help="JSON Schema the answer must match: a file, inline JSON, or llm's concise "
                    "'name, age int'. stdout is then exactly the JSON document.")
 @pass_state
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
-        agent: str | None, continue_: bool, session_id: str | None, no_save: bool,
+        agent: str | None, continue_: bool, any_dir: bool, session_id: str | None,
+        no_save: bool,
         as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
         timeout: float | None, limits: tuple[str, ...], options: tuple[str, ...],
         tools: tuple[str, ...], no_tools: bool, mode: str | None, yes: bool,
-        schema: str | None) -> None:
+        show_usage: bool, schema: str | None) -> None:
     """Run PROMPT as one turn and print the answer.
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
@@ -104,6 +109,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise click.UsageError("--stream cannot be combined with --json or --events")
     if continue_ and session_id:
         raise click.UsageError("--continue and --session cannot be combined")
+    if any_dir and not continue_:
+        raise click.UsageError("--any-dir applies to -c/--continue")
     if no_save and (continue_ or session_id):
         raise click.UsageError("--no-save cannot resume a session")
     if schema is not None and stream:
@@ -135,12 +142,16 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         output.show_reasoning()
     try:
         app = state.app
-        assembled, overrides = assemble_agent(app, agent, overrides, tools, no_tools)
+        chosen = "model" in overrides  # -m: it beats a command's model and the session's
+        assembled, overrides = assemble_agent(app, agent, overrides, tools, no_tools,
+                                              note=False)
         note_yes(yes, assembled)
-        note_unpriced(assembled, budget)
+        resume = session_to_resume(app, assembled, continue_, session_id, any_dir)
+        assembled, overrides = keep_session_model(app, assembled, overrides, resume)
+        note_default_model(app, assembled, overrides)
         text, assembled = expand_command(state, assembled, overrides, tools,
-                                         prompt if prompt else text, text)
-        resume = session_to_resume(app, assembled, continue_, session_id)
+                                         prompt if prompt else text, text, chosen)
+        note_unpriced(assembled, budget)
         if attach:  # read (and download) before a session exists: a bad one creates nothing
             from dsh.llm.attachments import load as load_attachment
 
@@ -159,7 +170,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         output.fail(redact(str(exc)))
         raise
     with session:
-        code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget)
+        code = _send(session, text, output, timeout=timeout, approve=yes, limits=budget,
+                     show_usage=show_usage)
     if output.interrupts >= 2 or output.terminated:
         # Aborted (second Ctrl-C, SIGTERM, SIGHUP): the ledger is closed and consistent.
         # Tools still running in worker threads would be joined at interpreter exit; the
@@ -174,11 +186,13 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
 
 
 def expand_command(state: State, assembled: Any, overrides: dict[str, Any],
-                   tools: tuple[str, ...], head: str, text: str) -> tuple[str, Any]:
+                   tools: tuple[str, ...], head: str, text: str,
+                   model_chosen: bool | None = None) -> tuple[str, Any]:
     """A prompt starting with ``/NAME ARGS…`` expanded by the agent's plugins (the
     ``expand_command`` hook; stdin, when given, stays appended after the expansion), and the
-    agent to run it: with the command's ``model`` unless ``-m`` chose one, and its ``tools``
-    unless ``-T`` did. ``//…`` sends ``/…``; an unknown command is a usage error (exit 2)."""
+    agent to run it: with the command's ``model`` unless ``-m`` chose one (``model_chosen``;
+    default: ``overrides`` has a model), and its ``tools`` unless ``-T`` did. ``//…`` sends
+    ``/…``; an unknown command is a usage error (exit 2)."""
     state.warn_plugin_errors()  # notes of plugins' agents, now that the plugins are loaded
     if not head.startswith("/"):
         return text, assembled  # the plain path imports nothing of commands
@@ -192,7 +206,9 @@ def expand_command(state: State, assembled: Any, overrides: dict[str, Any],
     name, arguments = found
     expansion = commands.expand(assembled.pm, assembled.handle, name, arguments)
     extra: dict[str, Any] = {}
-    if expansion.model and "model" not in overrides:
+    if model_chosen is None:
+        model_chosen = "model" in overrides
+    if expansion.model and not model_chosen:
         extra["model"] = expansion.model
     if expansion.tools is not None and not tools:
         extra["tools"] = list(expansion.tools)
@@ -202,8 +218,9 @@ def expand_command(state: State, assembled: Any, overrides: dict[str, Any],
 
 
 def _send(session: Any, text: str, output: Any, *, timeout: float | None,
-          approve: bool, limits: Any = None) -> int:
-    """Run the turn, print the result, report on stderr; return the exit code."""
+          approve: bool, limits: Any = None, show_usage: bool = False) -> int:
+    """Run the turn, print the result, report on stderr (with ``show_usage``, the ``-u``
+    line first); return the exit code."""
     for note in session.ledger.notes:
         warn(f"note: {note}")
     result = output.run(session, text, timeout=timeout, approve=approve, limits=limits)
@@ -213,6 +230,10 @@ def _send(session: Any, text: str, output: Any, *, timeout: float | None,
 
         result = attrs.evolve(result, outcome="error", reason=lost)
     output.finish(result, session.agent.name, session.agent.model_id)
+    if show_usage:
+        from dsh.run.costs import usage_line
+
+        warn(usage_line(result.usage, getattr(result, "cost", None)))
     if output.out.error:  # stdout failed (a full disk): the turn is in the ledger
         warn(f"error: {output.out.error}; the answer is in session {session.id}")
         return errors.EXIT_ERROR

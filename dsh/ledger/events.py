@@ -74,6 +74,10 @@ class TurnStarted(Event):
     #: The permission mode of the turn's tool calls (``ask``, ``auto-edit``…); ``None`` when
     #: unchanged since the previous turn of the session.
     mode: str | None = None
+    #: The working directory of the process that ran the turn (``dsh run -c`` continues the
+    #: latest session of the current directory); ``None`` when unchanged since the previous
+    #: turn of the session. Never part of a model request.
+    cwd: str | None = None
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -287,7 +291,9 @@ FIELD_KINDS: dict[type[Event], dict[str, str]] = {
                   "reasoning_withheld": METADATA,
                   # paths of workspace files, which a model can name
                   "trust": CONTENT,
-                  "mode": METADATA},
+                  "mode": METADATA,
+                  # a user's path (it names their home, their projects)
+                  "cwd": CONTENT},
     StepStarted: {**_BASE, "turn": METADATA, "step": METADATA},
     UserMessage: {**_BASE, "text": CONTENT, "source": METADATA, "attachments": CONTENT},
     ContextInjected: {**_BASE, "text": CONTENT, "source": METADATA},

@@ -78,6 +78,7 @@ class Projection:
         "tools",
         "model",
         "options",
+        "cwd",
         "pending",
         "turn",
         "step",
@@ -98,6 +99,8 @@ class Projection:
         self.tools: tuple[ToolSpec, ...] = ()
         self.model = ""
         self.options: Mapping[str, Any] = FrozenDict()
+        #: The working directory last recorded on a ``turn/start`` (never sent to a model).
+        self.cwd: str | None = None
         self.pending: dict[str, ToolCall] = {}
         self.turn = 0
         self.step = 0
@@ -186,6 +189,8 @@ class Projection:
                 self.model = s.model
             if s.options is not None:
                 self.options = freeze(s.options)  # read-only (C3); O(1) when it already is
+            if s.cwd is not None:
+                self.cwd = s.cwd
         elif t is TurnEnded:
             self.turn_open = False
             self.step_open = False
@@ -299,6 +304,9 @@ class Projection:
             options = d.get("options")
             if options is not None:
                 self.options = freeze(checked(options, dict))
+            cwd = d.get("cwd")
+            if cwd is not None:
+                self.cwd = checked(cwd, str)
         elif tag == "turn/end":
             self.turn_open = False
             self.step_open = False

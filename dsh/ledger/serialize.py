@@ -96,7 +96,7 @@ _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
                        "tuple[Change, ...]": "_dump_changes",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
 #: ``turn/start`` fields written only when set, by name: older lines stay as they were.
-_OMITTED_WHEN_NONE = {"trust": "_plain", "mode": ""}
+_OMITTED_WHEN_NONE = {"trust": "_plain", "mode": "", "cwd": ""}
 
 
 def _annotation(cls: type, name: str, resolved: Any) -> str:
@@ -353,7 +353,7 @@ _RAW_UNREAD: dict[str, tuple[tuple[str, tuple[type, ...], bool], ...]] = {
     "step/end": (("turn", _INT, True), ("step", _INT, True)),
     "turn/start": (("parent", _OPTIONAL_STR, False), ("parent_call", _OPTIONAL_STR, False),
                    ("reasoning_withheld", _INT, False), ("trust", (list, type(None)), False),
-                   ("mode", _OPTIONAL_STR, False)),
+                   ("mode", _OPTIONAL_STR, False), ("cwd", _OPTIONAL_STR, False)),
     "turn/end": (("turn", _INT, True), ("outcome", _STR, True), ("reason", _STR, False)),
 }
 

@@ -6,7 +6,8 @@ the model id, system prompt, tool schemas and options last written on a session'
 ``turn/start`` lines (:class:`Record`, remembered per ledger by :func:`record_turn`, with the
 private copies that are what is sent); and the binding of a run to the agent's adapter, the
 ledger and that record (:func:`bind`, :func:`unbind`), which :func:`dsh.llm.transport.send`
-reads to build the sealed request.
+reads to build the sealed request. Also the one ``turn/start`` field that is not a request
+value: the working directory (:func:`cwd_change`).
 """
 
 from __future__ import annotations
@@ -150,6 +151,20 @@ def record_turn(ledger: Any, *, model: str, system: str, tools: tuple[ToolSpec, 
             setattr(rec, key, getattr(previous, key))
     _records[ledger] = rec
     return changed
+
+
+def cwd_change(projection: Any) -> dict[str, str]:
+    """``{"cwd": DIR}`` for the next ``turn/start`` when this process's working directory is
+    not the one the session last recorded (``projection.cwd``); empty when it is, or when it
+    cannot be named (deleted). Session metadata (``dsh run -c`` continues the latest session
+    of the current directory): unlike :class:`Record`'s values, never part of a request."""
+    import os
+
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return {}
+    return {} if cwd == projection.cwd else {"cwd": cwd}
 
 
 def _adopt(rec: Record, proj: Any) -> None:

@@ -29,6 +29,9 @@ class RunResult:
     context: dict[str, Any] | None = attrs.field(default=None, eq=False)
     #: With an output schema: the answer's JSON document, parsed (None otherwise).
     value: Any = None
+    #: What the run's requests cost (sub-agents' included), in the currency of the models'
+    #: ``price`` tables; None when no model of the run has a price.
+    cost: float | None = None
 
     def check(self) -> RunResult:
         """Raise the run's error, if it ended with one; return self otherwise."""
@@ -49,6 +52,11 @@ def _cache_usage(usage: Any) -> dict[str, int]:
     return {"cache_read_tokens": read, "cache_write_tokens": written} if read or written else {}
 
 
+def _rounded(cost: float | None) -> float | None:
+    """A cost to 10 decimal places (``0.00567``, not ``0.0056700000000000006``)."""
+    return None if cost is None else round(cost, 10)
+
+
 def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]:
     """The ``--json`` object (and the last ``--events`` line) of a run's result."""
     return {
@@ -62,6 +70,7 @@ def result_dict(result: Any, agent: str = "", model: str = "") -> dict[str, Any]
         "usage": {"input_tokens": result.usage.input_tokens,
                   "output_tokens": result.usage.output_tokens,
                   **_cache_usage(result.usage)},
+        "cost": _rounded(getattr(result, "cost", None)),
         "path": str(result.path) if result.path else None,
         "context": getattr(result, "context", None),
         **({"value": result.value} if getattr(result, "value", None) is not None else {}),

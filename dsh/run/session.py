@@ -357,6 +357,7 @@ class Session:
                 changed = record.record_turn(
                     ledger, model=agent.effective_model, system=turn_system(agent, self),
                     tools=agent.tool_specs, options=options)
+                changed.update(record.cwd_change(proj))  # not sent: what -c picks by
                 if changed["model"] is not None and proj.answers:  # a switch: see events.md
                     changed["reasoning_withheld"] = withheld_reasoning(agent.model, proj)
                 if ctx.mode != self._mode_recorded:  # docs/security.md: permission modes
@@ -413,6 +414,7 @@ class Session:
                         output_tokens=ctx.budget.output_tokens,
                         cache_read_tokens=ctx.budget.cache_read_tokens,
                         cache_write_tokens=ctx.budget.cache_write_tokens),
+            cost=ctx.budget.cost if ctx.price is not None or ctx.budget.cost else None,
             context=_context_status(agent, ledger),
         )
 

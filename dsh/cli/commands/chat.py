@@ -13,6 +13,8 @@ from dsh.cli.options import MODE_HELP
 from dsh.cli.options import agent_and_session_options
 from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
+from dsh.cli.options import keep_session_model
+from dsh.cli.options import note_default_model
 from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
@@ -35,7 +37,7 @@ from dsh.cli.shared import pass_state
 @click.option("--yes", is_flag=True, help="Approve every tool call that would ask.")
 @pass_state
 def chat(state: State, model: str | None, system: str | None, agent: str | None,
-         continue_: bool, session_id: str | None, max_steps: int | None,
+         continue_: bool, any_dir: bool, session_id: str | None, max_steps: int | None,
          limits: tuple[str, ...], options: tuple[str, ...], tools: tuple[str, ...],
          no_tools: bool, mode: str | None, yes: bool) -> None:
     """Talk with an agent: type while it works to steer it.
@@ -43,16 +45,22 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     A line typed while a turn runs is taken at the turn's next step boundary; start it with
     > to keep it for after the turn. /help lists the commands. Without a terminal, reads one
     message per line from stdin. The session can be continued by dsh run --session ID.
+    -c continues the latest session of the current directory, on the model it recorded.
     """
     if continue_ and session_id:
         raise click.UsageError("--continue and --session cannot be combined")
+    if any_dir and not continue_:
+        raise click.UsageError("--any-dir applies to -c/--continue")
     budget = parse_limits(limits)
     app = state.app
     assembled, overrides = assemble_agent(
-        app, agent, agent_overrides(model, system, max_steps, options, mode), tools, no_tools)
+        app, agent, agent_overrides(model, system, max_steps, options, mode), tools, no_tools,
+        note=False)
     note_yes(yes, assembled)
+    resume = session_to_resume(app, assembled, continue_, session_id, any_dir)
+    assembled, overrides = keep_session_model(app, assembled, overrides, resume)
+    note_default_model(app, assembled, overrides)
     note_unpriced(assembled, budget)
-    resume = session_to_resume(app, assembled, continue_, session_id)
     from dsh.cli.repl import Chat
 
     with app.open_session(assembled, resume) as session:
