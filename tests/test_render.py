@@ -13,8 +13,8 @@ import pytest
 from dsh.cli.escape import one_line
 from dsh.cli.escape import use_color
 from dsh.cli.render import markdown
-from dsh.cli.render import sessions_table
 from dsh.cli.render import trajectory
+from dsh.cli.session_list import sessions_table
 from dsh.cli.status import StatusLine
 from dsh.cli.streams import Stdout
 from dsh.cli.streams import TextPrinter
@@ -156,7 +156,8 @@ def test_sessions_table_aligns_and_cuts_the_prompt() -> None:
             SessionInfo(id="20260101-000001-bbbbbb", path=None,  # type: ignore[arg-type]
                         agent="coder", model="openai:gpt-4o", turns=1, first_prompt="hi")]
     lines = sessions_table(rows, width=100).splitlines()
-    assert lines[0].split() == ["ID", "AGENT", "MODEL", "STARTED", "TURNS", "FIRST", "PROMPT"]
+    assert lines[0].split() == ["ID", "AGENT", "MODEL", "STARTED", "TURNS", "CWD", "FIRST",
+                                "PROMPT"]
     col = lines[0].index("FIRST PROMPT")
     assert lines[1][col - 2:col] == "  " and lines[2][col:] == "hi"
     assert len(lines[1]) <= 100 and lines[1].endswith("…")

@@ -80,7 +80,8 @@ def make_session(store: JsonlStore, sid: str, prompt: str = "hello", agent: str 
 
 
 def listed(env: dict[str, str], *extra: str) -> tuple[list[dict[str, Any]], list[str]]:
-    proc = run(env, "sessions", "list", "--json", *extra)
+    limited = any(a in ("-n", "--limit") for a in extra)
+    proc = run(env, "sessions", "list", "--json", *(extra if limited else (*extra, "--all")))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout), [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -210,7 +211,7 @@ def test_a_row_for_a_deleted_session_is_dropped_and_a_stale_row_is_read_again(
     ghost = "20270101-000000.000-ghost0"
     with conn:  # a row for a session whose ledger is not there; the folder did not change
         conn.execute("INSERT INTO sessions VALUES (?, '1:1:1', 'ok', 'a', 'm', 's', 1, 'boo', "
-                     "NULL, NULL)", (ghost,))
+                     "NULL, NULL, NULL, NULL)", (ghost,))
     conn.close()
     # a ledger appended to behind the index's back (an older dsh resuming it)
     store = JsonlStore(folder(env))
@@ -269,7 +270,7 @@ def test_a_hand_copied_ledger_appears_and_prefixes_latest_and_continue_use_the_i
     # a sub-agent's session is newest, but `latest` and -c pass it over
     make_session(six, "20260301-000000.000-child0", agent="default", parent=IDS[5])
     assert run(env, "sessions", "path", "latest").stdout.strip() == str(six.path(IDS[5]))
-    proc = run(env, "run", "-m", "echo", "-c", "continued")
+    proc = run(env, "run", "-m", "echo", "-c", "--any-dir", "continued")  # made with no cwd
     assert proc.returncode == 0, proc.stderr
     rows, _ = listed(env, "--agent", "default")
     assert [r["id"] for r in rows][:2] == ["20260301-000000.000-child0", IDS[5]]
@@ -287,7 +288,7 @@ def test_the_index_is_private_and_holds_only_what_list_shows(env: dict[str, str]
     columns = [r[1] for r in conn.execute("PRAGMA table_info(sessions)")]
     conn.close()
     assert columns == ["id", "stamp", "state", "agent", "model", "started", "turns",
-                       "first_prompt", "parent", "error"]
+                       "first_prompt", "parent", "error", "cwd", "forked_from"]
 
 
 def test_writers_in_threads_and_processes_leave_a_consistent_index(env: dict[str, str],
@@ -438,7 +439,7 @@ def _forge(env: dict[str, str], rows: list[tuple[Any, ...]]) -> None:
     conn = sqlite3.connect(db(env))
     with conn:
         conn.executemany("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                         "NULL)", rows)
+                         "NULL, NULL, NULL)", rows)
     conn.close()
 
 

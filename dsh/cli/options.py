@@ -160,7 +160,18 @@ def note_unpriced(agent: Any, limits: Any) -> None:
 def session_to_resume(app: App, agent: Any, continue_: bool, session_id: str | None,
                       any_dir: bool = False) -> str | None:
     """``-c`` (the agent's latest session in the current directory — of any directory with
-    ``any_dir`` —, with a note when there is none) or ``--session``."""
+    ``any_dir`` —, with a note when there is none), ``--session``, or a new fork of
+    ``--fork``'s session (made here, named on stderr)."""
+    fork_id = click.get_current_context().meta.get("dsh.fork")
+    if fork_id:
+        if continue_ or session_id:
+            raise click.UsageError("--fork cannot be combined with -c or --session")
+        from dsh.ledger.fork import fork
+
+        parent = resolve_session(app, fork_id)
+        new = fork(app.store, parent)
+        warn(f"forked {parent} as {new}")
+        return new
     if continue_:
         cwd = None if any_dir else _cwd()
         resume = latest_session(app, agent.name, cwd=cwd, any_dir=any_dir)
@@ -285,6 +296,10 @@ def agent_and_session_options(f: Any) -> Any:
         click.option("--session", "session_id", metavar="ID",
                      help="Resume session ID (an id, its random last part, a unique prefix, "
                           "or latest), on the model it recorded (unless -m)."),
+        click.option("--fork", "fork_id", metavar="ID", expose_value=False,
+                     callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.fork", value),
+                     help="Continue in a new fork of session ID (its whole history; ID is "
+                          "left as it is)."),
     )):
         f = option(f)
     return f

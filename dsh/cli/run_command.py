@@ -111,7 +111,8 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         raise click.UsageError("--continue and --session cannot be combined")
     if any_dir and not continue_:
         raise click.UsageError("--any-dir applies to -c/--continue")
-    if no_save and (continue_ or session_id):
+    forking = click.get_current_context().meta.get("dsh.fork")
+    if no_save and (continue_ or session_id or forking):
         raise click.UsageError("--no-save cannot resume a session")
     if schema is not None and stream:
         raise click.UsageError("--stream cannot be combined with --schema (stdout is the "

@@ -1,4 +1,4 @@
-"""Sessions form a tree: fork a session at a turn, and rewind one with the files it changed.
+"""Sessions form a tree: fork a session at a turn (rewinding is :mod:`dsh.run.rewind`).
 
 A **fork** is a new session whose history is its parent's up to the end of a turn. Its ledger
 begins with a ``session/fork`` line naming the parent, the turn and the parent's last line
@@ -12,34 +12,20 @@ same new message: the projection folded from the copied lines is the parent's.
 Reading the parent takes no lock (:meth:`JsonlStore.read`): a session that a run is writing is
 forked from the lines written so far (a torn last line is left out), and a turn left open by
 a crash is repaired when the fork is first resumed, as its parent's would be.
-
-A **rewind** is a fork at an earlier turn and, with ``files``, the workspace put back as it
-was then: each change recorded by a ``tool/result`` after that turn (and by the sub-agents
-those calls ran) is undone, newest first, from its recorded diff (:func:`dsh.tools.changes.undo`).
-Every file is checked before any is written: one whose content is not what dsh last wrote
-(edited, deleted or renamed by hand since), or whose change was recorded without its whole
-diff, refuses the rewind, naming the file — nothing is restored and no fork is made. Files are
-written through :mod:`dsh.core.beneath`, beneath the session's recorded working directory.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
-
-import attrs
 
 from dsh.core.errors import LedgerError
 from dsh.core.errors import UsageError
-from dsh.core.messages import Change
 from dsh.ledger.events import Event
 from dsh.ledger.events import SessionForked
-from dsh.ledger.events import ToolCalled
-from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnStarted
 
-__all__ = ["Rewound", "fork", "rewind", "turns_of"]
+__all__ = ["fork", "history_end", "turns_of"]
 
 
 def turns_of(events: list[Event]) -> int:
@@ -51,7 +37,7 @@ def turns_of(events: list[Event]) -> int:
     return last
 
 
-def _cut(events: list[Event], at: int | None, session: str) -> int:
+def history_end(events: list[Event], at: int | None, session: str) -> int:
     """How many of ``events`` belong to the history up to the end of turn ``at`` (all of
     them when ``at`` is None): every line before the first ``turn/start`` of a later turn."""
     last = turns_of(events)
@@ -84,7 +70,7 @@ def fork(store: Any, session_id: str, *, at: int | None = None, reason: str = "f
     from dsh.ledger.writer import new_session_id
 
     events = store.read(session_id)
-    cut = _cut(events, at, session_id)
+    cut = history_end(events, at, session_id)
     copied = events[:cut]
     new_id = new_id or new_session_id()
     final = store.path(new_id)
@@ -115,140 +101,3 @@ def fork(store: Any, session_id: str, *, at: int | None = None, reason: str = "f
         except OSError:
             pass
     return new_id
-
-
-# -- rewind -------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Rewound:
-    """What :func:`rewind` did: the new session, and each file put back (``(path, what)``:
-    ``restored``, ``removed`` — a file a tool created — or ``recreated``)."""
-
-    session: str
-    files: tuple[tuple[str, str], ...] = ()
-    root: str | None = None
-
-
-def _changes_after(store: Any, events: list[Event], cut: int, depth: int = 0
-                   ) -> Iterator[tuple[Change, int]]:
-    """Every change recorded after line ``cut`` of ``events``, oldest first, with its turn; a
-    sub-agent call's changes (its child session's, read recursively) come before the call's
-    own result."""
-    turn = 0
-    children: dict[str, str] = {}
-    for i, e in enumerate(events):
-        if type(e) is TurnStarted:
-            turn = e.turn
-        if i < cut:
-            continue
-        if type(e) is ToolCalled and e.child_session and depth < 8:
-            children[e.call_id] = e.child_session
-        elif type(e) is ToolReturned:
-            child = children.pop(e.call_id, None)
-            if child is not None:
-                try:
-                    child_events = store.read(child)
-                except (UsageError, LedgerError) as exc:
-                    raise UsageError(f"cannot rewind the files: the sub-agent session {child} "
-                                     f"of turn {turn} cannot be read ({exc}), so what it "
-                                     "changed is unknown; nothing was restored") from None
-                for change, _ in _changes_after(store, child_events, 0, depth + 1):
-                    yield change, turn
-            for change in e.changes:
-                yield change, turn
-
-
-def _plan(root: str, changes: list[tuple[Change, int]]
-          ) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
-    """The content each changed path must get back (``None``: removed), checked against the
-    disk before anything is written, and what each holds now. :class:`UsageError` names the
-    first file that cannot be put back."""
-    from dsh.core import beneath
-    from dsh.tools.changes import DiffMismatch
-    from dsh.tools.changes import undo
-
-    state: dict[str, bytes | None] = {}
-    disk: dict[str, bytes | None] = {}
-
-    def now(path: str) -> bytes | None:
-        if path not in state:
-            try:
-                state[path] = beneath.read(root, path)
-            except FileNotFoundError:
-                state[path] = None
-            except OSError as exc:
-                raise UsageError(f"cannot rewind {path}: {exc.strerror or exc}") from None
-            disk[path] = state[path]
-        return state[path]
-
-    for change, turn in reversed(changes):
-        where = change.moved_to or change.path
-        try:
-            before = undo(change, now(where))
-        except DiffMismatch:
-            hint = ("its change was recorded without its whole diff" if not change.complete
-                    else "it is not there any more" if now(where) is None
-                    else "its content is not what dsh left there (changed since?)")
-            raise UsageError(f"cannot rewind {where} (changed in turn {turn}): {hint}; "
-                             "nothing was restored") from None
-        if change.op == "move":
-            if now(change.path) is not None:
-                raise UsageError(f"cannot rewind {change.path} (moved to {where} in turn "
-                                 f"{turn}): a file of that name exists again; nothing was "
-                                 "restored")
-            state[where] = None
-        state[change.path] = before
-    return {p: d for p, d in state.items() if d != disk[p]}, disk
-
-
-def rewind(store: Any, session_id: str, *, to: int, files: bool = False,
-           root: str | None = None, dry_run: bool = False) -> Rewound:
-    """Fork ``session_id`` after turn ``to`` and, with ``files``, restore the workspace files
-    its recorded changes after that turn touched (beneath ``root``, default: the session's
-    recorded working directory, else the current one). With ``dry_run`` nothing is written:
-    the result names the files that would be put back and no session."""
-    events = store.read(session_id)
-    cut = _cut(events, to, session_id)
-    plan: dict[str, bytes | None] = {}
-    disk: dict[str, bytes | None] = {}
-    if files:
-        root = root or _recorded_cwd(events) or os.getcwd()
-        plan, disk = _plan(root, list(_changes_after(store, events, cut)))
-    what = tuple((path, "removed" if data is None else
-                  "recreated" if disk.get(path) is None else "restored")
-                 for path, data in plan.items())
-    if dry_run:
-        return Rewound("", what, root)
-    new = fork(store, session_id, at=to, reason="rewind")
-    _write(root or "", plan)
-    return Rewound(new, what, root)
-
-
-def _recorded_cwd(events: list[Event]) -> str | None:
-    for e in events:
-        cwd = getattr(e, "cwd", None) if type(e) is TurnStarted else None
-        if isinstance(cwd, str) and cwd:
-            return cwd
-    return None
-
-
-def _write(root: str, plan: dict[str, bytes | None]) -> None:
-    """Put each planned content in place (removals last, so a moved file is written back
-    before its new name goes)."""
-    from dsh.core import beneath
-
-    for path, data in plan.items():
-        if data is not None:
-            try:
-                beneath.write(root, path, data, create_dirs=True)
-            except OSError as exc:
-                raise UsageError(f"cannot restore {path}: {exc.strerror or exc}") from None
-    for path, data in plan.items():
-        if data is None:
-            try:
-                beneath.remove(root, path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise UsageError(f"cannot remove {path}: {exc.strerror or exc}") from None

@@ -33,6 +33,11 @@ How it stays true, cheaply:
   over for this listing. Either way the listing never fails: it falls back to reading the
   ledgers, with one ``dsh: warning:`` line on stderr per process.
 
+The same file holds the full-text index of the sessions' messages, tool calls and results,
+and each session's tokens per model (``dsh sessions search``, the cost in ``list``): tables
+``reads``, ``docs`` and the FTS5 table ``texts``, kept by :mod:`dsh.ledger.search` under the
+same rules (deleted, damaged or of another :data:`VERSION`: rebuilt from the ledgers).
+
 Nothing on the ``dsh run`` path imports this module or :mod:`sqlite3`: a run that makes a new
 session moves the folder's mtime, and the next listing picks the new ledger up.
 """
@@ -62,7 +67,7 @@ if TYPE_CHECKING:
     from dsh.ledger.store import SessionInfo
 
 #: Bumped when the schema changes: an index of another version is rebuilt.
-VERSION = 1
+VERSION = 2
 #: A folder signature is kept only when its mtime is at least this many seconds old: on a
 #: file system that keeps whole seconds (ext3, some NFS servers), and where it keeps finer
 #: times (ext4, xfs, tmpfs: stamped from a clock that advances every few milliseconds).
@@ -72,17 +77,72 @@ RACY_FINE = 0.1
 BUSY_MS = 2000
 PAGE = 64
 
+#: What :mod:`dsh.ledger.search` keeps of each ledger it read whole: ``reads`` (how far, the
+#: turn and model there, tokens per model so far, the last bytes read, to tell an appended
+#: ledger from a rewritten one) and ``docs`` (one row per message, tool call or tool result;
+#: its text is the row of the same rowid in the FTS5 table ``texts``, made only where SQLite
+#: has FTS5). Invariant: while ``texts`` exists, every ``reads`` row's documents are in it.
+_TEXT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS reads (id TEXT PRIMARY KEY, stamp TEXT NOT NULL, "
+    "offset INTEGER NOT NULL, tail BLOB NOT NULL, turn INTEGER NOT NULL, model TEXT NOT NULL, "
+    "usage TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS docs (rowid INTEGER PRIMARY KEY, sid TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, turn INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT)",
+    "CREATE INDEX IF NOT EXISTS docs_sid ON docs (sid, seq)",
+)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, stamp TEXT NOT NULL, state TEXT NOT NULL, agent TEXT NOT NULL,
     model TEXT NOT NULL, started TEXT NOT NULL, turns INTEGER NOT NULL,
-    first_prompt TEXT NOT NULL, parent TEXT, error TEXT
+    first_prompt TEXT NOT NULL, parent TEXT, error TEXT, cwd TEXT, forked_from TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_agent ON sessions (agent, id);
 CREATE INDEX IF NOT EXISTS sessions_unsettled ON sessions (id) WHERE state != 'ok';
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
-"""
-_COLUMNS = "id, stamp, state, agent, model, started, turns, first_prompt, parent, error"
+""" + "".join(f"{s};\n" for s in _TEXT_SCHEMA)
+_COLUMNS = ("id, stamp, state, agent, model, started, turns, first_prompt, parent, error, cwd, "
+            "forked_from")
+_ROW = "(" + ", ".join("?" * 12) + ")"
+
+_FTS = ("CREATE VIRTUAL TABLE IF NOT EXISTS texts USING fts5(body, "
+        "tokenize = 'unicode61 remove_diacritics 0')")
+_fts5: list[bool] = []
+
+
+def fts5_available() -> bool:
+    """Whether this Python's SQLite has the FTS5 extension (asked once per process)."""
+    if not _fts5:
+        try:
+            probe = sqlite3.connect(":memory:")
+            try:
+                probe.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
+                _fts5.append(True)
+            finally:
+                probe.close()
+        except sqlite3.Error:
+            _fts5.append(False)
+    return _fts5[0]
+
+
+def _ensure_texts(conn: sqlite3.Connection) -> bool:
+    """Whether the index has its full-text table; made here when SQLite has FTS5 (what was
+    read before, by a Python without FTS5, is read again into it)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'texts'").fetchone():
+        return fts5_available()
+    if not fts5_available():
+        return False
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(_FTS)
+        conn.execute("DELETE FROM reads")
+        conn.execute("DELETE FROM docs")
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    return True
+
 
 #: A row's stamp when its file cannot change what it says (an id that is not a valid one).
 PERMANENT = "permanent"
@@ -139,6 +199,8 @@ class SessionIndex:
         # one store may be listed from several threads: its connection's transactions must
         # not interleave (another store object, like another process, has its own)
         self._lock = threading.RLock()
+        #: Whether the index holds the full-text table (:mod:`dsh.ledger.search`).
+        self.fts = False
 
     # --- connection, schema, damage ------------------------------------------------------
 
@@ -166,6 +228,9 @@ class SessionIndex:
             # a table of the right name but another shape fails here, not half way through
             conn.execute(f"SELECT {_COLUMNS} FROM sessions LIMIT 0")
             conn.execute("SELECT key, value FROM meta LIMIT 0")
+            conn.execute("SELECT id, stamp, offset, tail, turn, model, usage FROM reads LIMIT 0")
+            conn.execute("SELECT rowid, sid, seq, turn, kind, name FROM docs LIMIT 0")
+            self.fts = _ensure_texts(conn)
         except BaseException:
             conn.close()
             raise
@@ -225,17 +290,20 @@ class SessionIndex:
         try:
             path = self.store.path(sid)
         except UsageError as exc:
-            return (_escaped(sid), PERMANENT, "error", "", "", "", 0, "", None, str(exc))
+            return (_escaped(sid), PERMANENT, "error", "", "", "", 0, "", None, str(exc), None,
+                    None)
         stamp = stamp_of(path) or "missing"
         if not _plain(path) and os.path.lexists(path):
             # read through, it would list (and show) a file outside the folder
-            return (sid, stamp, "error", "", "", "", 0, "", None, f"{path} {SYMLINK}")
+            return (sid, stamp, "error", "", "", "", 0, "", None, f"{path} {SYMLINK}", None,
+                    None)
         try:
             info, settled = self.store.summary(sid)
         except (LedgerError, UsageError) as exc:
-            return (sid, stamp, "error", "", "", "", 0, "", None, str(exc))
+            return (sid, stamp, "error", "", "", "", 0, "", None, str(exc), None, None)
         return (sid, stamp, "ok" if settled else "open", info.agent, info.model, info.started,
-                info.turns, info.first_prompt, info.parent, None)
+                info.turns, info.first_prompt, info.parent, None, getattr(info, "cwd", None),
+                getattr(info, "forked_from", None))
 
     def _sync_names(self, conn: sqlite3.Connection) -> None:
         """Bring the rows in line with the folder's names when the folder changed."""
@@ -263,8 +331,8 @@ class SessionIndex:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("DELETE FROM sessions WHERE id = ?", ((g,) for g in gone))
-            conn.executemany(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES "
-                             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES {_ROW}",
+                             rows)
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('folder', ?)",
                          (None if racy else sig,))
             conn.execute("COMMIT")
@@ -280,8 +348,8 @@ class SessionIndex:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.executemany("DELETE FROM sessions WHERE id = ?", ((g,) for g in gone))
-            conn.executemany(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES "
-                             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            conn.executemany(f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES {_ROW}",
+                             rows)
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -340,8 +408,6 @@ class SessionIndex:
         """Every listable session (of ``agent``; only those without a parent with
         ``roots``), newest first, each checked against its ledger as it is yielded. The
         ledgers that cannot be listed are reported to ``on_skip`` first."""
-        from dsh.ledger.store import SessionInfo
-
         for row in self.refresh():
             if on_skip is not None:
                 on_skip(self.store.directory / f"{row[0]}.jsonl", str(row[9]))
@@ -372,9 +438,7 @@ class SessionIndex:
                     continue
                 if (agent is not None and fresh[3] != agent) or (roots and fresh[8]):
                     continue
-                yield SessionInfo(id=fresh[0], path=self.store.directory / f"{fresh[0]}.jsonl",
-                                  agent=fresh[3], model=fresh[4], started=fresh[5],
-                                  turns=fresh[6], first_prompt=fresh[7], parent=fresh[8])
+                yield info_of(fresh, self.store.directory)
 
     def matching(self, prefix: str) -> list[str]:
         """The ids that start with ``prefix`` (whose ledgers are there), newest first."""
@@ -387,6 +451,15 @@ class SessionIndex:
             else (prefix, PERMANENT)).fetchall())
         return [r[0] for r in rows if inside(r[0]) and r[0].startswith(prefix)
                 and _plain(self.store.directory / f"{r[0]}.jsonl")]
+
+
+def info_of(row: tuple[Any, ...], directory: Path) -> SessionInfo:
+    """The :class:`~dsh.ledger.store.SessionInfo` of a well-typed row."""
+    from dsh.ledger.store import SessionInfo
+
+    return SessionInfo(id=row[0], path=directory / f"{row[0]}.jsonl", agent=row[3],
+                       model=row[4], started=row[5], turns=row[6], first_prompt=row[7],
+                       parent=row[8], cwd=row[10], forked_from=row[11])
 
 
 def _plain(path: Path) -> bool:
@@ -408,6 +481,6 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 
 def _well_typed(row: tuple[Any, ...]) -> bool:
     """A row as this module writes it (a hand-edited one is summarised again)."""
-    return (len(row) == 10 and all(type(v) is str for v in row[:6]) and type(row[6]) is int
-            and type(row[7]) is str and (row[8] is None or type(row[8]) is str)
+    return (len(row) == 12 and all(type(v) is str for v in row[:6]) and type(row[6]) is int
+            and type(row[7]) is str and all(v is None or type(v) is str for v in row[8:])
             and row[2] in ("ok", "open", "error"))

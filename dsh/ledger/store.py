@@ -273,6 +273,8 @@ class JsonlStore(BlobFiles):
                     info["parent"] = event.parent
                 if event.model and "model" not in info:
                     info["model"] = event.model
+                if event.cwd and "cwd" not in info:
+                    info["cwd"] = event.cwd
             elif isinstance(event, UserMessage):
                 info["first_prompt"] = event.text
                 settled = True
@@ -290,6 +292,8 @@ class JsonlStore(BlobFiles):
                     and not _SURROGATE_ESCAPE.search(line)):
                 info["model"] = turn.model
                 break
+        if "cwd" not in info and starts:
+            info["cwd"] = _first_cwd(data, starts, codec)
         return SessionInfo(**info), settled
 
     def sessions(self, on_skip: Callable[[Path, str], None] | None = None, *,
@@ -346,7 +350,18 @@ class JsonlStore(BlobFiles):
         return self._session_index
 
     def matching(self, prefix: str) -> list[str]:
-        """The session ids that start with ``prefix``, newest first (from the index)."""
+        """The session ids that start with ``prefix`` (from the index) or, for a short form
+        (:func:`is_short_form`: 4 characters or more, no ``-``), whose random last part ends
+        with it (``1a0a61`` or ``0a61`` for ``20261202-060357.140-1a0a61``); newest first."""
+        found = self._prefixed(prefix)
+        if is_short_form(prefix):
+            seen = set(found)
+            found += [i for i in self.ids() if i not in seen and short_form_of(i, prefix)
+                      and not os.path.islink(self.directory / f"{i}.jsonl")]
+            found.sort(reverse=True)
+        return found
+
+    def _prefixed(self, prefix: str) -> list[str]:
         index = self._index()
         if index is not None:
             from dsh.ledger.index import IndexUnusable
@@ -359,11 +374,45 @@ class JsonlStore(BlobFiles):
                 index.close()
         return [i for i in self.ids() if i.startswith(prefix)]
 
-    def latest(self, agent: str | None = None) -> str | None:
-        """The newest session (of ``agent``) with at least one readable event."""
+    def latest(self, agent: str | None = None, *, cwd: str | None = None) -> str | None:
+        """The newest session (of ``agent``; recorded in directory ``cwd``, if given) with at
+        least one readable event. A session recorded by a dsh that did not record
+        directories has none: it is never the latest of a directory."""
         for info in self.sessions(agent=agent):
-            return info.id
+            if cwd is None or info.cwd == cwd:
+                return info.id
         return None
+
+
+#: The shortest short form of a session id accepted (:meth:`JsonlStore.matching`).
+SHORT_FORM_CHARS = 4
+
+
+def is_short_form(text: str) -> bool:
+    """Whether ``text`` may be the short form of an id: the end of its random last part."""
+    return len(text) >= SHORT_FORM_CHARS and "-" not in text
+
+
+def short_form_of(session_id: str, text: str) -> bool:
+    """Whether ``text`` is a short form of ``session_id``: its last ``-`` part ends with it."""
+    return session_id.rpartition("-")[2].endswith(text)
+
+
+def _first_cwd(data: bytes, starts: list[int], codec: EventCodec) -> str | None:
+    """The ``cwd`` of the first ``turn/start`` that names one, for a session whose first
+    lines name none (an older dsh began it, this one continued it); None when none does."""
+    for start in starts:
+        stop = data.find(b"\n", start)
+        line = data[start:stop if stop != -1 else len(data)]
+        if b'"cwd"' not in line:
+            continue
+        try:
+            turn = codec.load(line)
+        except (LedgerError, RecursionError):
+            continue
+        if isinstance(turn, TurnStarted) and turn.cwd and not _SURROGATE_ESCAPE.search(line):
+            return turn.cwd
+    return None
 
 
 def _owner_hint(path: Path, exc: OSError) -> str:

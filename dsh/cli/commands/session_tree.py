@@ -53,7 +53,7 @@ def sessions_rewind(state: State, session_id: str, to: int, files: bool, dry_run
     change was recorded without its whole diff, refuses the rewind naming the file, and
     nothing is written. Prints the new id."""
     from dsh.cli.escape import escape_controls
-    from dsh.ledger.fork import rewind
+    from dsh.run.rewind import rewind
 
     if dry_run and not files:
         raise click.UsageError("--dry-run goes with --files")

@@ -28,38 +28,142 @@ if TYPE_CHECKING:
 
 @click.group()
 def sessions() -> None:
-    """List, show, export and remove saved sessions.
+    """List, show, search, export and remove saved sessions.
 
     ID may be a full session id, a unique prefix of one, or `latest`.
     """
 
 
+#: How many sessions ``sessions list`` shows, and hits ``sessions search``, without -n/--all.
+DEFAULT_LIMIT = 20
+
+
+def _filters(command: Any) -> Any:
+    """The options ``list`` and ``search`` share to choose sessions."""
+    for option in reversed((
+        click.option("-a", "--agent", help="Only the sessions of this agent."),
+        click.option("-m", "--model", help="Only the sessions that used this model (the one "
+                     "listed, or one that gave a response)."),
+        click.option("--since", metavar="WHEN", help="Only the sessions started since WHEN: a "
+                     "date (2026-12-01), a local time (2026-12-01T09:30) or an age (7d, 24h)."),
+        click.option("--cwd", metavar="DIR", help="Only the sessions recorded in DIR or a "
+                     "directory beneath it."),
+    )):
+        command = option(command)
+    return command
+
+
+def _count(limit: int | None, show_all: bool) -> int | None:
+    if show_all and limit is not None:
+        raise errors.UsageError("give -n/--limit or --all, not both")
+    return None if show_all else (limit or DEFAULT_LIMIT)
+
+
 @sessions.command("list")
-@click.option("-a", "--agent", help="Only the sessions of this agent.")
-@click.option("-n", "--limit", type=click.IntRange(min=1), help="Show at most this many.")
+@_filters
+@click.option("-n", "--limit", type=click.IntRange(min=1),
+              help=f"Show at most this many (default {DEFAULT_LIMIT}).")
+@click.option("--all", "show_all", is_flag=True, help="Show every session.")
+@click.option("-q", "--query", metavar="TEXT", help="Only the sessions whose messages, tool "
+              "calls or tool results hold every word of TEXT (as `sessions search`).")
+@click.option("--tree", is_flag=True,
+              help="Show forks and sub-agents' sessions under the session they came from.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @pass_state
-def sessions_list(state: State, agent: str | None, limit: int | None, as_json: bool) -> None:
-    """List sessions, newest first: id, agent, model, start, turns, first prompt.
+def sessions_list(state: State, agent: str | None, model: str | None, since: str | None,
+                  cwd: str | None, limit: int | None, show_all: bool, query: str | None,
+                  tree: bool, as_json: bool) -> None:
+    """List sessions, newest first: id, agent, model, start, turns, cost, directory, first
+    prompt — the 20 newest unless -n or --all.
 
     A ledger that cannot be read (permissions, not a regular file, empty) is skipped with a
     `dsh: warning: skipped: REASON` line on stderr; the others are listed.
     """
-    found = newest(state.app, agent, report=True, limit=limit)
+    from dsh.cli.session_list import accepting
+    from dsh.cli.session_list import chosen
+    from dsh.ledger.search import with_usage
+    from dsh.run.costs import app_prices
+    from dsh.run.costs import cost_of
+
+    app = state.app
+    count = _count(limit, show_all)
+    accept = accepting(agent=agent, model=model, since=since, cwd=cwd)
+    found = chosen(app, agent, accept, query, None if tree or count is None else count + 1)
+    depths = None
+    if tree:
+        from dsh.cli.session_list import tree as as_tree
+
+        shown, depths = as_tree(found, count)
+        more = count is not None and len(shown) < len(found) and any(
+            depths.get(i.id) is None and not (i.parent or i.forked_from) for i in found)
+        found = shown
+    else:
+        more = count is not None and len(found) > count
+        found = found[:count]
+    found = with_usage(app.store, found)
+    prices = app_prices(app)
+    costs = {s.id: cost_of(s.usage, prices) for s in found}
     if as_json:
         _dump([{"id": s.id, "agent": s.agent, "model": s.model, "started": s.started,
                 "turns": s.turns, "first_prompt": s.first_prompt, "path": str(s.path),
-                "parent": s.parent} for s in found])
+                "parent": s.parent, "cwd": s.cwd, "forked_from": s.forked_from,
+                "cost": costs[s.id]} | ({"depth": depths[s.id]} if depths is not None else {})
+               for s in found])
         return
     if not found:
         warn("no sessions")
         return
     import shutil
 
-    from dsh.cli.render import sessions_table
+    from dsh.cli.session_list import sessions_table
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
-    click.echo(sessions_table(found, width, terminal=sys.stdout.isatty()))
+    click.echo(sessions_table(found, width, terminal=sys.stdout.isatty(), costs=costs,
+                              depths=depths))
+    if more and sys.stdout.isatty():
+        warn(f"the {count} newest shown: -n N or --all for more")
+
+
+@sessions.command("search")
+@click.argument("text", metavar="TEXT")
+@_filters
+@click.option("-n", "--limit", type=click.IntRange(min=1),
+              help=f"Show at most this many hits (default {DEFAULT_LIMIT}).")
+@click.option("--all", "show_all", is_flag=True, help="Show every hit.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of the hits.")
+@pass_state
+def sessions_search(state: State, text: str, agent: str | None, model: str | None,
+                    since: str | None, cwd: str | None, limit: int | None, show_all: bool,
+                    as_json: bool) -> None:
+    """Search the sessions' messages, tool calls and tool results for TEXT.
+
+    TEXT is plain text: every word of it (letters and digits; case, punctuation and order
+    ignored) must be in one message, call or result. Each hit prints its session, turn and
+    a snippet, newest session first. Exit 0 with hits, 1 with none (as grep).
+    """
+    from dsh.cli.session_list import accepting
+    from dsh.cli.session_list import hit_json
+    from dsh.cli.session_list import hit_lines
+    from dsh.ledger.search import search
+    from dsh.ledger.search import words
+
+    terms = words(text)
+    if not terms:
+        raise errors.UsageError("search TEXT has no words (letters or digits) to look for")
+    accept = accepting(agent=agent, model=model, since=since, cwd=cwd)
+    hits = search(state.app.store, text, accept=accept, limit=_count(limit, show_all),
+                  on_skip=lambda path, reason: warn(f"warning: skipped: {reason}"))
+    if as_json:
+        _dump([hit_json(h, terms) for h in hits])
+    elif hits:
+        import shutil
+
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 120
+        click.echo(hit_lines(hits, terms, width))
+    else:
+        warn("no matches")
+    if not hits:
+        click.get_current_context().exit(1)
 
 
 @sessions.command("show")
@@ -74,8 +178,10 @@ def sessions_list(state: State, agent: str | None, limit: int | None, as_json: b
 def sessions_show(state: State, session_id: str, full: bool) -> None:
     """Show a session as a USER / ASSISTANT / TOOL timeline.
 
-    Plugin events (x/PLUGIN/NAME) are shown with their data, marked when the plugin is not
-    installed."""
+    The first line names the session and the directory it was recorded in; each turn's last
+    line its tokens and cost, each sub-agent's its own under the call that started it, and
+    the usage line the total. Plugin events (x/PLUGIN/NAME) are shown with their data,
+    marked when the plugin is not installed."""
     from dsh.cli.escape import use_color
     from dsh.cli.render import trajectory
     from dsh.ledger.plugin_events import is_installed
@@ -89,15 +195,18 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
         _show_json(store, events)
         return
     from dsh.llm.attachments import problems
+    from dsh.run.costs import app_prices
 
+    click.echo(_header(reader.id, events, sys.stdout.isatty()))
+    price = app_prices(app)
     click.echo(trajectory(events, color=color, full=full, children=store.read,
                           terminal=sys.stdout.isatty(),
                           installed=lambda plugin: is_installed(app, plugin),
-                          attachment_problem=problems(store, events)), nl=False,
+                          attachment_problem=problems(store, events), price=price), nl=False,
                color=color)
     from dsh.cli.render import usage_totals
 
-    totals = usage_totals(events)
+    totals = usage_totals(events, price, store.read)
     if totals is not None:
         click.echo(totals)
     click.echo(_context_line(state.app, events))
@@ -108,6 +217,19 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
         from dsh.cli.render import escape_controls
 
         click.echo(escape_controls(recorded))
+
+
+def _header(sid: str, events: list[Any], terminal: bool) -> str:
+    """``session ID · cwd DIR``: the directory of the first turn that recorded one (a session
+    an older dsh recorded names none)."""
+    cwd = next((e.cwd for e in events if getattr(e, "type", "") == "turn/start"
+                and getattr(e, "cwd", None)), None)
+    line = f"session {sid} · cwd {cwd if cwd is not None else 'not recorded'}"
+    if terminal:
+        from dsh.cli.escape import escape_controls
+
+        line = escape_controls(line)
+    return line
 
 
 def _show_json(store: Any, events: list[Any]) -> None:
@@ -239,12 +361,30 @@ def sessions_path(state: State, session_id: str) -> None:
 
 
 @sessions.command("rm")
-@click.argument("session_ids", metavar="ID...", nargs=-1, required=True)
+@click.argument("session_ids", metavar="[ID...]", nargs=-1)
+@click.option("--older-than", type=click.FloatRange(min=0, min_open=True), metavar="DAYS",
+              help="Remove every session last written more than DAYS days ago.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @pass_state
-def sessions_rm(state: State, session_ids: tuple[str, ...]) -> None:
-    """Remove sessions (a session in use by a running dsh is refused)."""
+def sessions_rm(state: State, session_ids: tuple[str, ...], older_than: float | None,
+                dry_run: bool) -> None:
+    """Remove sessions, by ID or by age (a session in use by a running dsh is refused)."""
+    app = state.app
+    if older_than is None and not session_ids:
+        raise errors.UsageError("give the IDs of the sessions to remove, or --older-than DAYS")
+    if older_than is not None and session_ids:
+        raise errors.UsageError("give session IDs or --older-than DAYS, not both")
+    if older_than is not None:
+        from dsh.cli.session_list import prune
+
+        prune(app, older_than, dry_run)
+        return
     for text in session_ids:
-        path = state.app.store.remove(resolve_session(state.app, text))
+        sid = resolve_session(app, text)
+        if dry_run:
+            warn(f"would remove {app.store.path(sid)}")
+            continue
+        path = app.store.remove(sid)
         warn(f"removed {path}")
 
 
@@ -259,3 +399,7 @@ def newest(app: App, agent: str | None = None, *, report: bool = False,
 
     on_skip = (lambda path, reason: warn(f"warning: skipped: {reason}")) if report else None
     return list(islice(newest_sessions(app.store, agent, on_skip=on_skip), limit))
+
+
+# fork and rewind (sessions form a tree): registered on the group above
+from dsh.cli.commands import session_tree as _session_tree  # noqa: E402,F401
