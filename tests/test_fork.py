@@ -376,3 +376,57 @@ def test_a_fork_killed_mid_turn_resumes_with_its_fork_line(
     assert [d["seq"] for d in lines] == list(range(len(lines)))
     assert [d["outcome"] for d in lines if d["type"] == "turn/end"] == [
         "completed", "aborted", "completed"]
+
+
+def test_chat_fork_and_rewind_go_on_in_a_fork_and_show_names_the_tree(tmp_path: Path) -> None:
+    cfg = _echo_config(tmp_path)
+    chat = subprocess.run(
+        [sys.executable, "-m", "dsh", "--config", str(cfg), "chat"],
+        input="one\ntwo\nthree\n/rewind 1\nfour\n/fork\nfive\n/rewind x\n/fork 99\n",
+        capture_output=True, text=True, env=_env(), timeout=120, start_new_session=True)
+    assert chat.returncode == 0, chat.stderr
+    out = chat.stdout + chat.stderr
+    assert "usage: /rewind N [--files]" in out and "there is no turn 99" in out
+    sessions = tmp_path / "sessions"
+    by_first: dict[str, list[dict[str, Any]]] = {}
+    for path in sessions.glob("*.jsonl"):
+        by_first[path.stem] = _lines(path)
+    assert len(by_first) == 3
+    (original,) = [s for s, lines in by_first.items() if lines[0]["type"] != "session/fork"]
+    (rewound,) = [s for s, lines in by_first.items() if lines[0].get("parent") == original]
+    (forked,) = [s for s, lines in by_first.items() if lines[0].get("parent") == rewound]
+
+    def texts(sid: str) -> list[str]:
+        return [d["text"] for d in by_first[sid] if d["type"] == "user/message"]
+
+    assert texts(original) == ["one", "two", "three"]  # the original is never written again
+    assert texts(rewound) == ["one", "four"]
+    assert texts(forked) == ["one", "four", "five"]
+    assert by_first[rewound][0]["reason"] == "rewind"
+
+    shown = _dsh(cfg, "sessions", "show", rewound)
+    assert shown.returncode == 0, shown.stderr
+    assert f"rewound from {original} at turn 1" in shown.stdout
+    assert f"forks: {forked}" in shown.stdout
+    tree = _dsh(cfg, "sessions", "list", "--tree", "--json")
+    depth = {d["id"]: d["depth"] for d in json.loads(tree.stdout)}
+    assert (depth[original], depth[rewound], depth[forked]) == (0, 1, 2)
+
+
+def test_run_fork_continues_in_a_new_fork(tmp_path: Path) -> None:
+    cfg = _echo_config(tmp_path)
+    sid = _session(cfg, 2)
+    done = _dsh(cfg, "run", "--json", "--fork", sid[-6:], "three")
+    assert done.returncode == 0, done.stderr
+    new = json.loads(done.stdout)["session"]
+    assert new != sid and f"forked {sid} as {new}" in done.stderr
+    lines = _lines(tmp_path / "sessions" / f"{new}.jsonl")
+    assert [d["text"] for d in lines if d["type"] == "user/message"] == [
+        "message 1", "message 2", "three"]
+    assert len([d for d in _lines(tmp_path / "sessions" / f"{sid}.jsonl")
+                if d["type"] == "user/message"]) == 2
+    for bad in (("-c",), ("--session", sid), ("--no-save",)):
+        refused = _dsh(cfg, "run", "--fork", sid, *bad, "x")
+        assert refused.returncode == 2, refused.stderr
+        assert "--fork" in refused.stderr or "--no-save cannot" in refused.stderr
+    assert len(list((tmp_path / "sessions").glob("*.jsonl"))) == 2  # no fork made for those

@@ -1,8 +1,8 @@
 """The ``/`` commands of ``dsh chat`` (docs/cli.md): :class:`ChatCommand` (a name, a function
 ``fn(chat, argument)`` that may return text to print, its help and plugin, whether it may be
 typed while a turn runs) and the built-in ones (:data:`BUILTIN_COMMANDS`: ``/help``,
-``/tools``, ``/model``, ``/system``, ``/session``, ``/cost``, ``/attach``, ``/inject``, ``/stop``,
-``/exit``). Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
+``/tools``, ``/model``, ``/system``, ``/session``, ``/cost``, ``/fork``, ``/rewind``,
+``/attach``, ``/inject``, ``/stop``, ``/exit``). Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
 (:meth:`dsh.cli.repl.Chat._commands`). Also here: the input syntax ``/help`` describes
 (:data:`FOLLOW_UP`, :data:`BLOCK`).
 """
@@ -132,6 +132,59 @@ def _attach(chat: Chat, arg: str) -> str:
     return f"attached {describe(ref)}: it goes with your next message"
 
 
+def _switch(chat: Chat, new_id: str) -> None:
+    """Continue the chat in session ``new_id`` (a fork just made): the same agent and
+    overrides; the old session is closed (its lock released), never written again."""
+    old = chat.session
+    chat.session = chat.app.open_session(old.agent, new_id)
+    old.close()
+
+
+def _turn_arg(arg: str, usage: str) -> int | None:
+    text = arg.strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise errors.UsageError(usage)
+    return int(text)
+
+
+def _fork(chat: Chat, arg: str) -> str:
+    """``/fork [TURN]``: go on in a new fork of this session (at its last turn, or TURN)."""
+    from dsh.ledger.fork import fork
+
+    at = _turn_arg(arg, "usage: /fork [TURN]")
+    old = chat.session.id
+    new = fork(chat.app.store, old, at=at)
+    _switch(chat, new)
+    where = f" at turn {at}" if at is not None else ""
+    return f"forked {old}{where}: now in session {new} ({old} is kept as it was)"
+
+
+def _rewind(chat: Chat, arg: str) -> str:
+    """``/rewind N [--files]``: go on from the end of turn N, in a fork; with ``--files``,
+    the files changed after turn N are put back from their recorded diffs."""
+    from dsh.run.rewind import rewind
+
+    usage = "usage: /rewind N [--files] (continue from the end of turn N)"
+    words = arg.split()
+    files = "--files" in words
+    rest = " ".join(w for w in words if w != "--files")
+    to = _turn_arg(rest, usage)
+    if to is None:
+        raise errors.UsageError(usage)
+    old = chat.session.id
+    done = rewind(chat.app.store, old, to=to, files=files)
+    _switch(chat, done.session)
+    from dsh.cli.escape import escape_controls
+
+    lines = [f"{what}: {escape_controls(path)}" for path, what in done.files]
+    if files and not lines:
+        lines.append(f"no recorded file changes after turn {to}")
+    return "\n".join([*lines, f"rewound to turn {to}: now in session {done.session} "
+                              f"({old} is kept as it was)"])
+
+
 BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
     ChatCommand("help", _help, "this help"),
     ChatCommand("tools", _tools, "the agent's tools"),
@@ -139,6 +192,9 @@ BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
     ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
     ChatCommand("session", _session, "the session's id and ledger path"),
     ChatCommand("cost", _cost, "tokens and cost of this session so far"),
+    ChatCommand("fork", _fork, "go on in a fork of this session: /fork [TURN]"),
+    ChatCommand("rewind", _rewind,
+                "go on from the end of turn N, in a fork: /rewind N [--files]"),
     ChatCommand("attach", _attach, "an image or PDF for the next message: /attach FILE|URL"),
     ChatCommand("inject", _inject, "context for the next message: /inject TEXT",
                 during_turn=True),

@@ -63,7 +63,10 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     note_unpriced(assembled, budget)
     from dsh.cli.repl import Chat
 
-    with app.open_session(assembled, resume) as session:
-        code = Chat(app, session, agent=agent, overrides=overrides, approve=yes,
-                    limits=budget).run()
+    session = app.open_session(assembled, resume)
+    ui = Chat(app, session, agent=agent, overrides=overrides, approve=yes, limits=budget)
+    try:
+        code = ui.run()
+    finally:
+        ui.session.close()  # /fork and /rewind move the chat to another session
     click.get_current_context().exit(code)

@@ -197,7 +197,7 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     from dsh.llm.attachments import problems
     from dsh.run.costs import app_prices
 
-    click.echo(_header(reader.id, events, sys.stdout.isatty()))
+    click.echo(_header(reader.id, events, sys.stdout.isatty(), store))
     price = app_prices(app)
     click.echo(trajectory(events, color=color, full=full, children=store.read,
                           terminal=sys.stdout.isatty(),
@@ -219,17 +219,35 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
         click.echo(escape_controls(recorded))
 
 
-def _header(sid: str, events: list[Any], terminal: bool) -> str:
+def _header(sid: str, events: list[Any], terminal: bool, store: Any = None) -> str:
     """``session ID · cwd DIR``: the directory of the first turn that recorded one (a session
-    an older dsh recorded names none)."""
+    an older dsh recorded names none); then, for a fork, ``forked from PARENT at turn N``,
+    and the forks made of this session (``forks: ID, …``)."""
     cwd = next((e.cwd for e in events if getattr(e, "type", "") == "turn/start"
                 and getattr(e, "cwd", None)), None)
     line = f"session {sid} · cwd {cwd if cwd is not None else 'not recorded'}"
+    head = events[0] if events else None
+    if getattr(head, "type", "") == "session/fork":
+        how = "rewound" if head.reason == "rewind" else "forked"
+        line += f"\n{how} from {head.parent} at turn {head.turn}"
+    forks = [info.id for info in _sessions(store) if info.forked_from == sid]
+    if forks:
+        line += f"\nforks: {', '.join(reversed(forks))}"
     if terminal:
         from dsh.cli.escape import escape_controls
 
         line = escape_controls(line)
     return line
+
+
+def _sessions(store: Any) -> list[Any]:
+    """Every session of the built-in store (from its index), for the forks of one; none for
+    a plugin's store."""
+    from dsh.ledger.store import JsonlStore
+
+    if not isinstance(store, JsonlStore):
+        return []
+    return list(store.sessions())
 
 
 def _show_json(store: Any, events: list[Any]) -> None:
