@@ -34,12 +34,14 @@ How the index keeps it (the rules of :mod:`dsh.ledger.index` hold here too):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import sqlite3
 import stat
 from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -265,8 +267,7 @@ def _catch_up(index: SessionIndex, conn: sqlite3.Connection, sids: list[str]) ->
     another process may have done it meanwhile)."""
     directory = index.store.directory
     for first in range(0, len(sids), BATCH):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             rowid = conn.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchone()[0]
             for sid in sids[first:first + BATCH]:
                 path = directory / f"{sid}.jsonl"
@@ -290,13 +291,6 @@ def _catch_up(index: SessionIndex, conn: sqlite3.Connection, sids: list[str]) ->
                              "model, usage) VALUES (?, ?, ?, ?, ?, ?, ?)",
                              (sid, got.stamp, got.offset, got.tail, got.reading.turn,
                               got.reading.model, json.dumps(got.reading.usage)))
-            conn.execute("COMMIT")
-        except BaseException:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
 
 
 def _freshen(index: SessionIndex, conn: sqlite3.Connection) -> None:
@@ -340,17 +334,25 @@ def _freshen(index: SessionIndex, conn: sqlite3.Connection) -> None:
     orphans = [r for (r,) in conn.execute(
         "SELECT id FROM reads WHERE id NOT IN (SELECT id FROM sessions WHERE state != 'error')")]
     if orphans:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             for sid in orphans:
                 _forget(conn, sid)
-            conn.execute("COMMIT")
-        except BaseException:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed when the block ends, rolled back (and
+    the error raised again) when it fails."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+        raise
 
 
 # --- searching -----------------------------------------------------------------------------

@@ -239,15 +239,21 @@ class App:
             self._models = table
         return self._models
 
-    def build_model(self, model_id: str) -> Model:
-        """The adapter for ``model_id`` (``echo``, ``scripted:PATH``, ``openai:gpt-4o``, or a
-        ``[models.ID]`` alias with an ``adapter`` key)."""
+    def adapter_entry(self, model_id: str) -> tuple[ModelEntry | None, str, str, dict[str, Any]]:
+        """Which registered adapter serves ``model_id``: ``(entry or None, prefix, the
+        adapter's model name, the ``[models.ID]`` settings)`` — an alias's ``adapter`` and
+        ``model`` keys, else the id's ``prefix:name``."""
         settings = dict(self.config.models.get(model_id, {}))
         if "adapter" in settings:
             prefix, name = settings["adapter"], settings.get("model", model_id)
         else:
             prefix, _, name = model_id.partition(":")
-        entry = self.models.get(prefix)
+        return self.models.get(prefix), prefix, name, settings
+
+    def build_model(self, model_id: str) -> Model:
+        """The adapter for ``model_id`` (``echo``, ``scripted:PATH``, ``openai:gpt-4o``, or a
+        ``[models.ID]`` alias with an ``adapter`` key)."""
+        entry, prefix, name, settings = self.adapter_entry(model_id)
         if entry is None:
             known = ", ".join(sorted(self.models)) or "none"
             raise UsageError(f"unknown model {model_id!r}: no adapter {prefix!r} "

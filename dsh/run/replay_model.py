@@ -96,12 +96,7 @@ class ReplayApp(App):
         self.driver = driver
 
     def build_model(self, model_id: str) -> Model:
-        settings = dict(self.config.models.get(model_id, {}))
-        if "adapter" in settings:
-            prefix, name = settings["adapter"], settings.get("model", model_id)
-        else:
-            prefix, _, name = model_id.partition(":")
-        entry = self.models.get(prefix)
+        entry, prefix, name, settings = self.adapter_entry(model_id)
         inner = None
         if entry is not None:
             try:

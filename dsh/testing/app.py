@@ -30,18 +30,9 @@ def request_to_dict(request: ModelRequest) -> dict[str, Any]:
     """A request as plain JSON-able data: ``model``, ``system``, ``messages`` (each with
     every field, as ``context/compacted`` writes them), ``tools`` (``name``, ``description``,
     ``parameters``), ``options`` and ``stream``."""
-    from dsh.core.messages import thaw
-    from dsh.ledger.serialize import dump_messages
+    from dsh.run.replay import request_dict
 
-    return {
-        "model": request.model,
-        "system": request.system,
-        "messages": thaw(dump_messages(request.messages)),
-        "tools": [{"name": t.name, "description": t.description,
-                   "parameters": thaw(t.parameters)} for t in request.tools],
-        "options": thaw(request.options),
-        "stream": request.stream,
-    }
+    return {**request_dict(request), "stream": request.stream}
 
 
 class Result:
