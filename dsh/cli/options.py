@@ -205,8 +205,9 @@ def keep_session_model(app: App, agent: Any, overrides: dict[str, Any],
     recorded = _recorded_model(app.store, resume)
     if not recorded or recorded in (agent.model_id, _effective(agent)):
         return agent, overrides
-    if "model" in overrides:
-        warn(f"note: session {resume} continues on {agent.model_id} (was {recorded})")
+    if "model" in overrides:  # said once the session is open (a locked one says only that)
+        click.get_current_context().meta["dsh.model_note"] = (
+            f"note: session {resume} continues on {agent.model_id} (was {recorded})")
         return agent, overrides
     kept = {**overrides, "model": recorded}
     try:
@@ -218,6 +219,13 @@ def keep_session_model(app: App, agent: Any, overrides: dict[str, Any],
 
         raise UsageError(f"session {resume} runs on model {recorded!r}, which cannot be used "
                          f"here ({exc}); choose one with -m MODEL") from None
+
+
+def note_model_switch() -> None:
+    """The ``-m`` note of :func:`keep_session_model`, once the session it is about is open."""
+    note = click.get_current_context().meta.pop("dsh.model_note", None)
+    if note:
+        warn(note)
 
 
 def _effective(agent: Any) -> str | None:

@@ -21,6 +21,7 @@ from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
 from dsh.cli.options import keep_session_model
 from dsh.cli.options import note_default_model
+from dsh.cli.options import note_model_switch
 from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
@@ -158,6 +159,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
 
             inputs = [load_attachment(a) for a in attach]
         session = app.open_session(assembled, resume, save=not no_save)
+        note_model_switch()
         try:
             if attach:
                 session.attach(*inputs)

@@ -176,7 +176,8 @@ def test_continue_passes_over_entries_that_are_not_sessions(env: dict[str, str])
         path = sessions_dir(env) / f"{sid}.jsonl"
         os.mkfifo(path) if kind == "fifo" else path.mkdir() if kind == "directory" \
             else path.touch()
-    proc = run(env, "run", "-m", "echo", "--json", "-c", "again", timeout=15)
+    # (a session made by hand names no directory: -c --any-dir is what finds it)
+    proc = run(env, "run", "-m", "echo", "--json", "-c", "--any-dir", "again", timeout=15)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["session"] == OLD
     proc = run(env, "sessions", "show", "latest")

@@ -15,6 +15,7 @@ from dsh.cli.options import agent_overrides
 from dsh.cli.options import assemble_agent
 from dsh.cli.options import keep_session_model
 from dsh.cli.options import note_default_model
+from dsh.cli.options import note_model_switch
 from dsh.cli.options import note_unpriced
 from dsh.cli.options import note_yes
 from dsh.cli.options import parse_limits
@@ -64,6 +65,7 @@ def chat(state: State, model: str | None, system: str | None, agent: str | None,
     from dsh.cli.repl import Chat
 
     session = app.open_session(assembled, resume)
+    note_model_switch()
     ui = Chat(app, session, agent=agent, overrides=overrides, approve=yes, limits=budget)
     try:
         code = ui.run()
