@@ -430,3 +430,31 @@ def test_run_fork_continues_in_a_new_fork(tmp_path: Path) -> None:
         assert refused.returncode == 2, refused.stderr
         assert "--fork" in refused.stderr or "--no-save cannot" in refused.stderr
     assert len(list((tmp_path / "sessions").glob("*.jsonl"))) == 2  # no fork made for those
+
+
+def test_rewind_files_with_root_restores_a_configured_workspace(tmp_path: Path) -> None:
+    """The tools worked on ``[plugins.shell] workspace``; dsh ran elsewhere: ``--root``
+    names the folder the recorded paths are relative to."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"responses": [
+        {"tool_calls": [{"name": "write_file",
+                         "arguments": {"path": "notes.txt", "content": "one\n"}}]},
+        {"text": "created"}]}))
+    cfg = _shell_config(tmp_path, ws)
+    done = _dsh(cfg, "run", "-m", f"scripted:{script}", "--mode", "auto-edit", "--json",
+                "make notes", cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    sid = json.loads(done.stdout)["session"]
+    assert (ws / "notes.txt").read_text() == "one\n"
+    (elsewhere / "notes.txt").write_text("not dsh's\n")  # the recorded cwd holds another file
+    refused = _dsh(cfg, "sessions", "rewind", sid, "--to", "0", "--files", cwd=elsewhere)
+    assert refused.returncode == 2 and "notes.txt" in refused.stderr
+    assert (elsewhere / "notes.txt").read_text() == "not dsh's\n"
+    back = _dsh(cfg, "sessions", "rewind", sid, "--to", "0", "--files", "--root", str(ws))
+    assert back.returncode == 0, back.stderr
+    assert not (ws / "notes.txt").exists() and (elsewhere / "notes.txt").exists()
+    assert _dsh(cfg, "sessions", "rewind", sid, "--to", "0", "--root", str(ws)).returncode == 2

@@ -43,8 +43,12 @@ def sessions_fork(state: State, session_id: str, at: int | None) -> None:
               help="Also put back the workspace files changed by recorded edits after TURN.")
 @click.option("--dry-run", is_flag=True,
               help="With --files: list the files that would be put back; change nothing.")
+@click.option("--root", metavar="DIR", type=click.Path(file_okay=False, exists=True),
+              help="With --files: the folder the recorded paths are relative to (default: "
+                   "the working directory each turn recorded).")
 @pass_state
-def sessions_rewind(state: State, session_id: str, to: int, files: bool, dry_run: bool) -> None:
+def sessions_rewind(state: State, session_id: str, to: int, files: bool, dry_run: bool,
+                    root: str | None) -> None:
     """Continue ID from the end of turn TURN, in a new session (a fork; ID is kept).
 
     With `--files`, every change a tool recorded after TURN (its sub-agents' too) is undone
@@ -55,10 +59,10 @@ def sessions_rewind(state: State, session_id: str, to: int, files: bool, dry_run
     from dsh.cli.escape import escape_controls
     from dsh.run.rewind import rewind
 
-    if dry_run and not files:
-        raise click.UsageError("--dry-run goes with --files")
+    if (dry_run or root) and not files:
+        raise click.UsageError("--dry-run and --root go with --files")
     sid = resolve_session(state.app, session_id)
-    done = rewind(state.app.store, sid, to=to, files=files, dry_run=dry_run)
+    done = rewind(state.app.store, sid, to=to, files=files, dry_run=dry_run, root=root)
     verb = "would be " if dry_run else ""
     for path, what in done.files:
         click.echo(f"dsh: {verb}{what}: {escape_controls(path)}", err=True)
