@@ -59,6 +59,8 @@ SAMPLES: dict[str, dict] = {
                                                   id="rs_1", data="enc"),)),
                      Message(role="tool", content="[omitted]", tool_call_id="c", name="t",
                              is_error=True))},
+    "session/fork": {"parent": "20260101-000000.000-abcdef", "turn": 2, "parent_seq": 11,
+                     "reason": "rewind"},
 }
 
 
