@@ -698,3 +698,35 @@ def test_a_task_continues_its_session(env: dict[str, Any]) -> None:
     assert line["session"] == sid and line["output"] == "second"
     events = [json.loads(x) for x in Path(line["path"]).read_text().splitlines()]
     assert [e["text"] for e in events if e["type"] == "user/message"] == ["hello", "and then?"]
+
+
+def test_each_result_line_carries_the_cost_dsh_run_reports(env: dict[str, Any]) -> None:
+    m = model(env["dir"], {"text": "answer",
+                           "usage": {"input_tokens": 1000, "output_tokens": 500}})
+    config = Path(env["env"]["DSH_CONFIG"])
+    config.write_text(config.read_text() + f'[models.{json.dumps(m)}]\n'
+                      'price = {input = 2.0, output = 8.0}\n')
+    single = subprocess.run([sys.executable, "-m", "dsh", "run", "--json", "-m", m, "task 0"],
+                            env=env["env"], capture_output=True, text=True, check=True)
+    cost = json.loads(single.stdout)["cost"]
+    assert cost is not None and cost > 0
+    tasks = write_tasks(env["dir"] / "tasks.jsonl", 3)
+    proc = batch(env, str(tasks), "-m", m, "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x)["cost"] for x in proc.stdout.splitlines()] == [cost] * 3
+
+
+def test_a_result_sent_back_by_a_worker_keeps_its_cost() -> None:
+    """What an executor's worker sends back (dsh-ray's, a plugin's) is turned into a result
+    again with its cost; a worker of an older dsh sends none: the cost is unknown."""
+    from dsh.batch.executors import result_data
+    from dsh.batch.executors import result_from_data
+    from dsh.core.messages import Usage
+    from dsh.run.app import RunResult
+
+    result = RunResult(output="x", session_id="s", outcome="completed", reason="", steps=1,
+                       usage=Usage(input_tokens=3, output_tokens=2), cost=0.0125)
+    data = json.loads(json.dumps(result_data(result)))  # it travels as plain data
+    assert result_from_data(data).cost == 0.0125
+    del data["cost"]
+    assert result_from_data(data).cost is None

@@ -172,7 +172,7 @@ def result_data(result: RunResult) -> dict[str, Any]:
             "outcome": result.outcome, "reason": result.reason, "steps": result.steps,
             "usage": attrs.asdict(result.usage),
             "path": str(result.path) if result.path is not None else None,
-            "context": result.context, "value": result.value}
+            "context": result.context, "value": result.value, "cost": result.cost}
 
 
 def result_from_data(data: dict[str, Any]) -> RunResult:
@@ -184,7 +184,8 @@ def result_from_data(data: dict[str, Any]) -> RunResult:
                      outcome=data["outcome"], reason=data["reason"], steps=data["steps"],
                      usage=Usage(**data["usage"]),
                      path=Path(data["path"]) if data["path"] else None,
-                     context=data["context"], value=data["value"])
+                     context=data["context"], value=data["value"],
+                     cost=data.get("cost"))  # a worker of an older dsh sends none
 
 
 def get_executor(app: App, name: str) -> Executor:
