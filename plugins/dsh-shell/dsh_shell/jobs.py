@@ -264,12 +264,15 @@ def start(argv: list[str], root: str, settings: Any, policy: Any, shown: str,
 def output(job_id: int, max_output: int) -> str:
     """What job ``job_id`` printed since the last read, and whether it still runs."""
     job = _job(job_id)
-    if job.returncode() is not None:
+    ended = job.returncode() is not None
+    if ended:
         job.eof.wait(2)  # what it printed last is read before it is shown
     with job.lock:
         dropped, data = job.ring.since(job.read_pos)
         job.read_pos = job.ring.total
-    status = job.status()
+    # The status is the one seen before the read: a job that exits during the read is shown
+    # running now and exited (with the rest of its output) by the next call.
+    status = job.status() if ended else "running"
     lines = [f"job {job.number}: {status}"]
     if dropped:
         lines.append(f"[… {dropped} bytes of output were dropped before this read: a job "
