@@ -70,6 +70,9 @@ class InvariantViolation(DshError):
 class ProviderError(DshError):
     """A model provider failed in a way the user can act on (HTTP status, network, stream)."""
 
+    #: Part of the answer had already streamed to the user: no layer may send it again.
+    streamed: bool = False
+
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = False) -> None:
         super().__init__(message)
         self.status = status

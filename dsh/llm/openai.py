@@ -212,16 +212,33 @@ class OpenAIModel(HTTPModel):
 
     def _complete(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
         try:
-            return super()._complete(request, on_text)
+            response = super()._complete(request, on_text)
         except ProviderError as exc:
             # llama-cpp-python's server answers OpenAI's json_schema response_format with an
             # error naming the literal, and takes {"type": "json_object", "schema": …}: learn
-            # that once (unless the dialect is configured) and send the request again.
+            # that once (unless the dialect is configured) and send the request again. Only
+            # for that refusal (an HTTP error naming both, which status_error does not retry),
+            # never once this server took json_schema, and the resend is a request of the
+            # run's budget like any retry (D8): no other error can add a request.
+            text = str(exc)
             if (OUTPUT_SCHEMA not in request.options or self.settings.get("schema_dialect")
-                    or self.schema_dialect() != "json_schema" or "json_schema" not in str(exc)):
+                    or self.schema_dialect() != "json_schema" or exc.status is None
+                    or exc.retryable or "json_schema" not in text
+                    or "response_format" not in text
+                    or getattr(self, "_json_schema_taken", False)):
                 raise
+            from dsh.core.errors import BudgetExceeded
+            from dsh.host.runcontext import current_or_none
+
+            ctx = current_or_none()
+            refused = ctx.budget.reserve(requests=1) if ctx is not None else None
+            if refused:
+                raise BudgetExceeded(refused) from None
             self._learned_dialect = "json_object"
             return super()._complete(request, on_text)
+        if OUTPUT_SCHEMA in request.options and self.schema_dialect() == "json_schema":
+            self._json_schema_taken = True
+        return response
 
     def format_tool(self, tool: ToolSpec) -> dict[str, Any]:
         return map_tool(tool)

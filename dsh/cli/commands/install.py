@@ -151,6 +151,11 @@ def uninstall(packages: tuple[str, ...], yes: bool) -> None:
     Says which dsh plugins went with them.
     """
     not_options(packages)
+    if not yes and not _stdin_is_terminal():
+        # pip would ask "Proceed (Y/n)?" and end with a traceback on the closed input
+        raise click.UsageError("dsh uninstall asks before removing anything and stdin is "
+                               "not a terminal: pass -y/--yes to uninstall without asking "
+                               f"({' '.join(packages)}); nothing was uninstalled")
     before = snapshot()
     code = run_pip(["uninstall", *(["--yes"] if yes else []), *packages])
     if code != 0:
@@ -161,6 +166,13 @@ def uninstall(packages: tuple[str, ...], yes: bool) -> None:
         click.echo(f"removed plugin {name}")
     if not gone:
         warn("uninstalled; no dsh plugin was removed")
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):  # closed
+        return False
 
 
 # -- loading the new plugins in a fresh interpreter ---------------------------------------------

@@ -32,8 +32,8 @@ def is_context_error(exc: BaseException) -> bool:
     adapters report it (OpenAI-compatible, Anthropic, llama.cpp, the local model)."""
     from dsh.core.errors import ProviderError
 
-    if not isinstance(exc, ProviderError):
-        return False
+    if not isinstance(exc, ProviderError) or getattr(exc, "streamed", False):
+        return False  # part of the answer was shown: compacting would send it again
     if getattr(exc, "context_overflow", False):
         return True
     text = str(exc).lower()
