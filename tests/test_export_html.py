@@ -293,7 +293,7 @@ def test_any_text_in_any_field_stays_text(a: str, b: str, c: str, d: str) -> Non
     assert structural <= {"html", "head", "script", "meta", "title", "style", "body", "header",
                           "h1", "h2", "code", "p", "button", "figure", "svg", "g", "rect",
                           "text", "main", "section", "div", "b", "pre", "details",
-                          "summary", "span", "a", "br", "polyline"}, structural
+                          "summary", "span", "a", "br", "polyline", "line"}, structural
 
 
 def test_script_hash_in_the_policy_is_the_scripts() -> None:

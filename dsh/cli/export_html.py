@@ -27,6 +27,11 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from dsh.cli.event_lines import NotRun
+from dsh.cli.event_lines import not_run
+from dsh.cli.event_lines import plugin_line
+from dsh.cli.event_lines import plural
+from dsh.cli.html_chart import CHART_BARS as _CHART_BARS
 from dsh.core.redact import redact
 from dsh.ledger.events import AssistantMessage
 from dsh.ledger.events import ContextCompacted
@@ -53,8 +58,8 @@ IMAGE_BYTES = 2 * 1024 * 1024
 IMAGES_TOTAL = 16 * 1024 * 1024
 #: Raster types shown inline (never SVG: it is a document of its own).
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
-#: Bars of the chart at most: a longer session is bucketed.
-CHART_BARS = 300
+#: Bars of the chart at most (:mod:`dsh.cli.html_chart`): a longer session is bucketed.
+CHART_BARS = _CHART_BARS
 #: Sub-agent sessions nested inside one another at most.
 MAX_NESTING = 8
 
@@ -150,6 +155,7 @@ class Page:
         self.image_bytes = 0
         self.seen: set[str] = set()
         self.prices: dict[str, tuple[float | None, ...] | None] = {}
+        self.notes: dict[str, NotRun] = {}  # the current session's calls that never ran
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -160,11 +166,16 @@ class Page:
         model = ""
         results: dict[str, ToolReturned] = {}
         events = list(events)
-        for e in events:
+        never = not_run(events)  # calls closed before they ran (budget, interrupt)
+        notes: dict[str, NotRun] = {}
+        for i, e in enumerate(events):
             if isinstance(e, ToolReturned):
                 results.setdefault(e.call_id, e)
+                if i in never:
+                    notes.setdefault(e.call_id, never[i])
+        outer, self.notes = self.notes, notes
         in_step = False
-        for e in events:
+        for i, e in enumerate(events):
             if isinstance(e, TurnStarted):
                 self.counts["turns"] += 1
                 model = e.model or model
@@ -180,16 +191,21 @@ class Page:
                     w("</div>")
                 self.counts["steps"] += 1
                 in_step = True
-                w(f'<div class="step" data-seq="{e.seq}"><div class="step-h">step {e.step}</div>')
+                # numbered from 1, as ``dsh sessions show`` numbers them
+                w(f'<div class="step" data-seq="{e.seq}"><div class="step-h">'
+                  f"step {e.step + 1}</div>")
             elif isinstance(e, StepEnded):
                 if in_step:
                     w("</div>")
                 in_step = False
+            elif isinstance(e, ToolReturned) and i in never and not never[i].called:
+                self.never_called(e, never[i])  # no tool/call: shown here, as asked
             else:
                 self.event(e, results, model, depth)
         if in_step:
             w("</div>")
         w("</section>")
+        self.notes = outer
 
     def event(self, e: Event, results: dict[str, ToolReturned], model: str, depth: int) -> None:
         w = self.out.append
@@ -219,8 +235,7 @@ class Page:
         elif isinstance(e, ContextCompacted):
             self.compaction(e)
         elif isinstance(e, PluginEvent):
-            w(f'<div class="ev plugin" data-seq="{e.seq}"><b>{_t(e.tag)}</b> v{e.version}'
-              f'{_block(_json(dict(e.data)), "json", "data")}</div>')
+            self.plugin(e)
         elif isinstance(e, UnknownEvent):
             w(f'<div class="ev unknown" data-seq="{e.seq}"><b>{_t(e.tag)}</b> (unknown)'
               f'{_block(_json(e.extra), "json", "data")}</div>')
@@ -255,17 +270,51 @@ class Page:
             w(_block(e.text, "text"))
         w("</div>")
 
+    def plugin(self, e: PluginEvent) -> None:
+        """One line: what dsh knows the event says (the sandbox of a call…), else the
+        plugin's own ``summary``, else its data as compact JSON (folded when long)."""
+        w = self.out.append
+        head = (f'<div class="ev plugin" data-seq="{e.seq}" title="{_t(e.tag)} v{e.version}">'
+                f"<b>{_t(e.tag)}</b>")
+        line = plugin_line(e)
+        summary = e.data.get("summary")
+        if line is None and isinstance(summary, str) and summary:
+            line = " ".join(summary.split())
+        if line is not None:
+            w(f'{head} <span class="line">{_t(line[:SHOW_CHARS])}</span></div>')
+            return
+        data = json.dumps(e.data, ensure_ascii=False, separators=(",", ":"), default=str)
+        version = f" v{e.version}" if e.version != 1 else ""
+        if len(data) <= 200:
+            w(f'{head}{version} <code class="data">{_t(data)}</code></div>')
+        else:
+            w(f'{head}{version}{_block(data, "json", "data")}</div>')
+
+    def never_called(self, e: ToolReturned, note: NotRun) -> None:
+        """A call the model asked for that was closed before any ``tool/call``: its
+        arguments as asked, ``not run (…)``."""
+        w = self.out.append
+        self.counts["tool_calls"] += 1
+        args = (_block(_json(dict(note.call.arguments)), "json args", "arguments")
+                if note.call is not None else '<p class="cut">arguments not recorded</p>')
+        body = "" if note.redundant else (
+            f'<div class="result">{_block(e.output, "text out", "result")}</div>')
+        w(f'<div class="ev tool-call not-run" data-seq="{e.seq}" data-call="{_t(e.call_id)}">'
+          f'<b>tool {_t(e.name)}</b> <span class="status">{_t(note.status)}</span>'
+          f"{args}{body}</div>")
+
     def tool(self, e: ToolCalled, result: ToolReturned | None, depth: int) -> None:
         w = self.out.append
         self.counts["tool_calls"] += 1
         status = result.status if result is not None else "no result"
+        note = self.notes.get(e.call_id) if result is not None else None
         took = (f" · {result.duration_ms:.0f} ms"
                 if result is not None and result.duration_ms is not None else "")
-        w(f'<div class="ev tool-call {_ID.sub("", status)[:20]}" data-seq="{e.seq}" '
-          f'data-call="{_t(e.call_id)}"><b>tool {_t(e.name)}</b> '
-          f'<span class="status">{_t(status)}{took}</span>'
+        w(f'<div class="ev tool-call {"not-run" if note else _ID.sub("", status)[:20]}" '
+          f'data-seq="{e.seq}" data-call="{_t(e.call_id)}"><b>tool {_t(e.name)}</b> '
+          f'<span class="status">{_t(note.status if note else status)}{took}</span>'
           f'{_block(_json(dict(e.arguments)), "json args", "arguments")}')
-        if result is not None:
+        if result is not None and not (note is not None and note.redundant):
             w(f'<div class="result">{_block(result.output, "text out", "result")}</div>')
             if result.changes:
                 w(_changes(result.changes))
@@ -291,7 +340,7 @@ class Page:
         by = f" by {_t(e.plugin)}" if e.plugin else ""
         w = self.out.append
         w(f'<div class="ev compaction" data-seq="{e.seq}"><b>context compacted</b> '
-          f"messages {e.start}–{e.end} replaced by {len(e.messages)} "
+          f"messages {e.start + 1}–{e.end} replaced by {len(e.messages)} "
           f"({_t(e.strategy)}{by}, {_t(e.reason)}): ~{e.tokens_before} → ~{e.tokens_after} "
           "tokens")
         if e.summary_session:
@@ -338,39 +387,10 @@ class Page:
     # -- the chart --------------------------------------------------------------------------
 
     def chart(self) -> str:
-        """An SVG bar chart of input/output tokens per response (bucketed past
-        :data:`CHART_BARS`), with the cost when the model is priced."""
-        pts = self.points
-        if not pts:
-            return '<p class="chart-none">no model responses</p>'
-        size = -(-len(pts) // CHART_BARS)
-        bars = [(sum(p[0] for p in pts[i:i + size]), sum(p[1] for p in pts[i:i + size]),
-                 sum(p[2] for p in pts[i:i + size])) for i in range(0, len(pts), size)]
-        top = max(max(b[0] + b[1] for b in bars), 1)
-        width, height = 800, 160
-        bw = width / len(bars)
-        parts = [f'<svg class="chart" viewBox="0 0 {width} {height + 20}" role="img" '
-                 f'aria-label="tokens per response"><title>tokens per response'
-                 f'{f" (each bar: {size} responses)" if size > 1 else ""}</title>']
-        for i, (inp, out, cost) in enumerate(bars):
-            hi = height * inp / top
-            ho = height * out / top
-            x = i * bw
-            tip = f"{inp} in / {out} out" + (f" · ${cost:.6f}" if self.priced else "")
-            parts.append(f'<g class="bar"><title>{tip}</title>'
-                         f'<rect class="in" x="{x:.2f}" y="{height - hi:.2f}" '
-                         f'width="{max(bw - 1, 0.5):.2f}" height="{hi:.2f}"/>'
-                         f'<rect class="out" x="{x:.2f}" y="{height - hi - ho:.2f}" '
-                         f'width="{max(bw - 1, 0.5):.2f}" height="{ho:.2f}"/></g>')
-        if self.priced:
-            top_cost = max(max(b[2] for b in bars), 1e-12)
-            line = " ".join(f"{i * bw + bw / 2:.2f},{height - height * b[2] / top_cost:.2f}"
-                            for i, b in enumerate(bars))
-            parts.append(f'<polyline class="cost" points="{line}"/>')
-        parts.append(f'<text x="0" y="{height + 16}">max {top} tokens per bar; '
-                     f'blue: input, orange: output{"; line: cost" if self.priced else ""}'
-                     "</text></svg>")
-        return "".join(parts)
+        """The SVG chart of tokens (and cost) per response (:mod:`dsh.cli.html_chart`)."""
+        from dsh.cli.html_chart import chart
+
+        return chart(self.points, self.priced)
 
 
 def render(session_id: str, events: Iterable[Event], *,
@@ -396,10 +416,12 @@ def render(session_id: str, events: Iterable[Event], *,
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>dsh session {_t(session_id)}</title><style>{CSS}</style></head><body>"
         f'<header><h1>dsh session <code>{_t(session_id)}</code></h1>'
-        f'<p class="summary">{c["turns"]} turns · {c["steps"]} steps · '
-        f'{c["tool_calls"]} tool calls · {c["responses"]} model responses · '
-        f'{c["input"]} in / {c["output"]} out tokens{cost} · {c["compactions"]} compactions · '
-        f'{c["subagents"]} sub-agent runs</p>'
+        f'<p class="summary">{plural(c["turns"], "turn")} · {plural(c["steps"], "step")} · '
+        f'{plural(c["tool_calls"], "tool call")} · '
+        f'{plural(c["responses"], "model response")} · '
+        f'{c["input"]} in / {c["output"]} out tokens{cost} · '
+        f'{plural(c["compactions"], "compaction")} · '
+        f'{plural(c["subagents"], "sub-agent run")}</p>'
         '<p class="controls"><button type="button" id="open-all">expand all</button> '
         '<button type="button" id="close-all">collapse all</button></p>'
         f'<figure>{page.chart()}</figure></header><main>'

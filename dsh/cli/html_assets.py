@@ -36,6 +36,10 @@ svg.chart{width:100%;max-width:800px;height:auto}
 svg.chart .in{fill:var(--in)}svg.chart .out{fill:var(--out)}
 svg.chart .cost{fill:none;stroke:#111;stroke-width:1.5}
 svg.chart text{font-size:11px;fill:var(--mute)}
+svg.chart .axis{stroke:#6b7280;stroke-width:1}svg.chart .grid{stroke:var(--line);stroke-width:1}
+svg.chart .axis-title{font-size:12px;fill:var(--fg)}
+.tool-call.not-run{border-left:3px dashed var(--mute)}
+.plugin .line,.plugin code.data{color:var(--mute);overflow-wrap:anywhere}
 button{font:inherit;padding:.1rem .6rem}
 """
 

@@ -26,6 +26,9 @@ from dsh.cli.escape import escape_controls as escape_controls  # re-exported
 from dsh.cli.escape import escape_json_controls as escape_json_controls  # re-exported
 from dsh.cli.escape import one_line as one_line  # re-exported
 from dsh.cli.escape import use_color as use_color  # re-exported
+from dsh.cli.event_lines import cut
+from dsh.cli.event_lines import not_run
+from dsh.cli.event_lines import plugin_line
 from dsh.cli.inventories import agent_rows as agent_rows  # re-exported
 from dsh.cli.inventories import agents_text as agents_text  # re-exported
 from dsh.cli.inventories import models_report as models_report  # re-exported
@@ -67,17 +70,13 @@ def _args(arguments: dict[str, Any]) -> str:
 
 
 def _truncate(text: str, full: bool) -> str:
+    """The first :data:`TOOL_OUTPUT_LINES` lines (at most :data:`TOOL_OUTPUT_CHARS`) and a
+    note of what is hidden — nothing cut when that would hide less than
+    :data:`dsh.cli.event_lines.CUT_MIN_LINES` lines and ``CUT_MIN_CHARS`` characters."""
     if full:
         return text
-    lines = text.splitlines()
-    cut = lines[:TOOL_OUTPUT_LINES]
-    out = "\n".join(cut)
-    if len(out) > TOOL_OUTPUT_CHARS:
-        out = out[:TOOL_OUTPUT_CHARS]
-    hidden = len(text) - len(out)
-    if hidden > 0:
-        out += f"\n… ({len(lines) - len(cut)} more lines, {hidden} more characters; --full)"
-    return out
+    shown, note = cut(text, TOOL_OUTPUT_LINES, TOOL_OUTPUT_CHARS)
+    return f"{shown}\n… ({note}; --full)" if note else text
 
 
 def _indent(text: str, prefix: str = "  ") -> str:
@@ -137,7 +136,13 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         if text.strip():
             out.append(_indent(s.text(text.rstrip("\n"))))
 
-    for e in events:
+    def call_line(name: str, arguments: dict[str, Any], child: str = "") -> None:
+        out.append(s("  → ", fg="yellow") + s(name, bold=True)
+                   + " " + s.text(_args(arguments)) + s(child, dim=True))
+
+    events = list(events)
+    never_started = not_run(events)  # calls closed before they ran (budget, interrupt)
+    for i, e in enumerate(events):
         if isinstance(e, TurnStarted):
             usage, cached, steps = [0, 0], [0, 0], 0
             model = e.model or model
@@ -188,12 +193,18 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                 notes.append(f"stop: {e.stop_reason}")
             block("ASSISTANT", e.text, {"fg": "blue"}, " · ".join(notes))
         elif isinstance(e, ToolCalled):
-            child = f" (session {e.child_session})" if e.child_session else ""
-            out.append(s("  → ", fg="yellow") + s(e.name, bold=True)
-                       + " " + s.text(_args(e.arguments)) + s(child, dim=True))
+            call_line(e.name, e.arguments,
+                      f" (session {e.child_session})" if e.child_session else "")
             if e.child_session and children is not None and depth < MAX_NESTING:
                 out.append(_nested(e.child_session, children, s, color, full, depth,
                                    installed, price))
+        elif isinstance(e, ToolReturned) and i in never_started:
+            nr = never_started[i]
+            if not nr.called:  # no tool/call was written: the call as the model asked
+                call_line(e.name, dict(nr.call.arguments) if nr.call else {},
+                          "" if nr.call else " (arguments not recorded)")
+            block(f"TOOL {e.name}", "" if nr.redundant else _truncate(e.output, full),
+                  {"fg": "red"}, nr.status)
         elif isinstance(e, ToolReturned):
             ok = e.status == "ok"
             took = f" · {e.duration_ms:.0f} ms" if e.duration_ms is not None else ""
@@ -224,10 +235,10 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
                              if e.strategy != "mask" or m.role != "tool")
             block("CONTEXT COMPACTED", _truncate(text, full) if e.strategy != "mask" else "",
                   {"fg": "magenta"}, compaction_note(e))
-        elif isinstance(e, PluginEvent) and e.name == "sandbox" and "policy" in e.data:
-            from dsh.sandbox.policy import describe_record  # what confined a tool call
-
-            out.append(s("  ⛨ ", fg="cyan") + s(describe_record(e.data), dim=True))
+        elif isinstance(e, PluginEvent) and (known := plugin_line(e)):
+            # a record dsh knows (the sandbox that confined a call…): one readable line
+            mark = "  ⛨ " if e.name == "sandbox" else "  ◆ "
+            out.append(s(mark, fg="cyan") + s(known, dim=True))
         elif isinstance(e, PluginEvent):
             out.append(plugin_event_line(e, s, full, installed))
         elif isinstance(e, UnknownEvent):
@@ -399,8 +410,17 @@ def _fence(text: str, lang: str = "") -> str:
 def markdown(session_id: str, events: Iterable[Event]) -> str:
     """The session as a Markdown document (``dsh sessions export --format markdown``)."""
     parts: list[str] = [f"# Session {session_id}"]
-    for e in events:
-        if isinstance(e, TurnStarted):
+    events = list(events)
+    never_started = not_run(events)
+    for i, e in enumerate(events):
+        if isinstance(e, ToolReturned) and i in never_started:
+            nr = never_started[i]
+            if nr.call is not None and not nr.called:
+                parts.append(f"**Tool call** `{nr.call.name}`\n\n" + _fence(json.dumps(
+                    dict(nr.call.arguments), ensure_ascii=False, indent=2), "json"))
+            parts.append(f"**Tool result** `{e.name}` ({nr.status})"
+                         + ("" if nr.redundant else "\n\n" + _fence(e.output)))
+        elif isinstance(e, TurnStarted):
             meta = [f"agent `{e.agent}`"] + ([f"model `{e.model}`"] if e.model else [])
             parts.append(f"## Turn {e.turn}\n\n_{', '.join(meta)} · {e.ts}_")
             if e.system:
