@@ -150,8 +150,11 @@ class StatusLine:
         """Print ``message`` on its own line of stderr without garbling the status line;
         ``styled``: it is already escaped and coloured by dsh (a diff), written as it is."""
         with self._lock:
+            was_shown = self._shown
             self._erase()
             self._write((message if styled else escape_controls(message)) + "\n")
+            if was_shown:
+                self.draw()  # redrawn at once below the line, not at the next tick
 
     def on_event(self, event: Any) -> None:
         kind = getattr(event, "type", "")
@@ -174,6 +177,11 @@ class StatusLine:
                 self.activity = "thinking"
             elif kind == "llm/stream":
                 self.activity = "receiving"
+            elif kind == "llm/retry":  # a failed request is sent again after a wait
+                data = getattr(event, "data", {})
+                why = f"HTTP {data.get('status')}" if data.get("status") else "a failure"
+                self.activity = (f"retry {data.get('attempt')}/{data.get('retries')} "
+                                 f"after {why}")
             elif kind == "x" and getattr(event, "plugin", "") == "dsh.tasks":
                 from dsh.run.tasks import summary
 

@@ -25,6 +25,7 @@ LIVE_EVENTS = (
     "agent/request",
     "llm/stream",
     "llm/reasoning",
+    "llm/retry",  # built by dsh.llm.http (errors.RetryNotice), which cannot import this module
     "tools/pre-execute",
     "tools/post-execute",
     "agent/turn-stopping",

@@ -7,6 +7,8 @@ that is not JSON, or a stream cut short into a :class:`~dsh.core.errors.Provider
 user can act on, never quoting a secret (:func:`_scrub`). Retrying: which statuses are worth it
 (:data:`RETRY_STATUSES`), how long to wait (:func:`parse_retry_after`, :func:`backoff` with full
 jitter) and the pause a 429 puts on an endpoint for the whole process (:data:`RATE_GATE`).
+A retry about to wait is told to the run's observers as an ``llm/retry`` live event
+(:class:`RetryNotice`; docs/events.md): transient, never in the ledger.
 """
 
 from __future__ import annotations
@@ -70,6 +72,35 @@ class RateGate:
 
 #: The process-wide gate :meth:`HTTPModel.complete` honours (issue 16).
 RATE_GATE = RateGate()
+
+
+class RetryNotice:
+    """The ``llm/retry`` live event: a failed model request will be sent again after
+    ``data["wait"]`` seconds. Shaped as :class:`dsh.run.recorder.LiveEvent` (``type``,
+    ``data``, ``session``), which this layer may not import; ``dsh run`` shows it on a
+    terminal (``retrying after HTTP 500 (1/4) in 0.4 s``)."""
+
+    __slots__ = ("data", "session")
+    type = "llm/retry"
+
+    def __init__(self, data: dict[str, Any], session: str = "") -> None:
+        self.data = data
+        self.session = session
+
+    def __repr__(self) -> str:
+        return f"RetryNotice({self.data!r})"
+
+
+def notify_retry(ctx: Any, err: ProviderError, provider: str, attempt: int, retries: int,
+                 wait: float) -> None:
+    """Tell an observed run (``ctx.emit`` set) that ``err`` is retried after ``wait``
+    seconds, as attempt ``attempt`` of ``retries``; an unobserved run builds nothing (D7).
+    ``err`` is already scrubbed of secrets."""
+    if ctx is None or ctx.emit is None:
+        return
+    ctx.emit(RetryNotice({"provider": provider, "status": err.status, "attempt": attempt,
+                          "retries": retries, "wait": round(wait, 3), "error": str(err)},
+                         ctx.session_id))
 
 
 class ProviderHTTPError(ProviderError):

@@ -49,6 +49,7 @@ from dsh.llm.http.errors import ProviderErrors
 from dsh.llm.http.errors import ProviderHTTPError
 from dsh.llm.http.errors import _scrub
 from dsh.llm.http.errors import backoff
+from dsh.llm.http.errors import notify_retry
 from dsh.llm.http.settings import _HEADER_NAME
 from dsh.llm.http.settings import HTTPSettings
 from dsh.llm.http.settings import header_value_problem
@@ -343,13 +344,16 @@ class HTTPModel(ProviderErrors, Model):
                 if ctx is not None:
                     ctx.cancel.check()  # a read ended by an abort is a cancellation
                 err = _scrub(caught, key)
+                err.streamed = delivered  # shown in part: no layer may send it again
                 if not err.retryable:
                     raise err from None
                 if delivered:  # the user has seen part of this answer: never send it twice
-                    raise ProviderError(
+                    partial = ProviderError(
                         f"{err} (not retried: part of the answer was already streamed)",
                         status=err.status,
-                    ) from None
+                    )
+                    partial.streamed = True
+                    raise partial from None
                 if attempt >= self.http.retries:
                     suffix = f" — still failing after {attempt} retries" if attempt else ""
                     raise ProviderError(f"{err}{suffix}", status=err.status) from None
@@ -362,6 +366,7 @@ class HTTPModel(ProviderErrors, Model):
                     RATE_GATE.pause(endpoint, wait)
                 attempt += 1
                 log.info("%s; retry %d/%d in %.2fs", err, attempt, self.http.retries, wait)
+                notify_retry(ctx, err, self.provider, attempt, self.http.retries, wait)
             if ctx is None:
                 time.sleep(wait)
             elif ctx.cancel.wait(wait):
