@@ -162,8 +162,8 @@ HELP_MODULES_DSH = {
     "dsh.cli.run_command", "dsh.cli.shared", "dsh.core", "dsh.core.errors",
     # each command's module, for its short help in the list
     "dsh.cli.commands", *(f"dsh.cli.commands.{c}" for c in (
-        "batch", "chat", "config", "install", "inventory", "keys", "permissions", "replay",
-        "sandbox", "sessions", "trust")),
+        "batch", "chat", "config", "doctor", "install", "inventory", "keys", "permissions",
+        "replay", "sandbox", "sessions", "trust")),
     # fork and rewind are commands of the sessions group, defined in their own module
     "dsh.cli.commands.session_tree",
 }

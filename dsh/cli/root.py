@@ -66,6 +66,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "trust": "dsh.cli.commands.trust:trust",
     "permissions": "dsh.cli.commands.permissions:permissions",
     "replay": "dsh.cli.commands.replay:replay",
+    "doctor": "dsh.cli.commands.doctor:doctor",
 }
 
 #: Other names that moved from this module to dsh/cli/commands/. They, and the commands above,

@@ -255,9 +255,12 @@ class App:
         ``[models.ID]`` alias with an ``adapter`` key)."""
         entry, prefix, name, settings = self.adapter_entry(model_id)
         if entry is None:
+            from dsh.run.model_names import did_you_mean
+
             known = ", ".join(sorted(self.models)) or "none"
+            near = did_you_mean(model_id, self.config.models, self.models)
             raise UsageError(f"unknown model {model_id!r}: no adapter {prefix!r} "
-                             f"(known: {known})")
+                             f"(known: {known}){near}")
         model = entry.build(name, settings)
         model.check()
         return model
@@ -266,9 +269,12 @@ class App:
         """The assembled agent ``name`` (default: the config's ``agent``), memoised."""
         _ = self.pm  # plugins may register agents (register_agents): merged into the config
         name = name or self.config.agent
+        if isinstance(overrides.get("model"), str) and not overrides["model"].strip():
+            raise UsageError("-m needs a model name (got an empty one)")
         if name not in self.config.agent_names():
-            known = ", ".join(self.config.agent_names())
-            raise UsageError(f"unknown agent {name!r} (configured: {known})")
+            from dsh.config.loader import unknown_agent
+
+            raise unknown_agent(self.config, name)
         key = (name, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
         agent = self._agents.get(key)
         if agent is None:

@@ -10,7 +10,9 @@ module imports nothing but click and :mod:`dsh.cli` at import time.
 * :mod:`dsh.cli.commands.config` — ``config path/show/init/set/validate``;
 * :mod:`dsh.cli.commands.chat` — ``chat`` (the chat itself: :mod:`dsh.chat`);
 * :mod:`dsh.cli.commands.batch` — ``batch`` (running the tasks: :mod:`dsh.batch`);
-* :mod:`dsh.cli.commands.inventory` — ``plugins``, ``tools``, ``models``, ``agents``;
+* :mod:`dsh.cli.commands.inventory` — ``plugins``, ``tools``, ``models`` (and ``models alias``),
+  ``agents``;
+* :mod:`dsh.cli.commands.doctor` — ``doctor`` (the checks: :mod:`dsh.cli.doctor_checks`);
 * :mod:`dsh.cli.commands.install` — ``install``, ``uninstall`` (pip into dsh's environment);
 * :mod:`dsh.cli.commands.keys` — ``keys`` (stored API keys);
 * :mod:`dsh.cli.commands.replay` — ``replay`` (the driver: :mod:`dsh.run.replay`).

@@ -54,16 +54,62 @@ def tools(state: State, agent: str | None, as_json: bool) -> None:
         warn("no tools")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
-@pass_state
-def models(state: State, as_json: bool) -> None:
-    """List model adapters (use PREFIX:NAME) and the models configured in [models]."""
+@click.pass_context
+def models(ctx: click.Context, as_json: bool) -> None:
+    """List model adapters (use PREFIX:NAME) and the models configured in [models].
+
+    `dsh models alias` gives a model a short name.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from dsh.cli.inventories import models_report
     from dsh.cli.inventories import models_text
 
-    report = models_report(state.app)
+    report = models_report(ctx.find_object(State).app)
     _dump(report) if as_json else click.echo(models_text(report))
+
+
+@models.command("alias")
+@click.argument("name", required=False)
+@click.argument("target", required=False)
+@click.option("--list", "list_", is_flag=True, help="List the aliases (also with no NAME).")
+@click.option("--remove", "remove", is_flag=True, help="Remove the alias NAME.")
+@click.option("--json", "as_json", is_flag=True, help="With --list: print a JSON array.")
+@pass_state
+def models_alias(state: State, name: str | None, target: str | None, list_: bool,
+                 remove: bool, as_json: bool) -> None:
+    """Make NAME an alias of the model TARGET (openai:gpt-4o), list or remove aliases.
+
+    An alias is a [models.NAME] table with `adapter` and `model` keys, written to the config
+    file (validated first, as `dsh config set` writes); `dsh run -m NAME` then uses TARGET.
+    """
+    from dsh.cli import model_alias
+
+    path = state.config_file()
+    if remove:
+        if name is None or target is not None or list_:
+            raise click.UsageError("--remove takes one NAME (dsh models alias --remove NAME)")
+        model_alias.remove(path, name)
+        warn(f"removed the alias {name} from {path}")
+    elif list_ or name is None:
+        if name is not None:
+            raise click.UsageError("--list takes no NAME")
+        rows = model_alias.rows(path)
+        if as_json:
+            _dump(rows)
+        elif rows:
+            click.echo(model_alias.text(rows))
+        else:
+            warn(f"no aliases in {path} (dsh models alias NAME TARGET makes one)")
+    else:
+        if target is None:
+            raise click.UsageError("missing TARGET: dsh models alias NAME TARGET "
+                                   "(e.g. dsh models alias fast openai:gpt-4o-mini)")
+        for note in model_alias.define(state, path, name, target):
+            warn(f"note: {note}")
+        warn(f"alias {name} -> {target} written to {path}")
 
 
 @click.command()
