@@ -1,9 +1,13 @@
-"""Writing the config file: ``dsh config init`` and ``dsh config set`` (docs/config.md).
+"""Writing the config file: ``dsh config init``, ``dsh config set`` and ``dsh config unset``
+(docs/config.md).
 
-``set`` reads the file as TOML, changes one key, validates the whole result with
-:func:`dsh.config.loader.config_from_dict` and writes it back with tomli-w, so every other key is
-preserved — comments and formatting are not (tomli-w writes data, not documents). ``init``
-writes a commented starter file as text.
+``set`` and ``unset`` compute the new settings from the file as TOML, validate the whole result
+with :func:`dsh.config.loader.config_from_dict`, then edit the file as a document with tomlkit:
+comments, key order, blank lines and layout are kept and only the changed key's line differs.
+The edited text is read back and must give exactly the validated settings; if tomlkit cannot
+make that edit (a layout it cannot extend in place), the file is rewritten with tomli-w
+instead, which keeps every key but not the comments, and the caller is told so. ``init``
+writes a commented starter file as text. tomlkit is imported only here, when a file is edited.
 """
 
 from __future__ import annotations
@@ -115,9 +119,11 @@ def set_value(path: Path, key: str, raw: str) -> bool:
     """Set ``key`` to ``raw`` (parsed by :func:`parse_value`) in the file at ``path``.
 
     The result is validated before anything is written; an invalid result raises
-    :class:`~dsh.core.errors.ConfigError` and leaves the file untouched. A symbolic link is
-    written through (its target is replaced), a byte-order mark is kept. Returns True when
-    the file had comments (tomli-w does not keep them).
+    :class:`~dsh.core.errors.ConfigError` and leaves the file untouched. The file is edited in
+    place: its comments, order and layout are kept, only the key's line changes (a new key
+    goes after the last key of its table, a new table at the end). A symbolic link is written
+    through (its target is replaced), a byte-order mark is kept. Returns True when the
+    comments could not be kept (a layout tomlkit cannot edit: the file was rewritten).
     """
     for what, text_ in (("key", key), ("value", raw)):
         bad = _not_utf8(text_)
@@ -126,10 +132,7 @@ def set_value(path: Path, key: str, raw: str) -> bool:
                               f"the {what} is not UTF-8 text (byte 0x{bad:02x})")
     parts = parse_key(key)
     text = read_text(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    data = _parse(path, text)
     table = data
     for i, part in enumerate(parts[:-1]):
         inner = table.setdefault(part, {})
@@ -137,13 +140,82 @@ def set_value(path: Path, key: str, raw: str) -> bool:
             raise ConfigError(f"{path}: cannot set {key}: {'.'.join(parts[:i + 1])} is not "
                               "a table")
         table = inner
-    table[parts[-1]] = parse_value(raw)
+    value = parse_value(raw)
+    table[parts[-1]] = value
     config_from_dict(data, source=str(path))
-    import tomli_w
+    from dsh.config.document import set_in_text
 
+    return _save(path, text, set_in_text(text, parts, value, raw), data)
+
+
+def unset_value(path: Path, key: str) -> None:
+    """Remove ``key`` (a value, or a whole table such as ``models.local``) from the file at
+    ``path``, keeping everything else as written (a table it leaves empty stays).
+
+    A key that is not set raises :class:`~dsh.core.errors.UsageError`; the result is
+    validated before anything is written, as by :func:`set_value`.
+    """
+    bad = _not_utf8(key)
+    if bad is not None:
+        raise ConfigError(f"{path}: cannot unset {key.encode('utf-8', 'replace').decode()}: "
+                          f"the key is not UTF-8 text (byte 0x{bad:02x})")
+    parts = parse_key(key)
+    text = read_text(path)
+    data = _parse(path, text)
+    chain: list[Any] = [data]
+    for part in parts[:-1]:
+        inner = chain[-1].get(part)
+        if not isinstance(inner, dict):
+            raise UsageError(f"{path}: {key} is not set")
+        chain.append(inner)
+    if parts[-1] not in chain[-1]:
+        raise UsageError(f"{path}: {key} is not set")
+    del chain[-1][parts[-1]]
+    config_from_dict(data, source=str(path))
+    from dsh.config.document import unset_in_text
+
+    edited = unset_in_text(text, parts)
+    after = _reads_as(edited) if edited is not None else None
+    for i in range(len(chain) - 1, 0, -1):  # a table only its removed key made (`[a.b]` for
+        if chain[i] or not isinstance(after, dict):  # `a`) has no header left: it is gone
+            break
+        inside = after
+        for part in parts[:i - 1]:
+            inside = inside.get(part, {}) if isinstance(inside, dict) else {}
+        if parts[i - 1] in inside:
+            break
+        del chain[i - 1][parts[i - 1]]
+    _save(path, text, edited, data)
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def _save(path: Path, text: str, edited: str | None, data: dict[str, Any]) -> bool:
+    """Write ``edited`` if it reads back as exactly ``data`` (types included), else ``data``
+    rewritten with tomli-w; True when that dropped comments ``text`` had."""
+    from dsh.config.document import same
+
+    dropped = False
+    if edited is None or not same(_reads_as(edited), data):
+        import tomli_w
+
+        edited = tomli_w.dumps(data)
+        dropped = any(line.lstrip().startswith("#") for line in text.splitlines())
     bom = BOM if _has_bom(path) else ""
-    _write(path, bom + tomli_w.dumps(data))
-    return any(line.lstrip().startswith("#") for line in text.splitlines())
+    _write(path, bom + edited)
+    return dropped
+
+
+def _reads_as(text: str) -> Any:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
 
 
 def _not_utf8(text: str) -> int | None:

@@ -112,10 +112,38 @@ class Config:
         return self.plugins.get(name, {})
 
     def agent_names(self) -> list[str]:
+        """The agents that exist: every ``[agents.NAME]`` (and those plugins register, once
+        merged), and ``default``, which exists without a table when it is the ``agent``. Any
+        other ``agent`` without a table is not one (:func:`unknown_agent`)."""
         names = list(self.agents)
-        if self.agent not in names:
+        if self.agent not in names and self.agent == "default":
             names.insert(0, self.agent)
         return names
+
+
+def unknown_agent(cfg: Config, name: str) -> Exception:
+    """The error for agent ``name``, which ``cfg`` does not have: a :class:`ConfigError` naming
+    the file, line and key when it is the config's own ``agent = …`` (a typo there must not
+    run a fresh agent with every plugin), else a :class:`UsageError` (``-a NAME``). Both say
+    the nearest configured agent."""
+    known = cfg.agent_names()
+    if name != cfg.agent:
+        from dsh.core.errors import UsageError
+
+        return UsageError(unknown_name("agent", name, known, "configured"))
+    text = None
+    if cfg.source and os.path.isfile(cfg.source):
+        try:
+            text = read_config_text(Path(cfg.source))
+        except (OSError, ConfigError):
+            text = None
+    choices = known if "default" in known else [*known, "default"]
+    hint = did_you_mean(name, choices, "configured")
+    if not hint.startswith(";"):
+        hint = (f" (configured: {', '.join(known) or 'none'}); add an [agents.{_dotted(name)}] "
+                "table, or leave agent out to use 'default'")
+    return ConfigError(f"{cfg.source or 'config'}{_line_of(text, 'agent')}: key 'agent': "
+                       f"unknown agent {name!r}{hint}")
 
 
 def default_config_path() -> Path:
@@ -223,10 +251,24 @@ def config_from_dict(data: Mapping[str, Any], *, source: str | None = None,
         if value is not None and value < 0:
             raise ConfigError(f"{where}{_line_of(text, key.rpartition('.')[2])}: key {key!r}: "
                               f"expected an integer ≥ 0, got integer {value}")
+    from dsh.config import modelcheck
+
+    def line_of(key: str) -> str:  # a key of its own line, else in an inline table
+        found = _line_of(text, key)
+        m = None if found or not text else re.search(
+            rf"[{{,]\s*[\"']?{re.escape(key)}[\"']?\s*=", text)
+        return f":{text.count(chr(10), 0, m.start()) + 1}" if m and text else found
+
     for name, agent in cfg.agents.items():
         _check_options(agent.options, where, text, f"agents.{name}.options")
+        model_id = agent.model or cfg.model
+        if model_id and modelcheck.adapter_of(model_id, cfg.models.get(model_id)) in \
+                modelcheck.ADAPTER_KEYS:
+            modelcheck.check_options(agent.options, where, f"agents.{name}.options", line_of)
     for model_id, settings in cfg.models.items():
         _check_model(settings, where, text, f"models.{_dotted(model_id)}")
+        modelcheck.check_model_keys(model_id, settings, where, f"models.{_dotted(model_id)}",
+                                    line_of)
     _check_compaction(cfg, where, text)
     from dsh.config.finite import refuse_non_finite
 
