@@ -156,6 +156,21 @@ def test_no_tools_and_an_empty_tool_list_offer_none(tmp_path: Path, ws: Path) ->
 # -- at the terminal -------------------------------------------------------------------------
 
 
+def _summary(text: str) -> dict[str, Any]:
+    """The ``--json`` summary in a terminal's transcript (stdout and stderr share it: the
+    run's work lines, such as a call's JSON arguments, come before it)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith('{"'):
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict) and "path" in found:
+                return found
+    raise AssertionError(f"no --json summary in: {text!r}")
+
+
 def _at_terminal(config: Path, answers: list[bytes], *args: str) -> tuple[str, int]:
     """Run dsh with a real pseudo-terminal as its controlling terminal; answer each
     question (the approval question, then ``why:``) with the next of ``answers``."""
@@ -239,7 +254,7 @@ def test_no_with_a_reason_is_what_the_model_reads(ws: Path, tmp_path: Path,
                               "run", "-m", model, "--json", "write")
     assert code == 0, text
     assert (ws / "notes.txt").read_text() == "my own notes\n"
-    summary = json.loads(text[text.index('{"'):].splitlines()[0])
+    summary = _summary(text)
     events = [json.loads(x) for x in Path(summary["path"]).read_text().splitlines()]
     [result] = [e for e in events if e["type"] == "tool/result"]
     assert "use notes-v2.txt instead" in result["output"]
@@ -345,7 +360,7 @@ def test_an_approved_plan_runs_in_the_mode_the_person_picks(
     assert code == 0, text
     assert "the agent proposes this plan:" in text and "1. Rewrite notes.txt" in text
     assert "\x1b]0;owned" not in text  # the plan's controls are shown, not obeyed
-    summary = json.loads(text[text.index('{"'):].splitlines()[0])
+    summary = _summary(text)
     events = [json.loads(x) for x in Path(summary["path"]).read_text().splitlines()]
     decided = [(e["data"]["tool"], e["data"]["by"], e["data"]["mode"])
                for e in events if e["type"] == "x/dsh.tools/approval"]
@@ -361,7 +376,7 @@ def test_a_plan_sent_back_with_a_reason_keeps_plan_mode(
                               "run", "-m", model, "--json", "--mode", "plan", "go")
     assert code == 0, text
     assert (ws / "notes.txt").read_text() == "my own notes\n"
-    summary = json.loads(text[text.index('{"'):].splitlines()[0])
+    summary = _summary(text)
     events = [json.loads(x) for x in Path(summary["path"]).read_text().splitlines()]
     plan, write = [e for e in events if e["type"] == "tool/result"]
     assert "keep a backup first" in plan["output"]
