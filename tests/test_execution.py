@@ -215,7 +215,7 @@ def test_abort_closes_dangling_tool_calls(make_app, plugin_module, script):
     events = app.store.read(result.session_id)
     assert result.outcome == "aborted"
     tool_result = next(e for e in events if e.type == "tool/result")
-    assert tool_result.status == "error" and "aborted" in tool_result.output
+    assert tool_result.status == "interrupted" and "aborted" in tool_result.output
     assert events[-1].type == "turn/end"
 
 

@@ -205,7 +205,7 @@ def test_ctrl_c_while_asking_stops_the_run_and_the_ledger_loads(
     shown, code = _at_terminal(config, [(PROMPT, b"\x03")], "run", "-m", model, "go")
     assert code == 130, shown
     events = _events(tmp_path)
-    assert _result(events)["status"] == "error"
+    assert _result(events)["status"] == "interrupted"  # the abort ended the question
     assert not any("never reached" in json.dumps(e) for e in events)
     show = subprocess.run([sys.executable, "-m", "dsh", "--config", str(config), "sessions",
                            "show", "latest"], capture_output=True, text=True, timeout=60,

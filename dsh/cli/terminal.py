@@ -11,8 +11,10 @@ tables) are in :mod:`dsh.cli.render`.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
@@ -48,21 +50,32 @@ def event_line(event: Any) -> str:
     return _compact({"type": getattr(event, "type", "live"), **getattr(event, "data", {})})
 
 
+def _discard(delta: str) -> None:
+    """A text sink that shows nothing (the run still streams: ``--timeout`` keeps the text)."""
+
+
 def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
 
 class Interrupt:
-    """Signals during a run. SIGINT: the first stops after the current step (``ctx.stop()``),
-    the second aborts at once (KeyboardInterrupt; the turn is closed as ``aborted``).
+    """Signals during a run. SIGINT: the first aborts the current step now (``ctx.abort``:
+    the model's stream is closed, a running command's process group killed; the text
+    streamed so far is recorded as the step's answer and the turn closes as ``aborted``);
+    the second raises KeyboardInterrupt at once, whatever still runs.
 
     SIGTERM and SIGHUP end the run as the second Ctrl-C does, at once: the run is aborted
     (its cancel callbacks kill a running command's process group and close in-flight HTTP),
     KeyboardInterrupt closes the turn as ``aborted``, and :attr:`terminated` holds the signal
     so that ``dsh run`` exits with 128 + its number (143, 129). Further ones are ignored
-    while the turn closes."""
+    while the turn closes.
+
+    A run a signal ended may be over before a quick second Ctrl-C comes (the first one ended
+    it at once): a Ctrl-C within :attr:`GRACE` seconds of its end is taken as part of the
+    same interrupt (ignored while dsh closes the session), not as a KeyboardInterrupt."""
 
     TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+    GRACE = 2.0
 
     def __init__(self, note: Any) -> None:
         self.ctx: RunContext | None = None
@@ -88,11 +101,21 @@ class Interrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        ended = self.count > 0 or self.terminated is not None
         for signum, old in self._old.items():
+            if isinstance(old, _Grace):
+                old = old.then
             if old is None:
                 old = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            if ended and signum == signal.SIGINT:
+                old = _Grace(old, time.monotonic() + self.GRACE)
             signal.signal(signum, old)
         self._old = {}
+
+    def _abort_now(self, ctx: RunContext) -> None:
+        """The first Ctrl-C: abort the run, then the notice (on its own line)."""
+        ctx.abort("interrupted")
+        self.note("dsh: interrupted: stopping now (Ctrl-C again to abort at once)")
 
     def _terminate(self, signum: int, frame: Any) -> None:
         if self.terminated is not None:
@@ -105,12 +128,42 @@ class Interrupt:
     def _handle(self, signum: int, frame: Any) -> None:
         self.count += 1
         if self.count == 1 and self.ctx is not None:
-            self.ctx.stop()
-            self.note("dsh: stopping after the current step (Ctrl-C again to abort)")
+            # Not here, in the handler: the main thread may hold a lock the abort's callbacks
+            # take (the cancel token's, the HTTP client's) or be writing to the terminal.
+            threading.Thread(target=self._abort_now, args=(self.ctx,), name="dsh-interrupt",
+                             daemon=True).start()
             return
         if self.ctx is not None:
             self.ctx.abort("interrupted")
         self._interrupt()
+
+
+class _Grace:
+    """A SIGINT handler for the moments after an interrupted run: until ``until``
+    (monotonic) a Ctrl-C is ignored; after it, ``then`` (the handler from before the run) is
+    put back and handles this one. The interpreter drops Python handlers as it exits (when
+    no KeyboardInterrupt could end it with its own code, 130): from the ``atexit`` callbacks
+    on, SIGINT is then ignored — what is left to do is closing, each step bounded."""
+
+    def __init__(self, then: Any, until: float) -> None:
+        import atexit
+
+        self.then = then
+        self.until = until
+        atexit.register(self._exiting)
+
+    def _exiting(self) -> None:
+        if signal.getsignal(signal.SIGINT) is self:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if time.monotonic() < self.until:
+            return
+        signal.signal(signum, self.then)
+        if callable(self.then):
+            self.then(signum, frame)
+        elif self.then == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
 
 
 class RunOutput:
@@ -122,12 +175,15 @@ class RunOutput:
     * otherwise the final output, with a trailing newline.
 
     The status line is shown when stderr is a terminal; it steps aside while streamed text
-    shares the terminal. With nothing to show live, :attr:`on_event` is ``None`` and the run
-    stays unobserved (MISSION D7).
+    shares the terminal. Below it, unless ``quiet`` (``-q``), the lines of the run's work stay
+    on stderr (:class:`dsh.cli.progress.WorkLog`: tool calls and results, approvals, retries);
+    a caller that adds its own event handler before the run starts (``dsh chat``'s tool lines)
+    shows tool calls itself, and the work log then leaves them out. With nothing to show live,
+    :attr:`on_event` is ``None`` and the run stays unobserved (MISSION D7).
     """
 
     def __init__(self, out: Stdout, *, events: bool = False, as_json: bool = False,
-                 stream: bool | None = None) -> None:
+                 stream: bool | None = None, quiet: bool = False) -> None:
         import sys
 
         self.out = out
@@ -162,19 +218,34 @@ class RunOutput:
             self.printer = TextPrinter(self.write_text, shared.hide if shared else None,
                                        shared.show if shared else None)
             self._handlers.append(self.printer.on_event)
+        #: The lines of the run's work on stderr (a terminal only, not ``quiet``), else None.
+        self.work: Any = None
+        if self.status is not None and not quiet:
+            from dsh.cli.progress import WorkLog
+
+            self.work = WorkLog(lambda line: self.note(line, styled=True),
+                                color=self.status.color, ctx=lambda: self.ctx)
+            self._handlers.append(self.work.on_event)
         if self.status is not None:
             self._handlers.append(self.status.on_event)
+        self._own = len(self._handlers)  # handlers added later by a caller are its own
 
     def run(self, session: Any, text: str, *, timeout: float | None = None,
             approve: bool = False, limits: Any = None) -> Any:
         """``session.send(text)`` with this output attached, Ctrl-C handled (:class:`Interrupt`)
         and ``timeout`` enforced: checked between steps, and an in-flight model call or tool
-        is aborted when it expires (:attr:`timed_out`). A closed stdout stops the run."""
+        is aborted when it expires (:attr:`timed_out`; the text streamed so far is kept, as
+        after a Ctrl-C). A closed stdout stops the run."""
         from dsh.core.messages import Usage
         from dsh.host.runcontext import Limits
         from dsh.run.app import RunResult
 
-        interrupt = Interrupt(self.note)
+        def interrupted(message: str) -> None:
+            if self.printer is not None:
+                self.printer.finish()  # the answer so far ends its line; the notice has its own
+            self.note(message)
+
+        interrupt = Interrupt(interrupted)
         # The reader went away (``--events | head -1``): stop after the current step, but
         # never before this turn's prompt is in the ledger — the user's message is recorded
         # whatever the reader does, and the turn is closed (outcome ``stopped``).
@@ -214,9 +285,12 @@ class RunOutput:
             if timer is not None:
                 timer.daemon = True
                 timer.start()
+            on_text = self.on_text
+            if on_text is None and timeout:
+                on_text = _discard  # streamed, even unshown: the text before the limit is kept
             with interrupt:
                 return session.send(
-                    text, on_event=on_event, on_text=self.on_text, on_reasoning=self.on_reasoning,
+                    text, on_event=on_event, on_text=on_text, on_reasoning=self.on_reasoning,
                     limits=(limits or Limits()).merged(Limits(seconds=timeout) if timeout
                                                        else None),
                     context_hook=attach, approve=approve, output_schema=self.schema)
@@ -261,6 +335,10 @@ class RunOutput:
         if self.events:
             self.write_json(_compact({"type": "session", "session": session, "agent": agent,
                                       "model": model, "resumed": resumed}))
+        if self.work is not None:
+            self.work.session = session
+            if len(self._handlers) > self._own:  # the caller shows tool calls itself
+                self.work.tools = False
         if self.status is not None:
             self.status.start()
 
@@ -307,6 +385,7 @@ class RunOutput:
         self.thoughts = ReasoningPrinter(write, status.hide if status else None,
                                          status.show if status else None)
         self._handlers.insert(0, self.thoughts.on_event)
+        self._own += 1
 
     @property
     def on_reasoning(self) -> Callable[[str], None] | None:
@@ -328,7 +407,7 @@ class RunOutput:
                 self.write_text(json.dumps(result.value, ensure_ascii=False) + "\n")
         elif self.printer is not None and self.printer.printed:
             self.printer.finish()
-        elif result.output and result.outcome not in ("error", "aborted"):
+        elif result.output and result.outcome != "error":  # aborted: the output so far
             text = result.output
             self.write_text(text if text.endswith("\n") else text + "\n")
 

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from dsh.core.errors import BudgetExceeded
+from dsh.core.errors import Cancelled
 from dsh.core.errors import PluginError
 from dsh.core.errors import ProviderError
 from dsh.core.messages import Attachment
 from dsh.core.messages import ModelRequest
 from dsh.core.messages import ToolCall
+from dsh.core.messages import Usage
 from dsh.core.messages import thaw
 from dsh.core.redact import redact
 from dsh.hookspecs import hookimpl
@@ -50,7 +52,7 @@ from dsh.tools.registry import ToolInvocation
 from dsh.tools.registry import ToolOutcome
 
 __all__ = ["Inbox", "InboxItem", "StepDraft", "Turn", "run_turn", "run_tools", "stopping",
-           "ask_to_continue", "call_pre_step", "check_observers"]
+           "ask_to_continue", "call_pre_step", "check_observers", "keep_partial"]
 
 
 @hookimpl(trylast=True)
@@ -131,6 +133,13 @@ def _run_turn(turn: Turn) -> str:
         except BudgetExceeded as exc:  # the request could not reserve its place: not sent
             turn.reason = str(exc)
             return "budget"
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) or ctx.cancel.cancelled:
+                keep_partial(turn)  # Ctrl-C or --timeout mid-stream: the answer so far stays
+                if isinstance(exc, Exception) and not isinstance(exc, Cancelled):
+                    # the abort closed the stream: a read error it caused is the cancellation
+                    raise Cancelled(f"run aborted: {ctx.cancel.reason}") from exc
+            raise
         ledger.append(
             AssistantMessage, text=response.text, tool_calls=response.tool_calls,
             usage=response.usage, tool_call_source=response.tool_call_source,
@@ -289,6 +298,36 @@ def _request_fitting(turn: Turn) -> Any:
         return response
 
 
+def keep_partial(turn: Turn) -> None:
+    """The model call of the step was aborted (Ctrl-C, ``--timeout``) while it streamed:
+    record the text shown so far as the step's answer, ``stop_reason`` ``interrupted`` (the
+    next request carries it as the assistant's message, rebuilt from the ledger like any)."""
+    text = "".join(turn._partial)
+    turn._partial.clear()
+    if not text or turn.ledger.closed:
+        return
+    turn.ledger.append(AssistantMessage, text=text, usage=Usage(),
+                       model=turn.agent.model_id, stop_reason="interrupted")
+    turn.output = text
+
+
+def _kept(turn: Turn) -> Any:
+    """``turn.on_text`` that also keeps each delta in ``turn._partial``; once the run is
+    aborted, later deltas (already in a buffer) are neither shown nor kept."""
+    sink, kept, cancel = turn.on_text, turn._partial, turn.ctx.cancel
+    kept.clear()
+    if sink is None:
+        return None
+
+    def on_text(delta: str) -> None:
+        if cancel.cancelled:
+            return
+        kept.append(delta)
+        sink(delta)
+
+    return on_text
+
+
 def _request(turn: Turn) -> Any:
     agent = turn.agent
     proj = turn.ledger.projection
@@ -297,7 +336,7 @@ def _request(turn: Turn) -> Any:
         model=proj.model, system=proj.system, messages=proj.view(), tools=proj.tools,
         options=proj.options, stream=stream,
     )
-    call = ModelCall(req, agent.model, agent.name, turn.on_text if stream else None, proj,
+    call = ModelCall(req, agent.model, agent.name, _kept(turn) if stream else None, proj,
                      agent.info)
     call.on_reasoning = turn.on_reasoning if stream else None
     response = agent.pm.hook.request(call=call)
@@ -362,8 +401,11 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
             from dsh.tools.changes import checked
 
             changes = checked(changes)
+        status = outcome.status
+        if status == "error" and turn.ctx.cancel.cancelled:
+            status = "interrupted"  # killed by the abort (Ctrl-C, --timeout): not its failure
         ledger.append(ToolReturned, call_id=inv.call.id, name=inv.call.name,
-                      status=outcome.status, output=outcome.output,
+                      status=status, output=outcome.output,
                       duration_ms=outcome.duration_ms, changes=changes)
     return first_refusal
 

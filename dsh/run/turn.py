@@ -262,6 +262,9 @@ class Turn:
     response: ModelResponse | None = attrs.field(default=None, repr=False)
     #: How many times ``turn_stopping`` has been called in this turn, this call included.
     stopping_calls: int = 0
+    # The text deltas the current model call has streamed so far (dsh.run.loop): recorded as
+    # the step's answer (``stop_reason`` ``interrupted``) when the call is aborted mid-stream.
+    _partial: list[str] = attrs.field(factory=list, repr=False, init=False)
 
     @property
     def pm(self) -> Any:
