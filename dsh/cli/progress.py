@@ -1,7 +1,9 @@
 """The lines ``dsh run`` leaves on a terminal while it works (docs/cli.md, "What a run shows
 on a terminal"): :class:`WorkLog` — each tool call with its arguments in short form
 (``→ run_command git status``) and its end (``← ok 22 ms``), approvals, permission-mode
-changes, retries of a model request and compactions.
+changes, retries of a model request, compactions (``compacting the history…`` when one
+starts, the tokens saved when it is recorded), and the same of the run's sub-agents, indented
+and named.
 
 Only when stderr is a terminal (``RunOutput`` builds it then, unless ``-q``), and written
 through the status line (:meth:`dsh.cli.status.StatusLine.note`: the status is erased, the
@@ -103,11 +105,18 @@ class WorkLog:
     """Lines of the run's work on stderr, fed from ``Session.send(on_event=...)``, written
     with ``note`` (the status line's, which erases and redraws it). ``tools``: show tool
     calls and results (``dsh chat`` shows its own); ``ctx``: the running turn's context, for
-    its permission mode. Thread-safe as far as ``note`` is: the session delivers events one
-    at a time."""
+    its permission mode.
+
+    At the turn's start it watches the run's sub-agents
+    (:func:`dsh.run.subagent.watch_subagents`): their tool calls, results, approvals, retries
+    and compactions are shown indented under the ``ask_CHILD`` call, named by the sub-agent
+    (``  researcher: → read_file notes.md``). Sub-agents running side by side deliver their
+    events from their own threads: a lock keeps one event at a time."""
 
     def __init__(self, note: Callable[[str], None], *, color: bool = False,
                  ctx: Callable[[], Any] = lambda: None) -> None:
+        import threading
+
         self.note = note
         self.color = color
         self.ctx = ctx
@@ -115,9 +124,11 @@ class WorkLog:
         #: The top-level session (events of another session are a sub-agent's).
         self.session = ""
         self.mode = ""
-        self._agents: dict[str, str] = {}
-        self._pending: dict[str, str] = {}
-        self._several = False  # calls run side by side: their results name the tool
+        self._agents: dict[str, tuple[str, int]] = {}  # a sub-agent's session: name, depth
+        self._pending: dict[str, dict[str, str]] = {}  # per session: call id → tool
+        self._several: set[str] = set()  # sessions whose calls run side by side: results
+        self._watched: Any = None  # the run whose sub-agents are watched
+        self._lock = threading.RLock()
 
     @staticmethod
     def width() -> int:
@@ -129,24 +140,53 @@ class WorkLog:
         self.note(click.style(line, dim=True) if self.color and dim else line)
 
     def _prefix(self, event: Any) -> str:
-        """A sub-agent's lines are indented and name it."""
+        """A sub-agent's lines are indented (two spaces a level) and name it."""
         session = getattr(event, "session", "")
         if not session or not self.session or session == self.session:
             return ""
-        return f"  {escape_controls(self._agents.get(session, 'sub-agent'), newlines=False)}: "
+        name, depth = self._agents.get(session, ("sub-agent", 1))
+        return "  " * depth + escape_controls(name, newlines=False) + ": "
+
+    def on_subagent(self, event: Any, agent: str, depth: int) -> None:
+        """An event of a sub-agent's run (``watch_subagents``), from the sub-agent's thread."""
+        with self._lock:
+            session = getattr(event, "session", "")
+            if session and session != self.session:
+                self._agents[session] = (agent or "sub-agent", max(depth, 1))
+            self.on_event(event)
+
+    def _watch(self) -> None:
+        """Watch the sub-agents of the running turn (once per run)."""
+        ctx = self.ctx()
+        if ctx is None or ctx is self._watched:
+            return
+        from dsh.run.subagent import watch_subagents
+
+        self._watched = ctx
+        watch_subagents(ctx, self.on_subagent)
 
     def on_event(self, event: Any) -> None:
+        with self._lock:
+            self._on_event(event)
+
+    def _on_event(self, event: Any) -> None:
         kind = getattr(event, "type", "")
         if kind == "turn/start":
             session = getattr(event, "session", "")
-            if getattr(event, "parent", None):
-                self._agents[session] = getattr(event, "agent", "") or "sub-agent"
-            elif getattr(event, "mode", None) and not self.mode:
+            if session != self.session and self.session:
+                if getattr(event, "parent", None) and session not in self._agents:
+                    self._agents[session] = (getattr(event, "agent", "") or "sub-agent", 1)
+                return
+            self._watch()
+            if getattr(event, "mode", None) and not self.mode:
                 self.mode = event.mode
         elif kind == "tool/call" and self.tools:
             prefix = self._prefix(event)
-            self._several = self._several or bool(self._pending)
-            self._pending[event.call_id] = event.name
+            session = getattr(event, "session", "")
+            pending = self._pending.setdefault(session, {})
+            if pending:
+                self._several.add(session)
+            pending[event.call_id] = event.name
             head = f"→ {event.name} "
             width = self.width() - len(prefix) - len(head)
             self.write(escape_controls(head, newlines=False)
@@ -164,6 +204,12 @@ class WorkLog:
         elif kind == "llm/retry":
             self.write("dsh: " + shown(retry_text(event.data), self.width() - 5),
                        prefix=self._prefix(event))
+        elif kind == "context/compacting":  # a summary may take a while
+            data = getattr(event, "data", {})
+            self.write("dsh: compacting the history ("
+                       + shown(f"{data.get('strategy') or 'compaction'}, "
+                               f"{data.get('tokens')} tokens", 60) + ")…",
+                       dim=True, prefix=self._prefix(event))
         elif kind == "context/compacted":
             self.write(f"dsh: compacted the history: {event.tokens_before} → "
                        f"{event.tokens_after} tokens ("
@@ -172,10 +218,13 @@ class WorkLog:
 
     def _result(self, event: Any) -> None:
         prefix = self._prefix(event)
-        name = escape_controls(event.name, newlines=False) + " " if self._several else ""
-        self._pending.pop(event.call_id, None)
-        if not self._pending:
-            self._several = False
+        session = getattr(event, "session", "")
+        several = session in self._several
+        name = escape_controls(event.name, newlines=False) + " " if several else ""
+        pending = self._pending.get(session, {})
+        pending.pop(event.call_id, None)
+        if not pending:
+            self._several.discard(session)
         text = result_text(event.name, event.status, event.output, event.duration_ms)
         self.write(f"← {name}" + shown(text, self.width() - len(prefix) - len(name) - 2),
                    dim=event.status == "ok", prefix=prefix)

@@ -29,6 +29,7 @@ LIVE_EVENTS = (
     "tools/pre-execute",
     "tools/post-execute",
     "agent/turn-stopping",
+    "context/compacting",  # built by dsh.run.compaction.trigger.compact_now
 )
 
 

@@ -6,19 +6,29 @@ the parent run's cancellation and a budget chained to the parent's; :func:`check
 refuses a child that is not a configured agent. A child session's first ``turn/start`` names
 its parent session and call (:func:`_parent_link`), and runs nest at most :data:`MAX_DEPTH`
 deep.
+
+A sub-agent's events are its own session's: they never reach the parent run's ``on_event``,
+``observe_event`` plugins or ``--events``. Who wants to see them live (``dsh run``'s lines on a
+terminal) asks with :func:`watch_subagents`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
 from dsh.core.errors import UsageError
 from dsh.host.runcontext import RunContext
+from dsh.host.stash import StashKey
 from dsh.tools.registry import ToolDef
 
 if TYPE_CHECKING:
     from dsh.run.app import App
+
+#: ``callback(event, agent, depth)``: see :func:`watch_subagents`.
+SubagentWatcher = Callable[[Any, str, int], None]
+_WATCHERS: StashKey[tuple[SubagentWatcher, ...]] = StashKey()
 
 MAX_DEPTH = 8
 #: ``model = "inherit"``: as a sub-agent, the parent agent's model (else the default model).
@@ -36,6 +46,43 @@ def _parent_link(parent: RunContext | None, turn: int) -> dict[str, Any]:
     except LookupError:
         call_id = None
     return {"parent": parent.session_id, "parent_call": call_id}
+
+
+def watch_subagents(ctx: RunContext, callback: SubagentWatcher) -> None:
+    """``callback(event, agent, depth)`` receives every event, persistent and live, of the
+    sub-agents ``ctx``'s run starts from now on, and of theirs, as they happen: ``agent`` the
+    sub-agent's name, ``depth`` 1 for a child, 2 for a grandchild…; ``event.session`` is the
+    sub-agent's session. A sub-agent is observed (builds live events, streams) only when
+    someone watches it.
+
+    It is called from the sub-agents' threads: sub-agents run side by side when a step
+    calls several, so ``callback`` may be called from several threads at once (each
+    sub-agent's events in their order) and must guard its own state."""
+    ctx.stash[_WATCHERS] = (*ctx.stash.get(_WATCHERS, ()), callback)
+
+
+def _watchers(ctx: RunContext | None) -> tuple[SubagentWatcher, ...]:
+    """The callbacks watching the sub-agents of ``ctx``'s run: its own and its ancestors'."""
+    found: tuple[SubagentWatcher, ...] = ()
+    while ctx is not None:
+        found += ctx.stash.get(_WATCHERS, ())
+        ctx = ctx.parent
+    return found
+
+
+def _forward(parent: RunContext, child: str) -> Callable[[Any], None] | None:
+    """The child run's ``on_event``: its events to the watchers, tagged with its name and
+    depth; ``None`` (the child unobserved, D7) when nobody watches."""
+    watchers = _watchers(parent)
+    if not watchers:
+        return None
+    depth = parent.depth + 1
+
+    def forward(event: Any) -> None:
+        for watcher in watchers:
+            watcher(event, child, depth)
+
+    return forward
 
 
 def check_subagent(app: App, agent: str, child: str) -> None:
@@ -67,7 +114,8 @@ def subagent_tool(app: App, child: str, parent_model: str | None = None) -> Tool
         agent = app.agent(child, model=parent_model) if inherit else app.agent(child)
         with app.open_session(agent, current_call().child_session, create=True) as session:
             result = session.send(prompt, parent=parent, cancel=parent.cancel,
-                                  approve=parent.approve_all)
+                                  approve=parent.approve_all,
+                                  on_event=_forward(parent, child))
         if result.outcome in ("error", "aborted", "rejected"):
             raise ToolError(f"sub-agent {child} ended with {result.outcome}: {result.reason}")
         if result.outcome == "budget":

@@ -88,7 +88,8 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
     the answer's room, tightened by ``tighten`` refusals), run the last resort, ``truncate``
     (recorded too). If even that is not enough and nothing could be compacted, or a message
     alone cannot fit, some part is too large by itself: :func:`too_large`. Returns the last
-    event recorded, or ``None``."""
+    event recorded, or ``None``. An observed run is told first (the live event
+    ``context/compacting``)."""
     from dsh.core.errors import PluginError
 
     proj = ledger.projection
@@ -98,6 +99,12 @@ def compact_now(agent: Agent, ledger: Ledger, ctx: RunContext | None, *, reason:
     limit = limit_of(window, reserve, tighten) if window else None
     request = _request(agent, ledger, ctx, reason, strategy or agent.compaction, limit,
                        reserve)
+    if ctx is not None and ctx.emit is not None:  # a summary may take a while: say so now
+        from dsh.run.recorder import LiveEvent
+
+        ctx.emit(LiveEvent("context/compacting", {
+            "strategy": request.strategy, "reason": reason, "tokens": request.used,
+            "window": request.window}, ctx.session_id))
     result, plugin = call_compact_context(agent.pm, request)
     event = None
     if result is not None:
