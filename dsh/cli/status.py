@@ -177,6 +177,10 @@ class StatusLine:
                 self.activity = "thinking"
             elif kind == "llm/stream":
                 self.activity = "receiving"
+            elif kind == "context/compacting":  # a summary request may take a while
+                self.activity = "compacting the history"
+            elif kind == "context/compacted":
+                self.activity = "waiting for the model"
             elif kind == "llm/retry":  # a failed request is sent again after a wait
                 data = getattr(event, "data", {})
                 why = f"HTTP {data.get('status')}" if data.get("status") else "a failure"
