@@ -4,13 +4,20 @@ Public API, for dsh-shell and any third-party tool plugin that starts a program:
 
     from dsh import sandbox
 
+    result = sandbox.run(argv, cwd=root, timeout=60)   # in a tool: the agent's policy,
+    result.exit_code, result.stdout, result.sandbox    # recorded with the call
+
     policy = sandbox.policy_for(agent)          # at register_tools: the agent's policy
     proc = sandbox.Popen(argv, policy, workspace=root, stdout=subprocess.PIPE)
     record = proc.sandbox                       # what was applied: record it with the call
 
 * :mod:`dsh.sandbox.policy` — the ``[sandbox]`` settings (:func:`parse_policy`), dsh's own
   paths (:func:`protected_paths`) and the plan of one command;
+* :mod:`dsh.sandbox.runner` — :func:`run` (start, bound, kill, record: what a tool wants)
+  and its :class:`Result`;
 * :mod:`dsh.sandbox.spawn` — :class:`Popen`, :class:`SandboxUnavailable`, :func:`check`;
+* :mod:`dsh.sandbox.environment` — :func:`allowed_env`, the environment a child gets
+  without ``env`` (never a key), and :func:`~dsh.sandbox.environment.harden`;
 * :mod:`dsh.sandbox.child` — what ``Popen``'s forked child runs before execve, prepared in
   the parent (Landlock ruleset, seccomp program, the system calls);
 * :mod:`dsh.sandbox.exec` — the launcher (Landlock, seccomp, no capabilities, then execve),
@@ -27,17 +34,22 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 if TYPE_CHECKING:
+    from dsh.sandbox.environment import allowed_env
     from dsh.sandbox.policy import Policy
     from dsh.sandbox.policy import parse_policy
+    from dsh.sandbox.runner import Result
+    from dsh.sandbox.runner import run
     from dsh.sandbox.spawn import Popen
     from dsh.sandbox.spawn import SandboxUnavailable
     from dsh.sandbox.spawn import check
 
-__all__ = ["Policy", "Popen", "SandboxUnavailable", "check", "parse_policy", "policy_for"]
+__all__ = ["Policy", "Popen", "Result", "SandboxUnavailable", "allowed_env", "check",
+           "parse_policy", "policy_for", "run"]
 
 _LAZY = {"Policy": "dsh.sandbox.policy", "parse_policy": "dsh.sandbox.policy",
          "Popen": "dsh.sandbox.spawn", "SandboxUnavailable": "dsh.sandbox.spawn",
-         "check": "dsh.sandbox.spawn"}
+         "check": "dsh.sandbox.spawn", "run": "dsh.sandbox.runner",
+         "Result": "dsh.sandbox.runner", "allowed_env": "dsh.sandbox.environment"}
 
 
 def policy_for(agent: Any) -> Policy:

@@ -79,8 +79,10 @@ class Popen(subprocess.Popen[bytes]):
     """A process confined by ``policy`` with ``workspace`` as its workspace.
 
     Keyword arguments are :class:`subprocess.Popen`'s (``cwd`` defaults to the workspace;
-    ``close_fds`` is always true; ``env`` is passed as given, with ``TMPDIR`` set to the
-    command's private temp directory; a ``preexec_fn`` runs first, unconfined).
+    ``close_fds`` is always true; ``env`` is passed as given — without it, or ``None``, the
+    allowlisted environment (:func:`dsh.sandbox.environment.allowed_env`: ``PATH``,
+    ``HOME``, the locale…, never a key), not dsh's — with ``TMPDIR`` set to the command's
+    private temp directory; a ``preexec_fn`` runs first, unconfined).
     ``read_only``: more paths (absolute, or relative to the workspace) kept read-only inside
     the writable roots, besides the persistence paths (a project memory file).
     ``launcher=True`` confines through the launcher rather than in the forked child (same
@@ -97,6 +99,10 @@ class Popen(subprocess.Popen[bytes]):
         argv = [os.fspath(a) for a in args]
         kwargs.setdefault("cwd", workspace)
         kwargs["close_fds"] = True
+        if kwargs.get("env") is None:  # never dsh's whole environment (its keys)
+            from dsh.sandbox.environment import allowed_env
+
+            kwargs["env"] = allowed_env(kwargs["cwd"])
         self.sandbox: dict[str, Any] = {**policy.record(), "workspace": workspace}
         self._tmp: str | None = None
         #: Persistence paths missing when the command started (it could create them): any
@@ -130,7 +136,7 @@ class Popen(subprocess.Popen[bytes]):
             self._absent = tuple(p for p in policy.persistence()
                                  if not os.path.lexists(os.path.join(workspace, p)))
             self._absent += plan.absent
-        env = dict(kwargs.pop("env", None) or os.environ)
+        env = dict(kwargs.pop("env"))
         env["TMPDIR"] = tmp
         if not launcher:
             try:
