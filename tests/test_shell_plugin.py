@@ -438,7 +438,7 @@ def test_aborting_the_run_kills_a_running_command(
     assert time.monotonic() - start < 10
     assert run.outcome == "aborted"
     assert [(r.status, r.output) for r in results(app, run)] == [
-        ("error", "the command was killed: the run was aborted")]
+        ("interrupted", "the command was killed: the run was aborted")]
 
 
 def _alive(pid: int) -> bool:
