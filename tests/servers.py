@@ -718,12 +718,14 @@ def reconstruct(path: Any, adapter: Any = None, *, stream: bool = False) -> list
     from pathlib import Path
 
     from dsh.core.messages import ModelRequest
+    from dsh.ledger.fragments import DirectoryBlobs
     from dsh.ledger.history import Projection
     from dsh.llm.openai import OpenAIModel
 
     if adapter is None:
         adapter = OpenAIModel("x", {"base_url": "http://127.0.0.1:9/v1"})
     proj = Projection()
+    proj.blobs = DirectoryBlobs(Path(path).parent)  # fragment texts, kept beside the ledger
     bodies = []
     for line in Path(path).read_text().splitlines():
         d = json.loads(line)

@@ -36,6 +36,7 @@ import tomli_w
 from dsh.config.loader import config_from_dict
 from dsh.core.messages import Attachment
 from dsh.core.messages import Change
+from dsh.core.messages import FragmentRef
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -96,7 +97,8 @@ def _hostile_events() -> list[ev.Event]:
         ev.StepStarted(session=s, turn=1, step=0),
         ev.ContextInjected(session=s, text=m()),
         ev.UserMessage(session=s, text=m() + SECRET_PROMPT, attachments=(
-            Attachment(sha256="0" * 64, media_type="image/png", size=1, name=m()),)),
+            Attachment(sha256="0" * 64, media_type="image/png", size=1, name=m()),),
+            fragments=(FragmentRef(sha256="1" * 64, size=1, name=m()),)),
         ev.AssistantMessage(session=s, text=m(), usage=Usage(input_tokens=3, output_tokens=4),
                             tool_calls=(ToolCall(id="c1", name=BIG_NAME, arguments={"a": m()}),
                                         ToolCall(id="c2", name="read", arguments={"p": m()})),

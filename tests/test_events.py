@@ -10,6 +10,7 @@ import pytest
 
 from dsh.core.errors import LedgerError
 from dsh.core.messages import Attachment
+from dsh.core.messages import FragmentRef
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -32,7 +33,8 @@ SAMPLES: dict[str, dict] = {
     "step/start": {"turn": 1, "step": 0},
     "user/message": {"text": "héllo \u2603", "source": "user",
                      "attachments": (Attachment(sha256="ab" * 32, media_type="image/png",
-                                                size=3, name="p.png"),)},
+                                                size=3, name="p.png"),),
+                     "fragments": (FragmentRef(sha256="cd" * 32, size=12, name="a.py"),)},
     "context/injected": {"text": "ctx", "source": "ci"},
     "assistant/message": {"text": "ok", "tool_calls": (ToolCall(id="c", name="t",
                                                                 arguments={"x": [1, 2]}),),

@@ -69,8 +69,12 @@ def test_files_go_before_the_prompt_named_and_a_resume_sends_the_same_bytes(
                 "review these")
     assert user_texts(server.bodies[0]) == [expected]
     path = tmp_path / "sessions" / f"{result['session']}.jsonl"
-    recorded = [e["text"] for e in ledger(path) if e["type"] == "user/message"]
-    assert recorded == [expected]
+    recorded = [e for e in ledger(path) if e["type"] == "user/message"]
+    # The ledger keeps the prompt and a reference per fragment; the texts are blobs by hash.
+    assert [e["text"] for e in recorded] == ["review these"]
+    assert [(f["name"], f["size"]) for f in recorded[0]["fragments"]] == [
+        ("a.py", 22), ("b.md", 27)]
+    assert "def f()" not in path.read_text()
     # The files are gone: the resumed session's request still carries them, from the ledger.
     (tmp_path / "a.py").unlink()
     (tmp_path / "b.md").unlink()
@@ -152,3 +156,159 @@ def test_a_symbolic_link_is_refused_like_an_attachment(
     assert done.returncode == 2
     assert "'link.txt'" in done.stderr and "symbolic link" in done.stderr
     assert server.received == []
+
+
+def blob_files(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "sessions" / "attachments"
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".")) \
+        if folder.exists() else []
+
+
+def test_the_same_100kb_fragment_in_two_turns_and_two_sessions_is_stored_once(
+        tmp_path: Path, server: ScriptedServer, env: dict[str, str]) -> None:
+    text = "".join(f"line {i:06d} of the big file\n" for i in range(3800))  # ~100 KB
+    assert len(text) > 100_000
+    (tmp_path / "big.txt").write_text(text)
+    block = f'<fragment name="big.txt">\n{text[:-1]}\n</fragment>'
+    server.script(*(answer(f"answer {i}") for i in range(4)))
+    first = dsh(env, tmp_path, "run", "--json", "-f", "big.txt", "first")
+    assert first.returncode == 0, first.stderr
+    sid = json.loads(first.stdout)["session"]
+    again = dsh(env, tmp_path, "run", "--session", sid, "-f", "big.txt", "second")
+    assert again.returncode == 0, again.stderr
+    other = dsh(env, tmp_path, "run", "-f", "big.txt", "another session")
+    assert other.returncode == 0, other.stderr
+    # The wire: the block before the prompt, byte for byte as before, in every turn.
+    assert user_texts(server.bodies[0]) == [f"{block}\n\nfirst"]
+    assert user_texts(server.bodies[1]) == [f"{block}\n\nfirst", f"{block}\n\nsecond"]
+    assert user_texts(server.bodies[2]) == [f"{block}\n\nanother session"]
+    # Stored once: one blob holding the text, and ledgers that hold none of it.
+    blobs = blob_files(tmp_path)
+    assert len(blobs) == 1
+    assert blobs[0].read_bytes() == text.encode()
+    ledgers = list((tmp_path / "sessions").glob("*.jsonl"))
+    assert len(ledgers) == 2
+    assert sum(p.stat().st_size for p in ledgers) < 20_000
+    assert all("line 000001" not in p.read_text() for p in ledgers)
+    # The source is gone: the resumed session sends the same bytes, from the store.
+    (tmp_path / "big.txt").unlink()
+    third = dsh(env, tmp_path, "run", "--session", sid, "third")
+    assert third.returncode == 0, third.stderr
+    assert user_texts(server.bodies[3]) == [f"{block}\n\nfirst", f"{block}\n\nsecond", "third"]
+    path = tmp_path / "sessions" / f"{sid}.jsonl"
+    assert reconstruct(path) == [server.bodies[0], server.bodies[1], server.bodies[3]]
+
+
+def test_sessions_show_and_export_name_a_fragment_and_its_size_not_its_text(
+        tmp_path: Path, server: ScriptedServer, env: dict[str, str]) -> None:
+    (tmp_path / "notes.md").write_text("SECRET-ISH BODY\n" * 100)
+    server.script(answer("ok"))
+    done = dsh(env, tmp_path, "run", "--json", "-f", "notes.md", "summarise")
+    assert done.returncode == 0, done.stderr
+    sid = json.loads(done.stdout)["session"]
+    shown = dsh(env, tmp_path, "sessions", "show", sid)
+    assert shown.returncode == 0, shown.stderr
+    assert "fragment notes.md (1.6 KiB)" in shown.stdout
+    assert "summarise" in shown.stdout and "SECRET-ISH" not in shown.stdout
+    exported = dsh(env, tmp_path, "sessions", "export", sid, "--format", "markdown")
+    assert exported.returncode == 0, exported.stderr
+    assert "- fragment: notes.md (1.6 KiB)" in exported.stdout
+    assert "SECRET-ISH" not in exported.stdout
+
+
+@pytest.mark.parametrize("damage", ["delete", "alter"])
+def test_a_missing_or_altered_blob_is_an_error_naming_the_fragment_and_nothing_is_sent(
+        tmp_path: Path, server: ScriptedServer, env: dict[str, str], damage: str) -> None:
+    (tmp_path / "a.py").write_text("print('hi')\n")
+    server.script(answer("ok"), answer("never"))
+    done = dsh(env, tmp_path, "run", "--json", "-f", "a.py", "look")
+    assert done.returncode == 0, done.stderr
+    sid = json.loads(done.stdout)["session"]
+    [blob] = blob_files(tmp_path)
+    if damage == "delete":
+        blob.unlink()
+    else:
+        blob.write_text("print('pwned')\n")
+    again = dsh(env, tmp_path, "run", "--session", sid, "more")
+    assert again.returncode != 0
+    assert "fragment 'a.py'" in again.stderr, again.stderr
+    assert ("missing" if damage == "delete" else "altered") in again.stderr
+    assert "Traceback" not in again.stderr
+    assert len(server.received) == 1
+    shown = dsh(env, tmp_path, "sessions", "show", sid)  # the view still works, and says so
+    assert shown.returncode == 0, shown.stderr
+    assert "fragment a.py" in shown.stdout and "context: unknown (fragment 'a.py'" in shown.stdout
+
+
+def test_an_old_ledger_with_the_blocks_in_its_text_loads_and_resumes_unchanged(
+        tmp_path: Path, server: ScriptedServer, env: dict[str, str]) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    server.script(answer("ok"), answer("again"))
+    done = dsh(env, tmp_path, "run", "--json", "-f", "a.py", "check")
+    assert done.returncode == 0, done.stderr
+    sid = json.loads(done.stdout)["session"]
+    path = tmp_path / "sessions" / f"{sid}.jsonl"
+    whole = '<fragment name="a.py">\nx = 1\n</fragment>\n\ncheck'
+    # Rewrite it as dsh wrote it before fragments were blobs: the whole text, no references.
+    lines = ledger(path)
+    for e in lines:
+        if e["type"] == "user/message":
+            assert e.pop("fragments")
+            e["text"] = whole
+    path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines))
+    for blob in blob_files(tmp_path):
+        blob.unlink()
+    shown = dsh(env, tmp_path, "sessions", "show", sid)
+    assert shown.returncode == 0, shown.stderr
+    assert "x = 1" in shown.stdout
+    again = dsh(env, tmp_path, "run", "--session", sid, "and?")
+    assert again.returncode == 0, again.stderr
+    assert user_texts(server.bodies[1]) == [whole, "and?"]
+    assert user_texts(server.bodies[0]) == [whole]
+    assert reconstruct(path) == server.bodies
+
+
+def test_a_no_save_session_sends_the_block(tmp_path: Path, server: ScriptedServer,
+                                           env: dict[str, str]) -> None:
+    (tmp_path / "a.py").write_text("y = 2")
+    server.script(answer("ok"))
+    done = dsh(env, tmp_path, "run", "--no-save", "-f", "a.py", "hm")
+    assert done.returncode == 0, done.stderr
+    assert user_texts(server.bodies[0]) == ['<fragment name="a.py">\ny = 2\n</fragment>\n\nhm']
+    assert not (tmp_path / "sessions").exists() or not blob_files(tmp_path)
+
+
+def test_ledger_lines_round_trip_fragment_references() -> None:
+    """The event shape: ``fragments`` is written only when there are any, read back checked;
+    a line whose references are of the wrong shape is refused, naming the field."""
+    from dsh.core.errors import LedgerError
+    from dsh.core.messages import FragmentRef
+    from dsh.ledger.events import UserMessage
+    from dsh.ledger.serialize import dump_event
+    from dsh.ledger.serialize import load_event
+
+    ref = FragmentRef(sha256="ab" * 32, size=5, name="a.py")
+    event = UserMessage(seq=1, ts="t", session="s", text="hi", fragments=(ref,))
+    line = dump_event(event)
+    assert json.loads(line)["fragments"] == [{"sha256": "ab" * 32, "size": 5, "name": "a.py"}]
+    assert load_event(line) == event
+    assert "fragments" not in dump_event(UserMessage(seq=1, ts="t", session="s", text="hi"))
+    bad = json.loads(line)
+    bad["fragments"][0]["size"] = "5"
+    with pytest.raises(LedgerError, match="fragments"):
+        load_event(json.dumps(bad))
+
+
+def test_a_session_with_fragments_replays_the_same_requests(
+        tmp_path: Path, server: ScriptedServer, env: dict[str, str]) -> None:
+    """``dsh replay`` gives each recorded message again with its fragments' blocks, read from
+    the blobs beside the ledger: the replayed requests are the recorded ones."""
+    (tmp_path / "a.py").write_text("def f():\n    return 1\n")
+    server.script(answer("looks fine"))
+    done = dsh(env, tmp_path, "run", "--json", "-f", "a.py", "review this")
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session"]
+    (tmp_path / "a.py").unlink()  # the blob, not the file, is what is given again
+    replayed = dsh(env, tmp_path, "replay", session)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert len(server.bodies) == 1  # replay sends nothing: a stand-in answers

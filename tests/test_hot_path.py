@@ -182,7 +182,9 @@ RUN_ATTRS_CLASSES = {
         "ToolCall", "Usage", "Reasoning", "Attachment", "Message", "ToolSpec", "ModelRequest",
         "ModelResponse",
         # a tool result's recorded diff: a field of ToolReturned, so built with it
-        "Change")),
+        "Change",
+        # a user message's ``-f`` fragment references: a field of UserMessage, so built with it
+        "FragmentRef")),
     *(f"dsh.ledger.events.{n}" for n in (
         "Event", "TurnStarted", "StepStarted", "UserMessage", "ContextInjected",
         "AssistantMessage", "ToolCalled", "ToolReturned", "StepRejected", "StepEnded",

@@ -172,6 +172,8 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
             block("CONTEXT", e.text, {"fg": "magenta"}, f"(injected by {e.source})")
         elif isinstance(e, UserMessage):
             note = f"({e.source})" if e.source != "user" else ""
+            for f in e.fragments:  # before the text, as the model reads them; never whole
+                out.append(s("  ◇ fragment ", fg="green") + s(_fragment(f)))
             block("USER", e.text, {"fg": "green"}, note)
             for a in e.attachments:
                 out.append(_attachment_line(a, s, attachment_problem))
@@ -270,6 +272,13 @@ def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
         data = data[:PLUGIN_DATA_CHARS] + f"… ({len(data) - PLUGIN_DATA_CHARS} more; --full)"
     return (s("  ◆ ", fg="magenta") + s(e.tag, bold=True) + s(note, dim=True) + " "
             + s(data, dim=True))
+
+
+def _fragment(f: Any) -> str:
+    """``a.py (1.2 KiB)``: a fragment by its name and size (its text is in the blob store)."""
+    from dsh.llm.attachments import human_size
+
+    return f"{f.name} ({human_size(f.size)})"
 
 
 def _attachment_line(a: Attachment, s: _Styler,
@@ -429,7 +438,10 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
             parts.append(f"**Context** (injected by `{e.source}`)\n\n" + _fence(e.text))
         elif isinstance(e, UserMessage):
             src = f" (`{e.source}`)" if e.source != "user" else ""
-            parts.append(f"**User**{src}\n\n{e.text.strip()}")
+            head = f"**User**{src}\n\n"
+            if e.fragments:  # before the text, as the model reads them; never whole
+                head += "".join(f"- fragment: {_fragment(f)}\n" for f in e.fragments) + "\n"
+            parts.append(head + e.text.strip())
             if e.attachments:
                 from dsh.llm.attachments import describe
 

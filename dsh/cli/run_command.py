@@ -53,8 +53,22 @@ def read_prompt(prompt: str | None) -> str:
     return prompt or data
 
 
+def prompt_words(ctx: click.Context, param: Any, words: tuple[str, ...]) -> str | None:
+    """PROMPT is one argument, except after a command: ``dsh run /NAME ARGS…`` takes the
+    words after ``/NAME`` as its arguments, joined by spaces (as ``dsh run "/NAME ARGS…"``)."""
+    if len(words) <= 1:
+        return words[0] if words else None
+    from dsh.run.commands import split_command
+
+    if split_command(words[0]) is None:
+        raise click.UsageError(
+            f"PROMPT is one argument, got {len(words)} (starting {words[0]!r} {words[1]!r}): "
+            "quote the prompt; unquoted words are taken only after a /NAME command")
+    return " ".join(words)
+
+
 @click.command()
-@click.argument("prompt", required=False)
+@click.argument("prompt", nargs=-1, callback=prompt_words)
 @agent_and_session_options
 @click.option("--no-save", is_flag=True, help="Keep the session in memory only.")
 @click.option("--json", "as_json", is_flag=True,
@@ -63,6 +77,9 @@ def read_prompt(prompt: str | None) -> str:
               help="Print JSON Lines while running: session, events, text deltas, result.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it arrives (default: when stdout is a terminal).")
+@click.option("-q", "--quiet", is_flag=True,
+              help="On a terminal, leave out the lines of the run's work on stderr (tool "
+                   "calls, approvals, retries); the status line stays.")
 @click.option("--max-steps", type=click.IntRange(min=1), help="Steps allowed in this turn.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Wall-clock limit of the run, in seconds.")
@@ -80,6 +97,10 @@ def read_prompt(prompt: str | None) -> str:
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.attach", value),
               help="Attach an image (PNG, JPEG, GIF, WebP) or a PDF: a file, an http(s) URL "
                    "(downloaded once) or - for stdin (repeatable; docs/attachments.md).")
+@click.option("-f", "--fragment", metavar="FILE|URL", multiple=True, expose_value=False,
+              callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.fragments", value),
+              help="Text context: a UTF-8 file or an http(s) URL, sent before the prompt in a "
+                   "block headed by its name (repeatable).")
 @click.option("--show-reasoning", is_flag=True, expose_value=False,
               callback=lambda ctx, _, value: ctx.meta.__setitem__("dsh.reasoning", value),
               help="Stream the model's reasoning (thinking) to stderr, dimmed, as it arrives; "
@@ -93,14 +114,16 @@ def read_prompt(prompt: str | None) -> str:
 def run(state: State, prompt: str | None, model: str | None, system: str | None,
         agent: str | None, continue_: bool, any_dir: bool, session_id: str | None,
         no_save: bool,
-        as_json: bool, events: bool, stream: bool | None, max_steps: int | None,
+        as_json: bool, events: bool, stream: bool | None, quiet: bool,
+        max_steps: int | None,
         timeout: float | None, limits: tuple[str, ...], options: tuple[str, ...],
         tools: tuple[str, ...], no_tools: bool, mode: str | None, yes: bool,
         show_usage: bool, schema: str | None) -> None:
     """Run PROMPT as one turn and print the answer.
 
     PROMPT comes from the argument, from stdin, or both (stdin is then appended as a
-    <stdin> block). Exit codes: 0 completed, 1 error, 2 usage or config error, 3 limit
+    <stdin> block); -f fragments go before it. `dsh run /NAME ARGS...` runs a command
+    without quotes. Exit codes: 0 completed, 1 error, 2 usage or config error, 3 limit
     reached, 4 rejected by a plugin, 130 interrupted, 143/129 ended by SIGTERM/SIGHUP.
     """
     machine = as_json or events
@@ -138,7 +161,7 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
     from dsh.core.errors import DshError
 
     output = RunOutput(Stdout(), events=events, as_json=as_json,
-                       stream=False if output_schema is not None else stream)
+                       stream=False if output_schema is not None else stream, quiet=quiet)
     output.schema = output_schema
     if click.get_current_context().meta.get("dsh.reasoning"):
         output.show_reasoning()
@@ -154,12 +177,21 @@ def run(state: State, prompt: str | None, model: str | None, system: str | None,
         text, assembled = expand_command(state, assembled, overrides, tools,
                                          prompt if prompt else text, text, chosen)
         note_unpriced(assembled, budget)
+        sources = click.get_current_context().meta.get("dsh.fragments", ())
+        loaded: list[Any] = []
+        if sources:  # read (and download) before a session exists, like attachments
+            from dsh.llm import fragments
+
+            loaded = [fragments.load(f) for f in sources]
+            text = fragments.prepend(loaded, text)
         if attach:  # read (and download) before a session exists: a bad one creates nothing
             from dsh.llm.attachments import load as load_attachment
 
             inputs = [load_attachment(a) for a in attach]
         session = app.open_session(assembled, resume, save=not no_save)
         note_model_switch()
+        if loaded:  # the ledger keeps each once by hash, like attachments
+            session.ledger.expect_fragments(tuple(loaded))
         try:
             if attach:
                 session.attach(*inputs)

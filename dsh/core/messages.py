@@ -225,6 +225,21 @@ class Attachment:
 
 
 @attrs.frozen(kw_only=True)
+class FragmentRef:
+    """A text fragment sent before a user message's text (``dsh run -f``): stored once by
+    content hash beside the ledger, like an attachment; the ledger records only this
+    reference, and the model reads it as a ``<fragment name="NAME">`` block
+    (:mod:`dsh.ledger.fragments`)."""
+
+    #: Hex SHA-256 of the text's UTF-8 bytes: the name it is stored under.
+    sha256: str
+    #: Size of the UTF-8 bytes.
+    size: int
+    #: The name its block shows (the path as given, or the URL without its query).
+    name: str
+
+
+@attrs.frozen(kw_only=True)
 class Change:
     """One file a tool call changed, as recorded on its ``tool/result`` (``changes``).
 

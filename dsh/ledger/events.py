@@ -16,6 +16,7 @@ import attrs
 
 from dsh.core.messages import Attachment
 from dsh.core.messages import Change
+from dsh.core.messages import FragmentRef
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -96,6 +97,9 @@ class UserMessage(Event):
     source: str = "user"
     #: Files sent with the message: references by content hash (issue 17).
     attachments: tuple[Attachment, ...] = ()
+    #: Text fragments sent before ``text`` (``dsh run -f``), each a ``<fragment>`` block:
+    #: references by content hash, the text stored once beside the ledger.
+    fragments: tuple[FragmentRef, ...] = ()
 
 
 @attrs.frozen(kw_only=True, repr=False)
@@ -295,7 +299,9 @@ FIELD_KINDS: dict[type[Event], dict[str, str]] = {
                   # a user's path (it names their home, their projects)
                   "cwd": CONTENT},
     StepStarted: {**_BASE, "turn": METADATA, "step": METADATA},
-    UserMessage: {**_BASE, "text": CONTENT, "source": METADATA, "attachments": CONTENT},
+    UserMessage: {**_BASE, "text": CONTENT, "source": METADATA, "attachments": CONTENT,
+                  # names are paths and URLs
+                  "fragments": CONTENT},
     ContextInjected: {**_BASE, "text": CONTENT, "source": METADATA},
     AssistantMessage: {**_BASE, "text": CONTENT, "tool_calls": CONTENT, "usage": METADATA,
                        "tool_call_source": METADATA, "model": METADATA,

@@ -40,6 +40,7 @@ from dsh.ledger.plugin_events import from_checked
 from dsh.ledger.serialize import check_raw
 from dsh.ledger.serialize import checked
 from dsh.ledger.serialize import raw_attachments
+from dsh.ledger.serialize import raw_fragments
 from dsh.ledger.serialize import raw_messages
 from dsh.ledger.serialize import raw_reasoning
 from dsh.ledger.serialize import raw_tool_calls
@@ -90,6 +91,7 @@ class Projection:
         "answers",
         "plugin_index",
         "states",
+        "blobs",
         "_sealed",
     )
 
@@ -120,6 +122,9 @@ class Projection:
         #: Recorded state (dsh.ledger.state): ``{StateKey: (events folded, value)}``, filled
         #: as keys are read; None until the first read.
         self.states: dict[Any, tuple[int, Any]] | None = None
+        #: The session's blob store, where a user message's fragment texts are read from
+        #: (dsh.ledger.fragments): set by the ledger or reader that owns this projection.
+        self.blobs: Any = None
         #: Set by the ledger that owns this projection: then only it can fold events in.
         self._sealed = False
 
@@ -142,7 +147,8 @@ class Projection:
         t = type(event)
         if t is UserMessage:
             m: Any = event
-            self._messages.append(Message(role="user", content=m.text,
+            text = m.text if not m.fragments else _expand(self.blobs, m.fragments, m.text)
+            self._messages.append(Message(role="user", content=text,
                                           attachments=m.attachments))
         elif t is AssistantMessage:
             e: Any = event
@@ -255,7 +261,10 @@ class Projection:
         if type(seq) is not int:
             checked(seq, int)
         if tag == "user/message":
-            self._messages.append(Message(role="user", content=checked(d["text"], str),
+            text = checked(d["text"], str)
+            if "fragments" in d:
+                text = _expand(self.blobs, raw_fragments(d["fragments"]), text)
+            self._messages.append(Message(role="user", content=text,
                                           attachments=raw_attachments(d.get("attachments", ()))))
         elif tag == "assistant/message":
             calls = raw_tool_calls(d.get("tool_calls", []))
@@ -320,6 +329,13 @@ class Projection:
             plugin, name = checked_raw(d, line)
             self._index(plugin, name, _Unread(d if line is None else line))
         self.seq = seq
+
+
+def _expand(blobs: Any, refs: Any, text: str) -> str:
+    """A user message's text after its fragment blocks, read from ``blobs``."""
+    from dsh.ledger.fragments import expand
+
+    return expand(blobs, refs, text)
 
 
 class _Unread:

@@ -1,4 +1,4 @@
-"""The nested parts of ledger lines — tool calls, usage, reasoning, attachments, changes,
+"""The nested parts of ledger lines — tool calls, usage, reasoning, attachments, fragments, changes,
 messages, tool specs — written and read back with every field's type checked.
 
 :mod:`dsh.ledger.serialize` (the one place events become JSON and back) generates its fast
@@ -13,6 +13,7 @@ from typing import Any
 
 from dsh.core.messages import Attachment
 from dsh.core.messages import Change
+from dsh.core.messages import FragmentRef
 from dsh.core.messages import Message
 from dsh.core.messages import Reasoning
 from dsh.core.messages import ToolCall
@@ -68,6 +69,10 @@ def dump_reasoning(parts: tuple[Reasoning, ...]) -> list[dict[str, Any]]:
 def dump_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, Any]]:
     return [{"sha256": a.sha256, "media_type": a.media_type, "size": a.size, "name": a.name}
             for a in parts]
+
+
+def dump_fragments(parts: tuple[FragmentRef, ...]) -> list[dict[str, Any]]:
+    return [{"sha256": f.sha256, "size": f.size, "name": f.name} for f in parts]
 
 
 def dump_changes(parts: tuple[Change, ...]) -> list[dict[str, Any]]:
@@ -158,6 +163,12 @@ def _attachment(a: Any) -> Attachment:
                       name=a.get("name"))
 
 
+def _fragment(f: Any) -> FragmentRef:
+    _check(type(f) is dict and type(f["sha256"]) is str and type(f["size"]) is int
+           and type(f["name"]) is str)
+    return FragmentRef(sha256=f["sha256"], size=f["size"], name=f["name"])
+
+
 #: The operations a recorded change may name.
 CHANGE_OPS = frozenset({"add", "update", "delete", "move"})
 
@@ -189,6 +200,11 @@ def raw_reasoning(v: Any) -> tuple[Reasoning, ...]:
 def raw_attachments(v: Any) -> tuple[Attachment, ...]:
     """Attachment references from JSON, checking every field's type."""
     return _raw_parts(v, _attachment)
+
+
+def raw_fragments(v: Any) -> tuple[FragmentRef, ...]:
+    """Fragment references from JSON, checking every field's type."""
+    return _raw_parts(v, _fragment)
 
 
 def raw_tools(v: Any) -> tuple[ToolSpec, ...] | None:

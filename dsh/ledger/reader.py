@@ -104,6 +104,10 @@ class SessionReader:
         only walks the events does not pay for it."""
         if self._projection is None:
             projection = Projection()
+            if self.path is not None:  # fragment texts are kept beside the ledger
+                from dsh.ledger.fragments import DirectoryBlobs
+
+                projection.blobs = DirectoryBlobs(self.path.parent)
             for event in self._events:
                 projection.apply(event)
             self._projection = projection
@@ -187,10 +191,15 @@ def describe_states(reader: SessionReader) -> str:
     '' when there is none."""
     import json
 
+    from dsh.ledger.fragments import FragmentMissing
     from dsh.ledger.state import KEYS
 
+    try:
+        index = reader.projection.plugin_index or {}
+    except FragmentMissing:  # a fragment's blob is gone: sessions show says so once, above
+        return ""
     lines = []
-    for k, events in (reader.projection.plugin_index or {}).items():
+    for k, events in index.items():
         if not isinstance(k, tuple):
             continue
         key = KEYS.get(k)

@@ -31,6 +31,7 @@ from dsh.ledger.parts import raw_tool_calls as raw_tool_calls
 from dsh.ledger.parts import dump_usage as dump_usage
 from dsh.ledger.parts import dump_reasoning as dump_reasoning
 from dsh.ledger.parts import dump_attachments as dump_attachments
+from dsh.ledger.parts import dump_fragments as dump_fragments
 from dsh.ledger.parts import dump_changes as dump_changes
 from dsh.ledger.parts import dump_messages as dump_messages
 from dsh.ledger.parts import raw_messages as raw_messages
@@ -41,6 +42,7 @@ from dsh.ledger.parts import CHANGE_OPS as CHANGE_OPS
 from dsh.ledger.parts import raw_changes as raw_changes
 from dsh.ledger.parts import raw_reasoning as raw_reasoning
 from dsh.ledger.parts import raw_attachments as raw_attachments
+from dsh.ledger.parts import raw_fragments as raw_fragments
 from dsh.ledger.parts import raw_tools as raw_tools
 
 if TYPE_CHECKING:
@@ -81,6 +83,7 @@ _NESTED_DUMP = {
     "Usage": "_dump_usage(e.{0})",
     "tuple[Reasoning, ...]": "_dump_reasoning(e.{0})",
     "tuple[Attachment, ...]": "_dump_attachments(e.{0})",
+    "tuple[FragmentRef, ...]": "_dump_fragments(e.{0})",
     "tuple[Change, ...]": "_dump_changes(e.{0})",
     "tuple[ToolSpec, ...] | None":
         "None if e.{0} is None else [{{'name': t.name, 'description': t.description, "
@@ -93,6 +96,7 @@ _DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]]] = {}
 #: Fields most lines have empty (attachments, reasoning parts): a line carries them only when
 #: there are any, which keeps every other line as it was before they existed.
 _OMITTED_WHEN_EMPTY = {"tuple[Attachment, ...]": "_dump_attachments",
+                       "tuple[FragmentRef, ...]": "_dump_fragments",
                        "tuple[Change, ...]": "_dump_changes",
                        "tuple[Reasoning, ...]": "_dump_reasoning"}
 #: ``turn/start`` fields written only when set, by name: older lines stay as they were.
@@ -136,6 +140,7 @@ def _dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
     names: dict[str, Any] = {"_dump_messages": dump_messages, "_dump_usage": dump_usage,
                              "_dump_reasoning": dump_reasoning,
                              "_dump_attachments": dump_attachments,
+                             "_dump_fragments": dump_fragments,
                              "_dump_changes": dump_changes, "_plain": _plain}
     exec(f"def dump(e):\n    return {{{', '.join(items)}}}", names)  # noqa: S102 - see above
     dumper = _DUMPERS[cls] = names["dump"]
@@ -156,6 +161,9 @@ def event_to_dict(event: Event) -> dict[str, Any]:
     return d
 
 
+_EMPTY_NAMES = ("attachments", "fragments", "reasoning", "changes")
+
+
 def _generic_dict(event: Event) -> dict[str, Any]:
     d: dict[str, Any] = {
         "v": SCHEMA_VERSION,
@@ -166,7 +174,7 @@ def _generic_dict(event: Event) -> dict[str, Any]:
     }
     for name in _field_names(type(event)):
         value = getattr(event, name)
-        if value == () and name in ("attachments", "reasoning", "changes"):  # see _OMITTED_WHEN_EMPTY
+        if value == () and name in _EMPTY_NAMES:  # see _OMITTED_WHEN_EMPTY
             continue
         if value is None and name in _OMITTED_WHEN_NONE and event.type == "turn/start":
             continue
@@ -269,6 +277,7 @@ _NESTED: dict[str, Callable[[Any], Any]] = {
     "Usage": _usage,
     "tuple[Reasoning, ...]": raw_reasoning,
     "tuple[Attachment, ...]": raw_attachments,
+    "tuple[FragmentRef, ...]": raw_fragments,
     "tuple[Change, ...]": raw_changes,
     "tuple[ToolSpec, ...] | None": raw_tools,
     "tuple[Message, ...]": raw_messages,

@@ -184,6 +184,8 @@ class Ledger:
         # threads (dsh.plugin_events). Re-entrant: an observer may append in turn.
         self._lock = threading.RLock()
         self._blobs: Any = None
+        #: Fragments (``dsh run -f``) the next user message starts with: recorded by hash.
+        self._fragments: tuple[Any, ...] = ()
         #: The ``seq`` of the last line written to the file. Set in the same breath as the
         #: write (no call between them, so no signal handler runs in between): a
         #: KeyboardInterrupt raised by dsh's SIGTERM/SIGHUP/Ctrl-C handler after the bytes
@@ -197,12 +199,20 @@ class Ledger:
         ``get_attachment``, issue 17): the session store that opened it, or memory for an
         in-memory ledger; None for a store that keeps no attachments."""
         if self._blobs is None and self.path is None:
-            self._blobs = MemoryBlobs()
+            self._blobs = self._projection.blobs = MemoryBlobs()
         return self._blobs
 
     @blobs.setter
     def blobs(self, value: Any) -> None:
-        self._blobs = value
+        self._blobs = self._projection.blobs = value
+
+    def expect_fragments(self, fragments: tuple[Any, ...]) -> None:
+        """The next ``user/message`` begins with the blocks of ``fragments`` (objects with
+        ``name`` and ``text``: ``dsh run -f``): record their texts once by hash in the blob
+        store and only references on the line (:mod:`dsh.ledger.fragments`). A message that
+        does not begin with exactly those blocks (a ``pre_step`` rewrote it) is recorded
+        whole, as is every later one."""
+        self._fragments = tuple(fragments)
 
     @property
     def closed(self) -> bool:
@@ -213,6 +223,8 @@ class Ledger:
         Thread-safe: each event gets the next ``seq`` and is written whole."""
         main = threading.current_thread() is _MAIN
         with self._lock:
+            if cls is UserMessage and self._fragments:
+                fields = self._with_fragments(fields)
             if main:
                 CRITICAL.depth += 1
             try:
@@ -232,6 +244,17 @@ class Ledger:
             if self.observer is not None:
                 self.observer(event)
             return event
+
+    def _with_fragments(self, fields: dict[str, Any]) -> dict[str, Any]:
+        from dsh.ledger import fragments
+
+        expected, self._fragments = self._fragments, ()
+        text = fields.get("text")
+        rest = fragments.split(text, expected) if type(text) is str else None
+        if rest is None or fields.get("fragments"):
+            return fields
+        refs = fragments.store(self.blobs, expected)
+        return fields if refs is None else {**fields, "text": rest, "fragments": refs}
 
     def adopt(self, event: Event) -> Event:
         """Write ``event`` — a line of another session's ledger, or a ``session/fork`` line —
@@ -259,6 +282,8 @@ class Ledger:
         # sealed from the first event written on: loading (dsh.ledger.store) folds the file's
         # lines in first, through the projection's own apply/apply_raw
         self._projection = value
+        if value.blobs is None:  # it reads fragment texts where attachments are
+            value.blobs = getattr(self, "_blobs", None)
 
     def _write(self, event: E) -> E:
         try:

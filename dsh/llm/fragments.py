@@ -17,8 +17,13 @@ source (images and PDFs go with ``--attach``).
 
     review these
 
-That text is the user message: recorded as it is in the ledger's ``user/message``, so a
-resumed session sends the same bytes again without reading the file or the URL again (C3).
+That text is what the model reads. The ledger keeps each fragment once by hash, like an
+attachment (:mod:`dsh.ledger.fragments`): ``dsh run`` tells the session's ledger which
+fragments its message begins with (:meth:`dsh.ledger.writer.Ledger.expect_fragments`), the
+``user/message`` records the text after the blocks and a reference per fragment (hash, size,
+name), and the text's bytes go to the session's blob store — the same file in many turns or
+sessions is stored once. The projection rebuilds the blocks from the store, so a resumed
+session sends the same bytes again without reading the file or the URL again (C3).
 """
 
 from __future__ import annotations
@@ -175,14 +180,15 @@ def _mib(n: int) -> str:
 
 
 def block(fragment: Fragment) -> str:
-    """The fragment as the prompt carries it: ``<fragment name="NAME">`` … ``</fragment>``."""
-    name = (fragment.name.replace("&", "&amp;").replace('"', "&quot;")
-            .replace("<", "&lt;").replace(">", "&gt;").replace("\n", "&#10;"))
-    text = fragment.text[:-1] if fragment.text.endswith("\n") else fragment.text
-    return f'<fragment name="{name}">\n{text}\n</fragment>'
+    """The fragment as the prompt carries it: ``<fragment name="NAME">`` … ``</fragment>``
+    (:func:`dsh.ledger.fragments.block`, which the projection rebuilds it with)."""
+    from dsh.ledger.fragments import block as _block
+
+    return _block(fragment.name, fragment.text)
 
 
 def prepend(fragments: Iterable[Fragment], text: str) -> str:
     """``text`` after the blocks of ``fragments``, each followed by a blank line."""
-    blocks = [block(f) for f in fragments]
-    return "\n\n".join([*blocks, text]) if blocks else text
+    from dsh.ledger.fragments import prepend as _prepend
+
+    return _prepend(((f.name, f.text) for f in fragments), text)

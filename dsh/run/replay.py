@@ -397,10 +397,20 @@ def replay(app: Any, session: str, *, children: bool = True) -> ReplayReport:
     return _replay(app, reader, children)
 
 
+def _blobs(reader: Any) -> Any:
+    """Where ``reader``'s session keeps its ``-f`` fragments (beside its ledger), or None."""
+    path = getattr(reader, "path", None)
+    if path is None:
+        return None
+    from dsh.ledger.fragments import DirectoryBlobs
+
+    return DirectoryBlobs(path.parent)
+
+
 def _replay(app: Any, reader: Any, children: bool) -> ReplayReport:
     from dsh.run.replay_model import ReplayApp
 
-    plan = read_plan(reader.id, list(reader.events()))
+    plan = read_plan(reader.id, list(reader.events()), _blobs(reader))
     report = ReplayReport(session=reader.id)
     driver = Driver(None, plan, report)
     driver.app = ReplayApp(app.config, driver)
@@ -442,7 +452,7 @@ def rerun(app: Any, session: str, model: str, *, on_session: Any = None
     its own after it; tools run under the normal approvals. ``on_session`` is called with the
     new session's id once it exists. Returns ``(new id, the turns' results)``."""
     reader = app.reader(session)
-    plan = read_plan(reader.id, list(reader.events()))
+    plan = read_plan(reader.id, list(reader.events()), _blobs(reader))
     inputs: list[tuple[str, list[tuple[str, str]], tuple[Any, ...], RecordedTurn]] = []
     for turn in plan.turns:
         inputs.append((turn.text, turn.context, turn.attachments, turn))

@@ -103,14 +103,26 @@ class Plan:
     after: list[Any] = attrs.Factory(list)
 
 
+def _text(message: UserMessage, blobs: Any) -> str:
+    """What the user gave in ``message``: its ``-f`` fragments' blocks, then its text."""
+    if not message.fragments:
+        return message.text
+    from dsh.ledger.fragments import expand
+
+    return expand(blobs, message.fragments, message.text)
+
+
 def _is_follow_up(source: str) -> bool:
     """A ``user/message`` a plugin's ``turn_stopping`` wrote (today's plugins write it again)."""
     return source.startswith("plugin:")
 
 
-def read_plan(session: str, events: list[Any]) -> Plan:
-    """The plan of ``events`` (a whole session, oldest first)."""
+def read_plan(session: str, events: list[Any], blobs: Any = None) -> Plan:
+    """The plan of ``events`` (a whole session, oldest first). ``blobs``: where the session's
+    ``-f`` fragments are kept (:class:`dsh.ledger.fragments.DirectoryBlobs`), for a message
+    that names some: it is given again with their blocks before its text."""
     proj = Projection()
+    proj.blobs = blobs
     turns: list[RecordedTurn] = []
     requests: list[Expected] = []
     results: dict[str, ToolReturned] = {}
@@ -147,10 +159,11 @@ def read_plan(session: str, events: list[Any]) -> Plan:
         elif t is UserMessage:
             if not has_input:
                 has_input = True
-                cur.context, cur.text, cur.attachments = step_context, e.text, e.attachments
+                cur.context, cur.text, cur.attachments = step_context, _text(e, blobs), \
+                    e.attachments
             elif not _is_follow_up(e.source):
                 if cur.requests and cur.requests[-1].steer is None:
-                    cur.requests[-1].steer = (step_context, e.text, e.source)
+                    cur.requests[-1].steer = (step_context, _text(e, blobs), e.source)
                     if e.attachments:
                         cur.notes.append(f"turn {cur.number}: the attachments of a message "
                                          "steered in are not given again")

@@ -209,7 +209,7 @@ def sessions_show(state: State, session_id: str, full: bool) -> None:
     totals = usage_totals(events, price, store.read)
     if totals is not None:
         click.echo(totals)
-    click.echo(_context_line(state.app, events))
+    click.echo(_context_line(state.app, events, store))
     from dsh.ledger.reader import describe_states
 
     recorded = describe_states(reader)
@@ -262,17 +262,22 @@ def _show_json(store: Any, events: list[Any]) -> None:
                            "attachments": listing(store, events)}, ensure_ascii=False))
 
 
-def _context_line(app: App, events: list[Any]) -> str:
+def _context_line(app: App, events: list[Any], blobs: Any = None) -> str:
     """``context: ~N tokens of W (k compactions)`` for the session's next request."""
+    from dsh.ledger.fragments import FragmentMissing
     from dsh.ledger.history import Projection
     from dsh.run.compaction import ContextMeter
     from dsh.run.compaction import agent_window
 
     proj = Projection()
+    proj.blobs = blobs  # where a message's fragment texts are (dsh.ledger.fragments)
     agent_name = ""
-    for e in events:
-        proj.apply(e)
-        agent_name = agent_name or getattr(e, "agent", "") or ""
+    try:
+        for e in events:
+            proj.apply(e)
+            agent_name = agent_name or getattr(e, "agent", "") or ""
+    except FragmentMissing as exc:  # the view is shown; the next request could not be sent
+        return f"context: unknown ({exc})"
     used = ContextMeter().used(proj)
     window: int | None = None
     try:
