@@ -214,6 +214,9 @@ def test_sessions_show_and_export_name_a_fragment_and_its_size_not_its_text(
     assert exported.returncode == 0, exported.stderr
     assert "- fragment: notes.md (1.6 KiB)" in exported.stdout
     assert "SECRET-ISH" not in exported.stdout
+    page = dsh(env, tmp_path, "sessions", "export", sid, "--html")
+    assert page.returncode == 0, page.stderr
+    assert "fragment notes.md (1.6 KiB)" in page.stdout and "SECRET-ISH" not in page.stdout
 
 
 @pytest.mark.parametrize("damage", ["delete", "alter"])

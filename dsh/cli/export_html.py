@@ -28,6 +28,7 @@ from html import escape
 from typing import Any
 
 from dsh.cli.event_lines import NotRun
+from dsh.cli.render import fragment_label
 from dsh.cli.event_lines import not_run
 from dsh.cli.event_lines import plugin_line
 from dsh.cli.event_lines import plural
@@ -211,8 +212,10 @@ class Page:
         w = self.out.append
         if isinstance(e, UserMessage):
             src = "" if e.source == "user" else f" ({_t(e.source)})"
-            w(f'<div class="ev user" data-seq="{e.seq}"><b>user{src}</b>'
-              f'{_block(e.text, "text")}')
+            w(f'<div class="ev user" data-seq="{e.seq}"><b>user{src}</b>')
+            for f in e.fragments:  # before the text, as the model reads them; never whole
+                w(f'<div class="attachment">fragment {_t(fragment_label(f))}</div>')
+            w(_block(e.text, "text"))
             for a in e.attachments:
                 w(self.attachment(a))
             w("</div>")

@@ -173,7 +173,7 @@ def trajectory(events: Iterable[Event], *, color: bool = False, full: bool = Fal
         elif isinstance(e, UserMessage):
             note = f"({e.source})" if e.source != "user" else ""
             for f in e.fragments:  # before the text, as the model reads them; never whole
-                out.append(s("  ◇ fragment ", fg="green") + s(_fragment(f)))
+                out.append(s("  ◇ fragment ", fg="green") + s(fragment_label(f)))
             block("USER", e.text, {"fg": "green"}, note)
             for a in e.attachments:
                 out.append(_attachment_line(a, s, attachment_problem))
@@ -274,7 +274,7 @@ def plugin_event_line(e: PluginEvent, s: _Styler, full: bool,
             + s(data, dim=True))
 
 
-def _fragment(f: Any) -> str:
+def fragment_label(f: Any) -> str:
     """``a.py (1.2 KiB)``: a fragment by its name and size (its text is in the blob store)."""
     from dsh.llm.attachments import human_size
 
@@ -440,7 +440,7 @@ def markdown(session_id: str, events: Iterable[Event]) -> str:
             src = f" (`{e.source}`)" if e.source != "user" else ""
             head = f"**User**{src}\n\n"
             if e.fragments:  # before the text, as the model reads them; never whole
-                head += "".join(f"- fragment: {_fragment(f)}\n" for f in e.fragments) + "\n"
+                head += "".join(f"- fragment: {fragment_label(f)}\n" for f in e.fragments) + "\n"
             parts.append(head + e.text.strip())
             if e.attachments:
                 from dsh.llm.attachments import describe
