@@ -50,6 +50,13 @@ SLOW_TOOL = textwrap.dedent('''
 ''')
 
 
+#: The prompts as prompt_toolkit draws them (it moves the cursor over the trailing space).
+PROMPT = "›"
+MORE = "…"
+#: A prompt drawn on a line of its own: the next one, not the last drawing of the one before.
+NEW_PROMPT = "\n[^\n›]*›"
+
+
 class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
@@ -58,7 +65,10 @@ class Env:
         self.home = tmp_path / "home"
         self.config = tmp_path / "config.toml"
         self.env = {**os.environ, "DSH_CONFIG": str(self.config), "PYTHONPATH": str(tmp_path),
-                    "DSH_HOME": str(self.home), "NO_COLOR": "1", "SLOW_GATE": str(tmp_path)}
+                    "DSH_HOME": str(self.home), "NO_COLOR": "1", "SLOW_GATE": str(tmp_path),
+                    # a terminal that prompt_toolkit drives fully; pexpect does not answer
+                    # cursor position requests
+                    "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1"}
 
     def release(self) -> None:
         """Let the running ``slow`` tool return."""
@@ -81,11 +91,11 @@ class Env:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             child = pexpect.spawn(sys.executable, ["-m", "dsh", "chat", *args], env=self.env,
-                                  encoding="utf-8", timeout=20, dimensions=(40, 200))
+                                  encoding="utf-8", timeout=60, dimensions=(40, 200))
         finally:
             if before == signal.SIG_IGN:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
-        child.expect("› ")
+        child.expect(PROMPT)
         return child
 
     def run(self, *args: str, input: str = "") -> subprocess.CompletedProcess[str]:
@@ -122,7 +132,7 @@ def test_typing_while_a_tool_runs_steers_the_same_turn(env: Env) -> None:
     child = env.spawn()
     child.sendline("hi")
     child.expect("hello there")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline("wait please")
     child.expect("→ slow")  # the call is shown as it happens; the tool waits for release()
     child.sendline("change of plan")
@@ -130,7 +140,7 @@ def test_typing_while_a_tool_runs_steers_the_same_turn(env: Env) -> None:
     env.release()
     child.expect("← slow: ok")
     child.expect("after steering")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect("session ")
     child.expect(pexpect.EOF)
@@ -153,7 +163,7 @@ def test_a_follow_up_waits_for_the_end_of_the_turn(env: Env) -> None:
     env.release()
     child.expect("first done")
     child.expect("follow-up answered")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline("/exit")
     child.expect(pexpect.EOF)
     lines = env.ledger()
@@ -163,33 +173,33 @@ def test_a_follow_up_waits_for_the_end_of_the_turn(env: Env) -> None:
     assert msgs == ["go", "and then this"]
 
 
-def test_ctrl_c_once_stops_after_the_step_twice_aborts(env: Env) -> None:
+def test_ctrl_c_once_aborts_the_step_twice_aborts_at_once(env: Env) -> None:
     env.configure({"tool_calls": [{"name": "slow", "arguments": {"seconds": 2}}]},
                   {"tool_calls": [{"name": "slow", "arguments": {"seconds": 30}}]},
                   {"text": "still alive"})
     child = env.spawn()
     child.sendline("one")
-    child.expect("→ slow")  # the tool runs now
+    child.expect("→ slow")  # the tool runs now (it does not poll the cancel: waited for)
     child.sendintr()
-    child.expect("stopping after the current step")
+    child.expect("interrupted: stopping now")
     env.release()
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline("two")
     child.expect("→ slow")
     child.sendintr()
-    child.expect("stopping after the current step")
+    child.expect("interrupted: stopping now")
     child.sendintr()
     child.expect("aborted")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline("three")
     child.expect("still alive")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendintr()  # at the prompt: clears the line, stays
-    child.expect("› ")
+    child.expect(NEW_PROMPT)  # the next prompt (the cleared one is drawn once more first)
     child.sendeof()
     child.expect(pexpect.EOF)
     ends = [d["outcome"] for d in env.ledger() if d["type"] == "turn/end"]
-    assert ends == ["stopped", "aborted", "completed"]
+    assert ends == ["aborted", "aborted", "completed"]
 
 
 def test_commands_inject_model_session_and_a_plugins_command(env: Env) -> None:
@@ -202,8 +212,9 @@ def test_commands_inject_model_session_and_a_plugins_command(env: Env) -> None:
     child.sendline("/model echo")
     child.expect("model: echo")
     child.sendline("what colour")
-    child.expect("\r\nwhat colour\r\n")  # echo answers with the message
-    child.expect("› ")
+    child.expect("what colour\r\n")  # echo answers with the message (the typed line ends
+    # with the prompt's cursor moves, not a newline)
+    child.expect(PROMPT)
     child.sendline("/session")
     child.expect(r"session (\d\S+)")
     sid = child.match.group(1).strip()
@@ -225,16 +236,16 @@ def test_multi_line_input_and_history_file_is_private(env: Env) -> None:
     env.configure({"text": "ok"}, {"text": "ok2"})
     child = env.spawn()
     child.sendline("line one \\")
-    child.expect("… ")
+    child.expect(MORE)
     child.sendline("line two")
     child.expect("ok")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline('"""')
     child.sendline("block a")
     child.sendline("block b")
     child.sendline('"""')
     child.expect("ok2")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     msgs = [d["text"] for d in env.ledger() if d["type"] == "user/message"]
@@ -249,7 +260,7 @@ def test_continue_a_chat_with_dsh_run_and_the_other_way_round(env: Env) -> None:
     child = env.spawn()
     child.sendline("hello")
     child.expect("from chat")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     done = env.run("run", "-c", "and now")
@@ -257,7 +268,7 @@ def test_continue_a_chat_with_dsh_run_and_the_other_way_round(env: Env) -> None:
     child = env.spawn("-c")
     child.sendline("back")
     child.expect("chat again")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     assert len(env.session_ids()) == 1
@@ -312,12 +323,48 @@ def test_the_approval_question_is_answered_at_the_chat_prompt(env: Env) -> None:
     child.expect(r"run `touch approved` in .*\[r\] no, and say why: ")
     child.sendline("y")
     child.expect("made it")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     assert (work / "approved").exists()
     kinds = _kinds(env.ledger())
     assert "user/message:y" not in kinds  # the answer did not become a message
+
+
+def test_the_question_takes_the_terminal_from_the_prompt_and_gives_it_back(env: Env) -> None:
+    """Text typed at the prompt while a tool runs is put aside while dsh-shell asks (the
+    prompt lets go of the terminal before the question is written) and is back at the prompt
+    afterwards, unsent; the answer goes to the question."""
+    pytest.importorskip("dsh_shell", reason="dsh-shell is installed by .ci/run")
+    work = env.tmp / "work"
+    work.mkdir()
+    env.configure(
+        {"tool_calls": [{"name": "slow", "arguments": {"seconds": 1}}]},
+        {"tool_calls": [{"name": "run_command", "arguments": {"command": "touch approved"}}]},
+        {"text": "made it"}, {"text": "kept it"},
+        load=["slowtool", "dsh_shell"],
+        plugins={"shell": {"workspace": str(work), "allow": ["ls"]}})
+    child = env.spawn()
+    child.sendline("go")
+    child.expect("→ slow")
+    child.expect("↳")  # the prompt while the agent works
+    for ch in "zzkeep":  # typed, not sent
+        child.send(ch)
+        child.expect_exact(ch)
+    env.release()
+    child.expect(r"run `touch approved` in .*\[r\] no, and say why: ")
+    child.send("y\r")
+    child.expect("made it")
+    child.expect(PROMPT)
+    child.expect("zzkeep")  # back at the prompt between turns
+    child.send(" now\r")
+    child.expect("kept it")
+    child.expect(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    assert (work / "approved").exists()
+    msgs = [d["text"] for d in env.ledger() if d["type"] == "user/message"]
+    assert msgs == ["go", "zzkeep now"]
 
 
 def test_a_write_shows_its_recorded_diff_in_the_chat(env: Env) -> None:
@@ -339,7 +386,7 @@ def test_a_write_shows_its_recorded_diff_in_the_chat(env: Env) -> None:
     child.expect(r"-port = 80")
     child.expect(r"\+port = 8080 \\x1b\[2J")  # shown, never sent as a control
     child.expect("edited")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     assert (work / "app.cfg").read_text() == "name = demo\nport = 8080 \x1b[2J\n"
@@ -425,10 +472,10 @@ def test_stop_and_inject_typed_during_a_turn(env: Env) -> None:
     child.sendline("/stop")
     child.expect("stopping after the current step")
     env.release()
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendline("and now")
     child.expect("next answer")
-    child.expect("› ")
+    child.expect(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
     lines = env.ledger()

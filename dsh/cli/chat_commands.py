@@ -1,8 +1,9 @@
 """The ``/`` commands of ``dsh chat`` (docs/cli.md): :class:`ChatCommand` (a name, a function
 ``fn(chat, argument)`` that may return text to print, its help and plugin, whether it may be
 typed while a turn runs) and the built-in ones (:data:`BUILTIN_COMMANDS`: ``/help``,
-``/tools``, ``/model``, ``/system``, ``/session``, ``/cost``, ``/fork``, ``/rewind``,
-``/attach``, ``/inject``, ``/stop``, ``/exit``). Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
+``/tools``, ``/model``, ``/mode``, ``/system``, ``/session``, ``/cost``, ``/clear``,
+``/compact``, ``/fork``, ``/rewind``, ``/attach``, ``/inject``, ``/stop``, ``/exit``).
+Plugins add theirs with the ``register_chat_commands`` hook; the chat collects them
 (:meth:`dsh.cli.repl.Chat._commands`). Also here: the input syntax ``/help`` describes
 (:data:`FOLLOW_UP`, :data:`BLOCK`).
 """
@@ -67,6 +68,43 @@ def _model(chat: Chat, arg: str) -> str:
         return f"model: {chat.session.agent.model_id}"
     chat.set_agent(model=arg)
     return f"model: {arg} (from the next message on)"
+
+
+def _mode(chat: Chat, arg: str) -> str:
+    """``/mode [NAME]``: the permission mode of the next turns (as ``--mode``)."""
+    from dsh.host.runcontext import MODES
+
+    if not arg:
+        return f"mode: {chat.session.agent.mode} (modes: {', '.join(MODES)})"
+    if arg not in MODES:
+        raise errors.UsageError(errors.unknown_name("mode", arg, MODES, "known"))
+    chat.set_agent(mode=arg)
+    return f"mode: {arg} (from the next message on)"
+
+
+def _clear(chat: Chat, arg: str) -> str:
+    """``/clear``: go on in a new, empty session with the same agent; the old one stays in
+    the ledger as it was."""
+    old = chat.session
+    chat.session = chat.app.open_session(old.agent)
+    old.close()
+    chat.follow_ups.clear()
+    return (f"new session {chat.session.id}; the previous one is kept as it was: "
+            f"{old.id} (continue it with: dsh chat --session {old.id})")
+
+
+def _compact(chat: Chat, arg: str) -> str:
+    """``/compact [STRATEGY]``: compact the session's context now (``context/compacted``),
+    as ``dsh sessions compact`` does."""
+    from dsh.run.compaction import compact_now
+
+    session = chat.session
+    event = compact_now(session.agent, session.ledger, None, reason="manual",
+                        strategy=arg or None)
+    if event is None:
+        return "nothing to compact"
+    return (f"compacted messages {event.start}-{event.end} ({event.strategy}): "
+            f"~{event.tokens_before} -> ~{event.tokens_after} tokens")
 
 
 def _system(chat: Chat, arg: str) -> str:
@@ -189,9 +227,13 @@ BUILTIN_COMMANDS: tuple[ChatCommand, ...] = (
     ChatCommand("help", _help, "this help"),
     ChatCommand("tools", _tools, "the agent's tools"),
     ChatCommand("model", _model, "show or switch the model: /model NAME"),
+    ChatCommand("mode", _mode, "show or switch the permission mode: /mode NAME"),
     ChatCommand("system", _system, "show or replace the system prompt: /system TEXT"),
     ChatCommand("session", _session, "the session's id and ledger path"),
     ChatCommand("cost", _cost, "tokens and cost of this session so far"),
+    ChatCommand("clear", _clear, "go on in a new, empty session (this one is kept)"),
+    ChatCommand("compact", _compact,
+                "compact the context now: /compact [auto|mask|summarize|truncate]"),
     ChatCommand("fork", _fork, "go on in a fork of this session: /fork [TURN]"),
     ChatCommand("rewind", _rewind,
                 "go on from the end of turn N, in a fork: /rewind N [--files]"),

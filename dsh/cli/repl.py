@@ -8,9 +8,12 @@ way round. What chat adds:
 * **steering** — a line typed while a turn runs is put into the running session's inbox
   (:meth:`Session.steer`) and taken at the turn's next step boundary, after that step's tool
   results; a line starting with ``>`` is kept for after the turn instead (a follow-up);
-* a prompt with line editing and a persistent history (the standard library's ``readline``:
-  no new dependency, and it is what ``python -i`` and ``llm chat`` users already know), with
-  ``\\`` line continuation, ``\"\"\"`` blocks and pasted text kept as one message;
+* on a terminal, an input line at the bottom that the streamed output never writes into
+  (prompt_toolkit, :mod:`dsh.cli.chat_input`), with a persistent history, completion of ``/``
+  commands and ``@`` paths, ``\\`` line continuation, ``\"\"\"`` blocks, Alt-Enter for a
+  newline, and pasted text kept as one message;
+* a resumed chat (``-c``, ``--session``) starts with a recap of its last exchanges, read
+  from the ledger (:mod:`dsh.cli.chat_recap`);
 * ``/`` commands (:mod:`dsh.cli.chat_commands`), and commands that plugins add with the
   ``register_chat_commands`` hook;
 * without a terminal on stdin: one message per line, answered in turn (scriptable).
@@ -20,10 +23,7 @@ This module is imported only by ``dsh chat``; ``dsh run`` never pays for it.
 
 from __future__ import annotations
 
-import os
-import select
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,52 +52,6 @@ def history_path() -> Path:
     return default_data_dir() / "chat_history"
 
 
-class Typeahead:
-    """Reads lines typed while a turn runs, in a thread, without a second reader racing a
-    plugin's question: it reads only while no one asks on the terminal
-    (:func:`dsh.cli.status.status_paused`), and stops as soon as the turn ends."""
-
-    def __init__(self, fd: int, on_line: Callable[[str], None]) -> None:
-        self.fd = fd
-        self.on_line = on_line
-        self.partial = b""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dsh-typeahead", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> str:
-        """Stop reading; return what was typed on an unfinished line (for the prompt)."""
-        self._stop.set()
-        self._thread.join(1.0)
-        return self.partial.decode(errors="replace")
-
-    def _run(self) -> None:
-        from dsh.cli import status
-
-        while not self._stop.is_set():
-            if status.asking():
-                self._stop.wait(0.05)
-                continue
-            try:
-                ready, _, _ = select.select([self.fd], [], [], 0.1)
-            except (OSError, ValueError):
-                return
-            if not ready or self._stop.is_set() or status.asking():
-                continue
-            try:
-                data = os.read(self.fd, 4096)
-            except OSError:
-                return
-            if not data:
-                return
-            self.partial += data
-            while b"\n" in self.partial:
-                line, self.partial = self.partial.split(b"\n", 1)
-                self.on_line(line.decode(errors="replace"))
-
-
 class Chat:
     """One ``dsh chat``: the session, the agent overrides, the output of each turn."""
 
@@ -121,14 +75,27 @@ class Chat:
 
     def run(self) -> int:
         """Read and answer messages until ``/exit``, end of input, or a terminating signal."""
-        from dsh.cli.streams import Stdout
+        if not self.interactive:
+            from dsh.cli.streams import Stdout
 
-        self.stdout = Stdout()
-        if self.interactive:
-            self._setup_readline()
+            self.stdout = Stdout()
+            return self._loop()
+        from dsh.cli.chat_input import ChatTerminal
+
+        self.term = ChatTerminal(self, history_path())
+        self.stdout = self.term.stdout
+        with self.term.installed():  # what goes to stdout and stderr, above the prompt
             self.note(f"dsh chat · session {self.session.id} · agent {self.session.agent.name}"
                       f" · model {self.session.agent.model_id} · /help for commands, "
                       "Ctrl-D to exit")
+            if self.session.ledger.projection.turn > 0:
+                from dsh.cli.chat_recap import recap
+
+                for line in recap(self.app.store, self.session.id):
+                    self.note(line)
+            return self._loop()
+
+    def _loop(self) -> int:
         try:
             while not self.done:
                 if self.session.pending:  # steered too late for the last turn: answer it now
@@ -142,8 +109,6 @@ class Chat:
                     break
                 self.handle(text)
         finally:
-            if self.interactive:
-                self._save_history()
             self.note(f"session {self.session.id} (continue it with: dsh chat -c, or "
                       f"dsh run --session {self.session.id} …)")
         return self.exit_code
@@ -226,15 +191,14 @@ class Chat:
         if self.interactive:
             output._handlers.append(self.show_tool_event)
         self.output = output
-        typeahead = None
-        if self.interactive:
-            typeahead = Typeahead(sys.stdin.fileno(), self.typed_during_turn)
-            typeahead.start()
+        if self.interactive:  # typing goes on below the output, and steers the turn
+            prefill, self._prefill = self._prefill, ""
+            self.term.begin_turn(output, self.typed_during_turn, prefill)
         try:
             result = output.run(self.session, text, approve=self.approve, limits=self.limits)
         finally:
-            if typeahead is not None:
-                self._prefill = typeahead.stop()
+            if self.interactive:
+                self._prefill = self.term.end_turn()
             self.output = None
         lost = getattr(self.session.ledger, "lost", None)
         if lost and result.outcome != "error":
@@ -361,66 +325,14 @@ class Chat:
                 lines.append(self._input(MORE))
             except (EOFError, KeyboardInterrupt):
                 break
-        lines.extend(self._pasted())
         return "\n".join(lines)
 
-    def _pasted(self) -> list[str]:
-        """Lines already waiting on the terminal: the rest of a paste."""
-        more: list[str] = []
-        fd = sys.stdin.fileno()
-        while True:
-            try:
-                ready, _, _ = select.select([fd], [], [], 0.03)
-            except (OSError, ValueError):
-                break
-            if not ready:
-                break
-            data = os.read(fd, 65536)
-            if not data:
-                break
-            more.extend(data.decode(errors="replace").rstrip("\n").split("\n"))
-        return more
-
     _prefill = ""
+    term: Any = None
 
     def _input(self, prompt: str) -> str:
         prefill, self._prefill = self._prefill, ""
-        if prefill and self._readline is not None:
-            rl = self._readline
-            rl.set_startup_hook(lambda: rl.insert_text(prefill))
-            try:
-                return input(prompt)
-            finally:
-                rl.set_startup_hook(None)
-        return input(prompt)
-
-    _readline: Any = None
-
-    def _setup_readline(self) -> None:
-        try:
-            import readline
-        except ImportError:  # no line editing on this Python: plain input still works
-            return
-        self._readline = readline
-        path = history_path()
-        try:
-            readline.read_history_file(path)
-        except (FileNotFoundError, OSError):
-            pass
-        readline.set_history_length(1000)
-
-    def _save_history(self) -> None:
-        if self._readline is None:
-            return
-        path = history_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-            os.close(fd)
-            os.chmod(path, 0o600)  # owner only: what people type may be private
-            self._readline.write_history_file(path)
-        except OSError as exc:
-            self.note(f"dsh: warning: cannot save the chat history to {path}: {exc}")
+        return str(self.term.read(prompt, default=prefill))
 
     # -- output ----------------------------------------------------------------------------
 
