@@ -227,18 +227,19 @@ def test_dsh_chat_asks_inline(tmp_path: Path, script: Callable[..., str]) -> Non
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         child = pexpect.spawn(sys.executable, ["-m", "dsh", "--config", str(config), "chat"],
-                              env={**_env(), "NO_COLOR": "1"}, encoding="utf-8", timeout=30,
+                              env={**_env(), "NO_COLOR": "1", "TERM": "xterm",
+                                   "PROMPT_TOOLKIT_NO_CPR": "1"}, encoding="utf-8", timeout=60,
                               dimensions=(40, 200))
     finally:
         if before == signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-    child.expect("› ")
+    child.expect("›")
     child.sendline("pick one")
     child.expect(r"the agent asks: Favourite colour\?")
     child.expect(r"\(Esc: no answer\): ")
     child.sendline("2")
     child.expect("made it")
-    child.expect("› ")
+    child.expect("›")
     child.sendeof()
     child.expect(pexpect.EOF)
     events = _events(tmp_path)

@@ -24,6 +24,12 @@ def _key(name: str) -> str:
     return f"models.{json.dumps(name)}"
 
 
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's quoting, but characters beyond U+FFFF as they
+    are (JSON's surrogate-pair escapes are not TOML) and DEL escaped (TOML wants it so)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def target_of(name: str, settings: dict[str, Any]) -> str:
     """What an alias table stands for: ``adapter:model`` (``echo`` when the model is empty)."""
     model = settings.get("model", name)
@@ -91,8 +97,8 @@ def define(state: State, path: Path, name: str, target: str) -> list[str]:
         raise UsageError(f"unknown model {target!r}: no adapter {prefix!r} (known: "
                          f"{', '.join(sorted(app.models))})"
                          f"{did_you_mean(target, models, app.models)}")
-    set_value(path, f"{_key(name)}.adapter", json.dumps(prefix))
-    set_value(path, f"{_key(name)}.model", json.dumps(model))
+    set_value(path, f"{_key(name)}.adapter", _toml_string(prefix))
+    set_value(path, f"{_key(name)}.model", _toml_string(model))
     notes = []
     if aliased:
         keys = ", ".join(sorted(aliased))

@@ -163,9 +163,16 @@ def _attachment(a: Any) -> Attachment:
                       name=a.get("name"))
 
 
+#: A fragment's blob name: 64 lower-case hex digits (a ledger line naming ``../x`` is invalid).
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
 def _fragment(f: Any) -> FragmentRef:
     _check(type(f) is dict and type(f["sha256"]) is str and type(f["size"]) is int
            and type(f["name"]) is str)
+    if len(f["sha256"]) != 64 or not _SHA256_HEX.issuperset(f["sha256"]):
+        raise _Invalid("fragments", f"sha256 {f['sha256'][:80]!r} is not 64 lower-case hex "
+                       "digits")
     return FragmentRef(sha256=f["sha256"], size=f["size"], name=f["name"])
 
 

@@ -250,6 +250,8 @@ class EventCodec:
         except Exception as detailed:
             return _describe(detailed)
         field = exc.args[0] if isinstance(exc, _Invalid) and exc.args else "?"
+        if isinstance(exc, _Invalid) and len(exc.args) > 1:  # a value the type check passed
+            return f"field {field!r}: {exc.args[1]}"
         return f"field {field!r} has the wrong type ({type(data.get(field)).__name__})"
 
     def load(self, line: str | bytes, where: str = "") -> Event:
@@ -309,8 +311,9 @@ def _fast_loader(cls: type[Event]) -> Callable[[dict[str, Any], Any], Event] | N
             names[f"c_{f.name}"] = _NESTED[ann]
             body.append("        try:")
             body.append(f"            kw[{f.name!r}] = c_{f.name}(v)")
-            body.append("        except (_Invalid, KeyError, TypeError):")
-            body.append(f"            raise _Invalid({f.name!r}) from None")
+            body.append("        except (_Invalid, KeyError, TypeError) as exc:")  # a reason kept
+            body.append(f"            raise _Invalid({f.name!r}, *(exc.args[1:] if type(exc) is "
+                        "_Invalid else ())) from None")
         else:
             return None
         if required:
