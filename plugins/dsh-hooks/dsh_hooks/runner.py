@@ -25,22 +25,20 @@ import attrs
 
 from dsh.core.errors import DshError
 
-try:  # the same allowlist and hardening as dsh-shell's commands, when it is installed
+try:  # the same allowlist as dsh-shell's commands, when it is installed
     from dsh_shell.process import BASE_ENV
-    from dsh_shell.process import harden_process
 except ImportError:  # pragma: no cover - exercised only without dsh-shell
     # A copy of dsh_shell.process.BASE_ENV (keep in step): what every child may see.
     BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*",
                 "TERM", "TZ", "TMPDIR")
 
-    def harden_process() -> str:
-        import ctypes
 
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            return "" if libc.prctl(4, 0, 0, 0, 0) == 0 else "prctl failed"  # PR_SET_DUMPABLE
-        except (OSError, AttributeError) as exc:
-            return f"prctl unavailable: {exc}"
+def harden_process() -> str:
+    """dsh made non-dumpable once, before a hook's first command (shared with every confined
+    process of dsh: :func:`dsh.sandbox.environment.harden`)."""
+    from dsh.sandbox.environment import harden
+
+    return harden()
 
 
 if TYPE_CHECKING:

@@ -15,46 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 
 #: Bytes of a server's stderr kept (its end): enough for the tail an error line quotes.
 STDERR_KEEP = 16 * 1024
 _CHUNK = 65536
 
-_hardened: str | None = None
-_harden_lock = threading.Lock()
-
 
 def harden() -> str:
-    """``prctl(PR_SET_DUMPABLE, 0)`` once (dsh-shell's, when it is installed); ``""`` when
-    done, else why not."""
-    global _hardened
-    if _hardened is not None:
-        return _hardened
-    with _harden_lock:
-        if _hardened is None:
-            try:
-                from dsh_shell.process import harden_process
-            except ImportError:
-                harden_process = _harden_here
-            _hardened = harden_process()
-    return _hardened
+    """``prctl(PR_SET_DUMPABLE, 0)`` once (:func:`dsh.sandbox.environment.harden`, shared with
+    every confined process of dsh); ``""`` when done, else why not."""
+    from dsh.sandbox.environment import harden as harden_once
 
-
-def _harden_here() -> str:
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return f"not supported on {sys.platform}"
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
-            return f"prctl failed: {os.strerror(ctypes.get_errno())}"
-    except (OSError, AttributeError) as exc:
-        return f"prctl unavailable: {exc}"
-    return ""
+    return harden_once()
 
 
 class StderrTail:

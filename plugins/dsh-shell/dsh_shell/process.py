@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING
 from typing import Any
@@ -30,44 +29,21 @@ if TYPE_CHECKING:
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM",
             "TZ", "TMPDIR")
 
-PR_SET_DUMPABLE = 4
-_hardened: str | None = None  # None: not yet; "" done; else why it could not be done
-_harden_lock = threading.Lock()
-
-
 def harden_process() -> str:
     """Make this process non-dumpable, once, before the first command starts; return ``""``
-    when done, else why not (not Linux, or prctl failed).
+    when done, else why not (not Linux, or prctl failed): :func:`dsh.sandbox.environment.harden`,
+    the one every confined process of dsh shares.
 
     Non-dumpable (``PR_SET_DUMPABLE`` = 0): the kernel makes ``/proc/PID/{environ,mem,fd,maps,
     …}`` owned by root and refuses ``ptrace`` attach from processes without
     ``CAP_SYS_PTRACE``, so a command running as dsh's (non-root) user cannot read dsh's
-    environment or memory. The prctl takes microseconds but importing ctypes takes 2-20 ms,
-    more than start-up can spend, so it is done when the first command is about to run. It
-    also turns off core dumps of dsh. Commands are not affected: ``execve`` makes each
-    program dumpable again.
+    environment or memory. Importing ctypes takes 2-20 ms, more than start-up can spend, so it
+    is done when the first command is about to run. Commands are not affected: ``execve``
+    makes each program dumpable again.
     """
-    global _hardened
-    if _hardened is not None:
-        return _hardened
-    with _harden_lock:
-        if _hardened is None:
-            _hardened = _set_non_dumpable()
-    return _hardened
+    from dsh.sandbox.environment import harden
 
-
-def _set_non_dumpable() -> str:
-    if not sys.platform.startswith("linux"):
-        return f"not supported on {sys.platform}"
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-            return f"prctl failed: {os.strerror(ctypes.get_errno())}"
-    except (OSError, AttributeError) as exc:
-        return f"prctl unavailable: {exc}"
-    return ""
+    return harden()
 
 
 def child_env(keep: tuple[str, ...], cwd: str) -> dict[str, str]:
