@@ -208,3 +208,26 @@ def test_the_work_log_takes_concurrent_sub_agents_one_event_at_a_time() -> None:
         mine = [line for line in written if line.startswith(f"  {name}: ")]
         assert mine[0::2] == [f"  {name}: → read_file {name}-{i}" for i in range(200)]
         assert mine[1::2] == [f"  {name}: ← ok 1 ms"] * 200
+
+
+def test_lines_wait_while_a_question_is_on_the_terminal() -> None:
+    """A sub-agent's line that comes while another one's approval question waits for its
+    answer is held (it would land inside the question or its typed answer) and written once
+    the question is answered, before the next line."""
+    from dsh.cli.progress import WorkLog
+    from dsh.cli.status import status_paused
+
+    written: list[str] = []
+    log = WorkLog(written.append)
+    log.session = "lead"
+    event = _Event("tool/call", "two", call_id="c1", name="read_file", arguments={"path": "b"})
+    with status_paused():  # a question is asked on the terminal
+        log.on_subagent(event, "two", 1)
+        assert written == []
+    log.on_subagent(_Event("tool/result", "two", call_id="c1", name="read_file", status="ok",
+                           output="", duration_ms=1.0), "two", 1)
+    assert written == ["  two: → read_file b", "  two: ← ok 1 ms"]
+    with status_paused():
+        log.on_subagent(event, "two", 1)
+    log.flush()  # the run's end writes what is left
+    assert written[2:] == ["  two: → read_file b"]

@@ -129,15 +129,34 @@ class WorkLog:
         self._several: set[str] = set()  # sessions whose calls run side by side: results
         self._watched: Any = None  # the run whose sub-agents are watched
         self._lock = threading.RLock()
+        self._held: list[str] = []  # lines that came while a question was on the terminal
 
     @staticmethod
     def width() -> int:
         return shutil.get_terminal_size((80, 24)).columns - 1
 
     def write(self, text: str, *, dim: bool = False, prefix: str = "") -> None:
-        """``text``, already made safe, on its own line."""
+        """``text``, already made safe, on its own line. While someone is asked something on
+        the terminal (:func:`dsh.cli.status.asking`: a sub-agent's approval question while
+        another one works), lines are held, and written once the question is answered: a
+        line never lands inside a question or its answer."""
+        from dsh.cli.status import asking
+
         line = prefix + text
-        self.note(click.style(line, dim=True) if self.color and dim else line)
+        line = click.style(line, dim=True) if self.color and dim else line
+        with self._lock:
+            if asking():
+                self._held.append(line)
+                return
+            self.flush()
+            self.note(line)
+
+    def flush(self) -> None:
+        """Write the lines held while a question was asked (the run's end calls it too)."""
+        with self._lock:
+            held, self._held = self._held, []
+            for line in held:
+                self.note(line)
 
     def _prefix(self, event: Any) -> str:
         """A sub-agent's lines are indented (two spaces a level) and name it."""

@@ -305,6 +305,8 @@ class RunOutput:
                 usage=Usage(input_tokens=ctx.budget.input_tokens,
                             output_tokens=ctx.budget.output_tokens) if ctx else Usage())
         finally:
+            if self.work is not None:
+                self.work.flush()  # lines held while a question was on the terminal
             self.interrupts = interrupt.count
             self.terminated = interrupt.terminated
             if timer is not None:
