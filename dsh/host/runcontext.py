@@ -326,6 +326,11 @@ class RunContext:
     #: The permission mode (``--mode``; :data:`dsh.tools.approval.MODES`): what runs without
     #: a question, what asks and what is refused.
     mode: str = "ask"
+    #: Who answers an approval question the mode, ``--yes`` and grants left open, in place
+    #: of the terminal: a callable taking the :class:`dsh.Ask` and returning a
+    #: :class:`dsh.Decision` (an editor's permission dialog over ACP, a server that has no
+    #: one to ask). None asks on the terminal. A sub-agent's run uses its parent's.
+    asker: Callable[[Any], Any] | None = None
     #: Price per million tokens of the run's model, ``(input, output)``, for cost budgets.
     price: tuple[float | None, ...] | None = None
     #: The parent run, for a nested run (a sub-agent).

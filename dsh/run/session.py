@@ -224,6 +224,7 @@ class Session:
         budget_parent: Budget | None = None,
         output_schema: Mapping[str, Any] | str | None = None,
         attachments: Sequence[Any] | None = None,
+        asker: Callable[[Any], Any] | None = None,  # dsh.Ask -> dsh.Decision
     ) -> RunResult:
         """Run one turn with ``text`` as the user message.
 
@@ -244,6 +245,7 @@ class Session:
             ``stop()`` / ``abort()`` from another thread or a signal handler).
         :param approve: approve tool calls that need approval without asking
             (``RunContext.approve_all``).
+        :param asker: answers approval questions in place of the terminal (``RunContext.asker``)
         :param budget_parent: a :class:`~dsh.host.runcontext.Budget` to chain this run's budget
             to when there is no ``parent`` run (``dsh batch`` shares one across its tasks:
             every count is added to it too, and its limits hold over all of them). Ignored
@@ -277,7 +279,7 @@ class Session:
                               limits=limits, cancel=cancel, parent=parent,
                               context_hook=context_hook, approve=approve,
                               budget_parent=budget_parent, on_reasoning=on_reasoning,
-                              output_schema=schema)
+                              output_schema=schema, asker=asker)
         finally:
             self._busy.release()
 
@@ -287,7 +289,7 @@ class Session:
               context_hook: Callable[[RunContext], None] | None, approve: bool,
               budget_parent: Budget | None = None,
               on_reasoning: Callable[[str], None] | None = None,
-              output_schema: Mapping[str, Any] | None = None) -> RunResult:
+              output_schema: Mapping[str, Any] | None = None, asker: Any = None) -> RunResult:
         agent = self.agent
         ledger = self.ledger
         pm = agent.pm
@@ -329,6 +331,7 @@ class Session:
                           parent=parent.budget if parent else budget_parent),
             approve_all=approve, price=agent.price, parent=parent, observer_plugins=observers,
             session=self, handle=agent.info, mode=run_mode(agent.mode, parent, self.planned_mode),
+            asker=asker,
         )
         if context_hook is not None:
             context_hook(ctx)

@@ -253,8 +253,27 @@ def _needs(ask: Ask) -> str:
     return f"{who} needs approval: {ask.reason}" if ask.reason else f"{who} needs approval"
 
 
+def _asker(ctx: Any) -> Any:
+    while ctx is not None:
+        if getattr(ctx, "asker", None) is not None:
+            return ctx.asker
+        ctx = getattr(ctx, "parent", None)
+    return None
+
+
 def _ask_person(ask: Ask, ctx: Any) -> Decision:
     from dsh.core.escape import escape_controls
+
+    asker = _asker(ctx)
+    if asker is not None:  # the run's own asker (an editor over ACP): never the terminal
+        try:
+            decision = asker(ask)
+        except Exception as exc:  # noqa: BLE001 - an asker that fails is a no, said why
+            return Decision(False, "no-answer", f"{_needs(ask)}; asking failed: "
+                                                f"{type(exc).__name__}: {exc}"[:500])
+        if not isinstance(decision, Decision):
+            return Decision(False, "no-answer", f"{_needs(ask)}; no answer came")
+        return decision
 
     scope, value = _always_scope(ask)
     lines = [f"dsh: {ask.tool} wants to {_verb(ask)} "
