@@ -67,3 +67,27 @@ def test_a_failing_asker_is_a_no_and_the_mode_is_never_asked(
     events = [json.loads(line) for line in Path(result.path).read_text().splitlines()]
     [decision] = [e["data"] for e in events if e["type"] == "x/dsh.tools/approval"]
     assert decision["by"] == "mode" and not decision["allowed"]
+
+
+@pytest.mark.parametrize(("why", "mode", "allowed"), [
+    ("the editor approved it; mode auto-edit", "auto-edit", True),
+    ("the editor approved it", "ask", True),
+    ("the editor said no", "plan", False),
+])
+def test_a_plan_is_approved_by_the_asker_never_on_the_terminal(
+        tmp_path: Path, script: Callable[..., str], why: str, mode: str, allowed: bool) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    asked: list[Any] = []
+
+    def asker(ask: Any) -> Any:
+        asked.append(ask)
+        return dsh.Decision(allowed, "editor", why)
+
+    plan = {"tool_calls": [{"name": "propose_plan", "arguments": {"plan": "1. edit notes"}}]}
+    app = _app(tmp_path, ws)
+    with app.session(model=script(plan, {"text": "ok"}), mode="plan") as s:
+        s.send("plan it", asker=asker)
+        assert s.planned_mode == (mode if allowed else None)
+    [ask] = asked
+    assert (ask.tool, ask.action, ask.detail) == ("propose_plan", "plan", "1. edit notes")

@@ -42,8 +42,9 @@ from dsh.tools.grants import add_grant
 from dsh.tools.grants import load_grants
 from dsh.tools.grants import matches
 
-__all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "check_mode", "narrower",
-           "preapprove", "prompt", "question", "refusal", "request", "request_approval"]
+__all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "asked", "asker_for",
+           "check_mode", "narrower", "preapprove", "prompt", "question", "refusal", "request",
+           "request_approval"]
 #: What each mode lets run without a question (``True``), refuses (``False``) or asks (None),
 #: per kind of action: ``read`` (files, read-only commands), ``write`` (files in the
 #: workspace), ``command`` (any other program, inside the sandbox), ``outside`` (anything
@@ -253,7 +254,8 @@ def _needs(ask: Ask) -> str:
     return f"{who} needs approval: {ask.reason}" if ask.reason else f"{who} needs approval"
 
 
-def _asker(ctx: Any) -> Any:
+def asker_for(ctx: Any) -> Any:
+    """The run's asker (``RunContext.asker``, else its nearest parent's), or None."""
     while ctx is not None:
         if getattr(ctx, "asker", None) is not None:
             return ctx.asker
@@ -264,16 +266,9 @@ def _asker(ctx: Any) -> Any:
 def _ask_person(ask: Ask, ctx: Any) -> Decision:
     from dsh.core.escape import escape_controls
 
-    asker = _asker(ctx)
+    asker = asker_for(ctx)
     if asker is not None:  # the run's own asker (an editor over ACP): never the terminal
-        try:
-            decision = asker(ask)
-        except Exception as exc:  # noqa: BLE001 - an asker that fails is a no, said why
-            return Decision(False, "no-answer", f"{_needs(ask)}; asking failed: "
-                                                f"{type(exc).__name__}: {exc}"[:500])
-        if not isinstance(decision, Decision):
-            return Decision(False, "no-answer", f"{_needs(ask)}; no answer came")
-        return decision
+        return asked(asker, ask)
 
     scope, value = _always_scope(ask)
     lines = [f"dsh: {ask.tool} wants to {_verb(ask)} "
@@ -308,6 +303,18 @@ def _ask_person(ask: Ask, ctx: Any) -> Decision:
     if choice == "r" and reason:
         return Decision(False, "person", f"the person refused it, saying: {reason[:500]}")
     return Decision(False, "person", "the person refused it; ask them or find another way")
+
+
+def asked(asker: Any, ask: Ask) -> Decision:
+    """``asker(ask)``'s decision; one that fails or answers no decision is a no."""
+    try:
+        decision = asker(ask)
+    except Exception as exc:  # noqa: BLE001 - an asker that fails is a no, said why
+        return Decision(False, "no-answer", f"{_needs(ask)}; asking failed: "
+                                            f"{type(exc).__name__}: {exc}"[:500])
+    if not isinstance(decision, Decision):
+        return Decision(False, "no-answer", f"{_needs(ask)}; no answer came")
+    return decision
 
 
 def prompt(lines: list[str], ctx: Any = None, *, terminal: str | None = None

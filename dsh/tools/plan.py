@@ -44,13 +44,19 @@ def propose_plan(plan: str) -> str:
     ctx = context()
     if ctx.mode != "plan":
         raise ToolError(f"the plan is approved already (the mode is {ctx.mode}); carry it out")
-    ask = approval.Ask(tool=NAME, action="plan", subject=plan[:2000], root=os.getcwd())
+    ask = approval.Ask(tool=NAME, action="plan", subject=plan[:2000], root=os.getcwd(),
+                       detail=plan)
     if ctx.parent is not None:
         decision = approval.Decision(False, "mode", "a sub-agent cannot leave plan mode; "
                                      "give your plan as your answer")
     elif ctx.approve_all:
         decision = approval.Decision(True, "yes", "--yes approved every call of this run; "
                                      "mode ask")
+    elif (asker := approval.asker_for(ctx)) is not None:
+        # The run's own asker (an editor, a server with no one to ask): never the terminal.
+        # Its decision may end its ``why`` with ``; mode auto-edit`` (or full-auto) to pick
+        # the mode the plan is approved for; else ask.
+        decision = approval.asked(asker, ask)
     else:
         decision = _ask(plan, ctx)
     mode = next((m for m in CHOICES.values() if decision.why.endswith(f"; mode {m}")), "ask")

@@ -1,5 +1,6 @@
-"""``dsh mcp list | tools SERVER | refresh [SERVER]``: thin commands over the settings,
-the cache and the client."""
+"""``dsh mcp list | tools SERVER | refresh [SERVER]``: thin commands over the settings, the
+cache and the client; ``dsh mcp serve``: dsh agents as an MCP server (:mod:`dsh_mcp.serve`,
+imported only when it runs)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _esc(text: str) -> str:
 
 @click.group()
 def mcp() -> None:
-    """MCP servers: their status, tools and cached tool lists (dsh-mcp)."""
+    """MCP servers: their status, tools and cached tool lists; dsh as one (dsh-mcp)."""
 
 
 @mcp.command("list")
@@ -114,3 +115,29 @@ def refresh(server: str | None, agent: str | None) -> None:
                         f"{info.get('version', '')}".rstrip()))
     if failed:
         raise SystemExit(1)
+
+
+@mcp.command("serve")
+@click.option("--http", is_flag=True,
+              help="Serve streamable HTTP on a loopback address (default: stdio).")
+@click.option("--host", metavar="HOST",
+              help="With --http: the loopback address to listen on (default 127.0.0.1; "
+                   "localhost and ::1 too; any other is refused).")
+@click.option("--port", type=click.IntRange(0, 65535), metavar="N",
+              help="With --http: the port (default 8765; 0: a free one, printed on stderr).")
+@click.option("-a", "--agent", "agents", multiple=True, metavar="AGENT",
+              help="An agent the clients may run (repeatable; default: the config's agent, "
+                   "the first is the default).")
+@click.option("--mode", default="ask", show_default=True, metavar="MODE",
+              help="Permission mode of every run: read-only, plan, ask, auto-edit or "
+                   "full-auto. What it leaves open is refused: there is no one to ask.")
+@click.option("--root", metavar="DIR", type=click.Path(file_okay=False, exists=True),
+              help="The workspace: the server's working directory (default: the current one).")
+def serve(http: bool, host: str | None, port: int | None, agents: tuple[str, ...], mode: str,
+          root: str | None) -> None:
+    """Serve dsh agents as MCP tools (run, resume, fork, search) for other agents and MCP
+    clients: over stdio, or with --http streamable HTTP on loopback."""
+    from dsh_mcp.serve import start
+
+    start(click.get_current_context().obj.app, agents=agents, mode=mode, root=root, http=http,
+          host=host, port=port)
