@@ -7,6 +7,11 @@ price does not blur the comparison). The observed run has an observer that, like
 `dsh run --events`, turns every event into a JSON line (written to /dev/null), and its
 provider streams. Runs are paired (observed, unobserved, alternately) and the median of the
 per-pair ratios is printed. The last line reads ``observed/unobserved CPU ratio: R x``.
+
+Target: ≥ 1.6x — a floor on what *not* observing saves (observation is conditional: an
+unobserved run builds no live event and does not stream; the design says about 2x). It is
+met by keeping the unobserved step cheap, never by making the observed one dearer: the
+observer here is fixed (one ``event_to_dict`` and ``json.dumps`` per event).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def main() -> None:
     n = args.pairs
     print(f"unobserved: {statistics.median(unobs) * per:.1f} us CPU per step (median of {n})")
     print(f"observed:   {statistics.median(obs) * per:.1f} us CPU per step (median of {n})")
-    print(f"observed/unobserved CPU ratio: {statistics.median(ratios):.2f}x")
+    print(f"observed/unobserved CPU ratio: {statistics.median(ratios):.2f}x  (target >= 1.6x)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ final answer) on disk, then, in a fresh process, opens it the way `dsh run --ses
 (lock, read, validate every line, repair, project) and builds the next model request. Prints
 the wall time and the process's peak RSS, next to a bare interpreter's, and the time as a
 ratio against a floor measured in the same run (a fresh process reading the same file and
-decoding every line with ``json.loads``). Targets: ≤ 0.3 s (issue 27), ≤ 100 MiB.
+decoding every line with ``json.loads``). Targets: ≤ 1.25x the floor, ≤ 100 MiB.
 
 With ``--state-events N`` (issue 25), N of the events are recorded-state updates
 (``x/dsh.tasks/tasks``, a 5-item task list each), the child also folds the task list, and the
@@ -206,9 +206,11 @@ def main() -> None:
                                      capture_output=True, text=True).stdout)
     print(f"session: {best['events']:,} events, {size / 2**20:.1f} MiB on disk, "
           f"{best['messages']:,} messages in the next request")
-    print(f"load + derive next request: {best['seconds']:.3f} s (best of {args.runs}; "
-          f"target <= 0.3 s); floor (json.loads of every line) {min(floors):.3f} s; "
-          f"ratio {best['seconds'] / min(floors):.2f}x")
+    pairs = sorted(r["seconds"] / f for r, f in zip(results, floors, strict=True))
+    print(f"load + derive next request: {best['seconds']:.3f} s (best of {args.runs}); "
+          f"floor (json.loads of every line) {min(floors):.3f} s; ratio "
+          f"{best['seconds'] / min(floors):.2f}x, median of the {len(pairs)} side-by-side "
+          f"pairs {pairs[len(pairs) // 2]:.2f}x  (target <= 1.25x)")
     print(f"peak RSS: {best['rss_mib']:.1f} MiB (bare interpreter {bare['rss_mib']:.1f} MiB; "
           "target <= 100 MiB)")
     if args.state_events:

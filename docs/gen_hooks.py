@@ -110,7 +110,7 @@ NOT_DOCUMENTED = {
     "App": "the library API (docs/architecture.md); plugins use `app.config`, `app.stash`",
     "Budget": "the run's counters (docs/execution.md, \"Budgets\")",
     "Limits": "budget limits (docs/config.md)",
-    "CancelToken": "cancellation; its use in plugins is in docs/plugins.md",
+    "CancelToken": "cancellation; its use in plugins is in docs/plugin-tools.md",
     "PluginManager": "pluggy's (pluggy's docs): `configure` may `register(obj, name=...)` a "
                      "helper in it, once (`get_plugin(name)`)",
     "pluggy": "the module of `PluginManager`",

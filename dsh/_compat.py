@@ -1,11 +1,13 @@
-"""Old import paths, for one release (issue 21).
+"""Old import paths, deprecated: they work for one more minor version (docs/api.md).
 
-Until 0.4, dsh was one flat package: ``dsh.events``, ``dsh.app``, ``dsh.runcontext``… Those
+Before 0.3, dsh was one flat package: ``dsh.events``, ``dsh.app``, ``dsh.runcontext``… Those
 modules now live in subsystem packages (docs/architecture.md). Plugins written against the old
 paths keep working: importing ``dsh.events`` gives the very module object ``dsh.ledger.events``
 (same classes, same globals: a monkeypatch through either name is one patch), through the
 finder below, which :mod:`dsh` installs. It is consulted only for the names in :data:`MOVED`,
-imports nothing until one is asked for, and costs ``dsh run`` nothing.
+imports nothing until one is asked for, and costs ``dsh run`` nothing. Importing one issues
+a :class:`DeprecationWarning` pointing at the importing line (once per process: the module is
+then in ``sys.modules``); dsh itself imports none of them.
 
 Old names that became packages (``dsh.ledger``, ``dsh.config``, ``dsh.tools``, ``dsh.batch``,
 ``dsh.cli``) keep their public names through a ``__getattr__`` in the package's ``__init__``.
@@ -67,12 +69,29 @@ class _Alias:  # an importlib Loader (importlib.abc is not imported: start-up is
         self.target = target
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
+        import warnings
+
+        warnings.warn(f"{spec.name} is deprecated and will be removed in the next minor "
+                      "version: import the public names from dsh (docs/api.md); this module "
+                      f"now lives at {self.target}, which is private", DeprecationWarning,
+                      stacklevel=_importer_level())
         module = importlib.import_module(self.target)
         self.spec = module.__spec__  # the import system sets __spec__ to ours: put it back
         return module
 
     def exec_module(self, module: ModuleType) -> None:
         module.__spec__ = self.spec
+
+
+def _importer_level() -> int:
+    """The ``stacklevel`` of the line importing an old path: 2 (``warnings`` skips the import
+    system's frozen frames itself), 3 through :func:`importlib.import_module`."""
+    frame = sys._getframe(2)
+    while frame is not None and "importlib._bootstrap" in frame.f_code.co_filename:
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is not None and frame.f_code.co_filename == importlib.__file__:
+        return 3
+    return 2
 
 
 class OldPaths:  # an importlib MetaPathFinder

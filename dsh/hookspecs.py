@@ -54,11 +54,13 @@ def configure(app: App, pm: pluggy.PluginManager) -> None:
 
     Historic: a plugin registered later still receives the call. Cannot be wrapped.
 
-    **Use in plugins:** read settings and validate them; raise :class:`dsh.core.errors.ConfigError`
-    for bad settings. Do no I/O here (MISSION D1).
+    **Use in plugins:** prepare what the settings say (declare them with
+    :func:`declare_settings` and dsh validates them first; read them with ``dsh.settings``);
+    raise :class:`dsh.ConfigError` for a bad value only you can judge. Do no I/O here
+    (MISSION D1).
 
     .. versionadded:: 0.1
-    .. versionchanged:: 0.1 ``pm`` (issue 28).
+    .. versionchanged:: 0.3 ``pm``.
     """
 
 
@@ -82,6 +84,34 @@ def agent_plugins(agent: AgentHandle, installed: list[str]) -> list[str] | None:
 
 
 @hookspec
+def declare_settings() -> type | None:
+    """Declare the settings of this plugin: return the attrs class of its ``[plugins.NAME]``
+    table (``NAME``: the plugin's registered name), or None.
+
+    dsh validates the table, and each agent's ``[agents.A.plugin_settings.NAME]`` overlaid
+    on it key by key, when a plugin manager is configured (``App.pm``, ``dsh config
+    validate``, every run) with the config's own rules: an unknown key is refused with the
+    nearest valid name, a wrong type names the key path and the expected type (a
+    :class:`dsh.ConfigError`, exit code 2). Fields with defaults are optional keys; a
+    nested attrs class is a sub-table.
+
+    **Use in plugins:** declare a frozen class (``@attrs.frozen``) and read the validated
+    instance with ``dsh.settings(TheClass, agent)`` (cached per agent), instead of
+    validating ``agent.plugin_settings(NAME)`` by hand::
+
+        @attrs.frozen
+        class NotesSettings:
+            max_notes: int = 50
+
+        @dsh.hookimpl
+        def declare_settings():
+            return NotesSettings
+
+    .. versionadded:: 0.5
+    """
+
+
+@hookspec
 def register_models(register: Callable[..., None]) -> None:
     """Register model adapters.
 
@@ -97,7 +127,7 @@ def register_models(register: Callable[..., None]) -> None:
     registration of the same prefix is an error naming both plugins.
 
     .. versionadded:: 0.1
-    .. versionchanged:: 0.5 ``models`` (issue 24).
+    .. versionchanged:: 0.3 ``models``.
     """
 
 
@@ -178,7 +208,7 @@ def turn_prompt(register: Callable[..., None], agent: AgentHandle, session: Any)
     Within a turn the text does not change; the tool that changes the state answers with the
     new value.
 
-    .. versionadded:: 0.5
+    .. versionadded:: 0.3
     """
 
 
@@ -211,7 +241,7 @@ def register_agents(register: Callable[..., None], app: App) -> None:
     ignored definition is reported as a note (``dsh: note: …`` on stderr). The merged agents
     are usable as ``dsh run -a NAME`` and in ``subagents = [...]``.
 
-    .. versionadded:: 0.6
+    .. versionadded:: 0.3
     """
 
 
@@ -234,7 +264,7 @@ def expand_command(name: str, arguments: str, agent: AgentHandle) -> Any:
     it (``/etc/hosts …``) is text. In ``dsh chat`` a built-in or plugin chat command of the
     same name wins. Called on the agent's own plugin manager.
 
-    .. versionadded:: 0.6
+    .. versionadded:: 0.3
     """
 
 
@@ -245,7 +275,7 @@ def list_commands(agent: AgentHandle) -> dict[str, str] | None:
     :param agent: the :class:`dsh.AgentHandle`.
     :return: ``{name: description}`` (or None).
 
-    .. versionadded:: 0.6
+    .. versionadded:: 0.3
     """
 
 
@@ -320,7 +350,7 @@ def batch_executor(name: str, app: App) -> Any:
     inside the hook, after checking the name (``dsh batch`` without ``--executor`` must not
     import them). Called once per batch, on the app-wide plugin manager.
 
-    .. versionadded:: 0.3
+    .. versionadded:: 0.2
     """
 
 
@@ -379,8 +409,8 @@ def pre_step(step: StepDraft) -> None:
 
     .. versionadded:: 0.1
     .. versionchanged:: 0.2 ``step.turn`` (dsh-hooks reads its per-agent settings there).
+    .. versionchanged:: 0.2 ``step.handle``.
     .. versionchanged:: 0.3 a rejected turn asks ``turn_stopping``; its context is kept.
-    .. versionchanged:: 0.4 ``step.handle`` (issue 11).
     """
 
 
@@ -440,7 +470,7 @@ def pre_execute(call: ToolInvocation) -> None:
     :param call: change ``call.arguments`` to rewrite; ``call.block(reason)`` to refuse: the
         model then receives the error result ``tool call blocked by PLUGIN: reason``.
 
-    The rules (docs/plugins.md, "pre_execute: the rules"): **every implementation runs**,
+    The rules (docs/plugin-hooks.md, "pre_execute: the rules"): **every implementation runs**,
     also after one has blocked the call, one at a time in pluggy's order (``tryfirst`` ones,
     then the last registered first, then ``trylast`` ones). ``call.blocked`` and
     ``call.blocked_by`` show the first block to the implementations after it; the blocking
@@ -449,7 +479,7 @@ def pre_execute(call: ToolInvocation) -> None:
     nothing else: the first decides. A wrapper implementation is refused (wrap ``execute``).
 
     .. versionadded:: 0.1
-    .. versionchanged:: 0.5 every implementation runs; the blocking plugin is the registered one.
+    .. versionchanged:: 0.3 every implementation runs; the blocking plugin is the registered one.
     """
 
 

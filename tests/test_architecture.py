@@ -84,13 +84,21 @@ def test_no_module_over_500_lines_without_its_reason_in_architecture_md() -> Non
 
 
 def test_old_module_paths_are_the_new_modules() -> None:
-    """Plugins written for the flat 0.3 layout keep importing (for one release): an old name
-    is the very module object at the new place, so a monkeypatch through either is one."""
+    """Plugins written for the flat 0.3 layout keep importing (for one more minor version,
+    with a DeprecationWarning): an old name is the very module object at the new place, so
+    a monkeypatch through either is one."""
     from dsh import _compat
 
     assert len(_compat.MOVED) >= 30
     for old, new in _compat.MOVED.items():
-        assert importlib.import_module(old) is importlib.import_module(new), old
+        if old in sys.modules:  # imported (and warned about) by an earlier test
+            assert sys.modules[old] is importlib.import_module(new), old
+            continue
+        with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)} is deprecated .* "
+                          rf"now lives at {re.escape(new)}") as caught:
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert caught[0].filename == __file__  # points at the importing line
         assert importlib.import_module(new).__spec__.name == new  # not renamed by the alias
         assert sys.modules[old] is sys.modules[new]
 
@@ -125,12 +133,32 @@ def test_old_paths_import_in_a_fresh_process_for_an_old_plugin(tmp_path: Path) -
         "assert dsh.ledger.JsonlStore.__module__ == 'dsh.ledger.store'\n"
         "r = App.from_config({}).run('hi', model='echo')\n"
         "print(r.output, UserMessage.__module__, Usage.__module__)\n")
-    proc = subprocess.run([sys.executable, str(tmp_path / "oldplugin.py")], capture_output=True,
+    proc = subprocess.run([sys.executable, "-W", "default::DeprecationWarning",
+                           str(tmp_path / "oldplugin.py")], capture_output=True,
                           text=True, cwd=tmp_path, timeout=60,
                           env={**os.environ, "DSH_HOME": str(tmp_path / "home"),
                                "XDG_DATA_HOME": str(tmp_path / "data")})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["hi", "dsh.ledger.events", "dsh.core.messages"]
+    # one warning per old module, each naming the plugin's own line
+    for line, old in ((1, "dsh.app"), (2, "dsh.events"), (3, "dsh.runcontext"),
+                      (4, "dsh.messages")):
+        assert f"oldplugin.py:{line}: DeprecationWarning: {old} is deprecated" in proc.stderr
+
+
+def test_old_paths_fail_under_warnings_as_errors(tmp_path: Path) -> None:
+    """``-W error`` makes an old path fail loudly (a plugin's CI finds it), while dsh's own
+    imports never warn: a run under ``-W error`` succeeds."""
+    run = [sys.executable, "-W", "error::DeprecationWarning", "-c"]
+    env = {**os.environ, "DSH_HOME": str(tmp_path / "home")}
+    old = subprocess.run([*run, "import dsh.events"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert old.returncode == 1 and "DeprecationWarning: dsh.events is deprecated" in old.stderr
+    new = subprocess.run([*run, "import dsh; from dsh import App; "
+                          "print(App.from_config({}).run('hi', model='echo').output)"],
+                         capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert new.returncode == 0, new.stderr
+    assert new.stdout == "hi\n"
 
 
 def test_every_package_says_what_it_holds_and_may_import() -> None:

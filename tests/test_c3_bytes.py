@@ -303,7 +303,7 @@ def test_a_plugin_registered_in_one_agents_manager_does_not_reach_another(
     @hookimpl
     def pre_step(step: Any) -> None:
         pm = context().session.agent.pm  # type: ignore[union-attr]
-        if context().agent == "a" and pm.get_plugin("late") is None:
+        if context().agent_name == "a" and pm.get_plugin("late") is None:
             pm.register(Injector(), name="late")
 
     server.script(Reply(body=openai_completion("one")), Reply(body=openai_completion("two")))

@@ -174,6 +174,9 @@ def doc_configs() -> list[tuple[str, str]]:
                      *ROOT.glob("plugins/*/README.md")]):
         text = f.read_text()
         for m in re.finditer(r"```toml\n(.*?)```", text, re.S):
+            # Another program's file (Codex's config.toml) says so on its first line.
+            if re.match(r"# .*\(.*not dsh's\)", m.group(1)):
+                continue
             if not re.search(r"^\[(project|build-system|tool)", m.group(1), re.M):
                 found.append((f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 2}",
                               m.group(1)))

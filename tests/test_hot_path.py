@@ -141,6 +141,8 @@ RUN_MODULES_DSH = {
     "dsh.ledger.owners", "dsh.ledger.plugin_events", "dsh.ledger.scan", "dsh.ledger.serialize",
     # the nested parts of a line (tool calls, usage, changes…): serialize's, split off it
     "dsh.ledger.parts",
+    # the projection's one-pass folds of a step's lines (every run writes and folds them)
+    "dsh.ledger.folds",
     "dsh.ledger.state",
     "dsh.ledger.store", "dsh.ledger.writer", "dsh.llm", "dsh.llm.base", "dsh.llm.builtin",
     "dsh.llm.invariant", "dsh.llm.record", "dsh.llm.schema", "dsh.llm.transport", "dsh.run",

@@ -620,15 +620,15 @@ def test_plugin_events_survive_sigkill_and_resume(tmp_path: Path, cli_env: dict[
 
 
 def test_the_docs_example_plugin_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/plugins.md, "Your plugin's own events": its code, loaded as the plugin ``memo``."""
+    """docs/plugin-state.md, "Your plugin's own events": its code, loaded as the plugin ``memo``."""
     import re
     import types
 
-    text = (REPO / "docs" / "plugins.md").read_text()
+    text = (REPO / "docs" / "plugin-state.md").read_text()
     section = text.split("### Your plugin's own events")[1].split("\n### ")[0]
     [code] = re.findall(r"```python\n(.*?)```", section, re.S)
     mod = types.ModuleType("memo")
-    exec(compile(code, "docs/plugins.md", "exec"), mod.__dict__)  # noqa: S102 - the docs' code
+    exec(compile(code, "docs/plugin-state.md", "exec"), mod.__dict__)  # noqa: S102 - the docs' code
     monkeypatch.setitem(sys.modules, "memo", mod)
     app = app_of(tmp_path, "memo")
     first = app.run("hi")

@@ -1,4 +1,4 @@
-"""docs/plugins.md tells the truth: its file blocks are the files of docs/examples/ and of
+"""The plugin pages tell the truth: their file blocks are the files of docs/examples/ and of
 examples/dsh-example/, the example distributions install with pip and are found through their
 entry points, and their tools, prompt fragment, hooks, tests, command-line output and wrappers
 do what the text says (dsh-example's own tests run in tests/test_testing_plugin.py, from a
@@ -34,7 +34,10 @@ from dsh.ledger.events import UserMessage
 from dsh.run.app import App
 
 REPO = Path(__file__).resolve().parents[1]
-DOC = REPO / "docs" / "plugins.md"
+#: The pages that show the example files (docs/plugin-tutorial.md, whose plugin lives in the
+#: page itself, is tests/test_docs_tutorial.py's).
+DOCS = [REPO / "docs" / page for page in ("plugin-examples.md", "plugin-hooks.md",
+                                          "plugin-state.md")]
 EXAMPLES = REPO / "docs" / "examples"
 EXAMPLE = EXAMPLES / "dsh-wordcount"
 #: The complete plugin of section 8 (its README is not shown: it points to the tutorial).
@@ -51,11 +54,17 @@ class Block(NamedTuple):
     text: str
     path: str | None  # the file it is tied to
     excerpt: bool
+    doc: str = "docs"  # the page, for messages
 
 
 def blocks() -> list[Block]:
+    return [b for doc in DOCS for b in _blocks(doc)]
+
+
+def _blocks(doc: Path) -> list[Block]:
     found = []
-    lines = DOC.read_text(encoding="utf-8").splitlines(keepends=True)
+    name = str(doc.relative_to(REPO))
+    lines = doc.read_text(encoding="utf-8").splitlines(keepends=True)
     i = 0
     while i < len(lines):
         if not lines[i].startswith("```"):
@@ -65,11 +74,11 @@ def blocks() -> list[Block]:
         i += 1
         while i < len(lines) and lines[i].rstrip("\n") != "```":
             i += 1
-        assert i < len(lines), f"docs/plugins.md:{start + 1}: unclosed code block"
+        assert i < len(lines), f"{name}:{start + 1}: unclosed code block"
         before = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
         tag = _TAG.match(before)
         found.append(Block(start + 1, lang, "".join(lines[start + 1:i]),
-                           tag["path"] if tag else None, bool(tag and tag["excerpt"])))
+                           tag["path"] if tag else None, bool(tag and tag["excerpt"]), name))
         i += 1
     return found
 
@@ -96,15 +105,15 @@ def test_file_blocks_are_the_example_files() -> None:
     for b in tagged:
         assert b.path is not None
         path = REPO / b.path
-        assert path.is_file(), f"docs/plugins.md:{b.line}: no file {b.path}"
+        assert path.is_file(), f"{b.doc}:{b.line}: no file {b.path}"
         text = path.read_text(encoding="utf-8")
         if b.excerpt:
             assert ("\n" + text).find("\n" + b.text) >= 0, (
-                f"docs/plugins.md:{b.line}: this excerpt is not in {b.path}; copy it from there")
+                f"{b.doc}:{b.line}: this excerpt is not in {b.path}; copy it from there")
         else:
             diff = "".join(difflib.unified_diff(
                 text.splitlines(keepends=True), b.text.splitlines(keepends=True),
-                b.path, f"docs/plugins.md:{b.line}"))
+                b.path, f"{b.doc}:{b.line}"))
             assert b.text == text, f"the tutorial's copy of {b.path} differs:\n{diff}"
 
 
@@ -112,12 +121,12 @@ def test_every_example_file_is_shown_in_full() -> None:
     shown = {b.path for b in blocks() if b.path and not b.excerpt}
     missing = [str(p.relative_to(REPO)) for p in example_files()
                if str(p.relative_to(REPO)) not in shown]
-    assert not missing, f"docs/plugins.md does not show these files: {missing}"
+    assert not missing, f"the plugin pages do not show these files: {missing}"
 
 
 def test_code_blocks_are_valid() -> None:
     for b in blocks():
-        where = f"docs/plugins.md:{b.line}"
+        where = f"{b.doc}:{b.line}"
         if b.lang == "python":
             compile(textwrap.dedent(b.text), where, "exec")
         elif b.lang == "toml":
@@ -259,7 +268,7 @@ def test_console_output_shown_is_what_dsh_prints(site: Path, tmp_path: Path) -> 
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == shown, (
-            f"docs/plugins.md:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
+            f"{b.doc}:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
             "update the tutorial")
         checked += 1
     assert checked == 2
@@ -295,7 +304,7 @@ def test_complete_plugin_console_output_is_what_dsh_prints(complete_site: Path,
                               cwd=COMPLETE, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == shown, (
-            f"docs/plugins.md:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
+            f"{b.doc}:{b.line}: `{first[2:]}` now prints:\n{proc.stdout}\n"
             "update the tutorial")
         checked += 1
     assert checked == 2

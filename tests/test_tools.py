@@ -150,7 +150,7 @@ def test_calls_run_concurrently_and_log_in_call_order(make_app, plugin_module, s
         time.sleep(0.01 * (3 - n))  # finish in reverse order
         from dsh.host.runcontext import context
 
-        return f"{n}:{context().agent}"  # the run's context reaches worker threads
+        return f"{n}:{context().agent_name}"  # the run's context reaches worker threads
 
     app = make_app(load=[plugin_module(register_tools=_plugin(wait=wait))])
     calls = [{"name": "wait", "arguments": {"n": i}, "id": f"c{i}"} for i in range(3)]

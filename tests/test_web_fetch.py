@@ -183,17 +183,13 @@ def test_enabled_for_all_agents_or_for_one(tmp_path: Path) -> None:
 def test_schema_is_small() -> None:
     """What every request of an agent with web_fetch carries: kept to ~200 tokens
     (README.md, "Cost")."""
+    from dsh import AgentHandle
     from dsh.tools.registry import build_tool
 
     registered: list[Any] = []
 
-    class Agent:
-        name = "a"
-
-        def plugin_settings(self, name: str) -> dict[str, Any]:
-            return {"enabled": True}
-
-    dsh_web.register_tools(lambda fn, **kw: registered.append(build_tool(fn, **kw)), Agent())
+    agent = AgentHandle(name="a", model="echo", all_plugin_settings={"web": {"enabled": True}})
+    dsh_web.register_tools(lambda fn, **kw: registered.append(build_tool(fn, **kw)), agent)
     [tool] = registered
     spec = json.dumps({"name": tool.name, "description": tool.description,
                        "parameters": tool.parameters})
@@ -201,27 +197,42 @@ def test_schema_is_small() -> None:
 
 
 @pytest.mark.parametrize(("raw", "message"), [
-    ({"enabeld": True}, "unknown key 'enabeld'; did you mean 'enabled'?"),
-    ({"enabled": "yes"}, "enabled: expected true or false, got 'yes'"),
-    ({"allow_private": 1}, "allow_private: expected true or false, got 1"),
-    ({"allow_hosts": "localhost"}, "allow_hosts: expected a list"),
-    ({"allow_hosts": ["http://localhost"]}, "allow_hosts: 'http://localhost' is not a host name"),
-    ({"allow_hosts": ["10.0.0.0/33"]}, "allow_hosts: '10.0.0.0/33' is not a host name"),
-    ({"allow_hosts": ["a b"]}, "allow_hosts: 'a b' is not a host name"),
-    ({"allow_hosts": [3]}, "allow_hosts: 3 is not a host name"),
-    ({"max_bytes": 0}, "max_bytes: expected a positive integer, got 0"),
-    ({"max_bytes": 1.5}, "max_bytes: expected a positive integer, got 1.5"),
-    ({"max_output": True}, "max_output: expected a positive integer, got True"),
-    ({"timeout": -1}, "timeout: expected a positive number, got -1"),
-    ({"timeout": "20s"}, "timeout: expected a positive number, got '20s'"),
-    ({"max_redirects": -1}, "max_redirects: expected a whole number, 0 or more, got -1"),
-    ({"approve": "always"}, "approve: expected \"ask\" or \"read\", got 'always'"),
+    ({"enabeld": True}, "unknown key 'plugins.web.enabeld'; did you mean 'enabled'?"),
+    ({"enabled": "yes"}, "key 'plugins.web.enabled': expected a boolean (true or false), "
+                         "got string 'yes'"),
+    ({"allow_private": 1}, "key 'plugins.web.allow_private': expected a boolean"),
+    ({"allow_hosts": "localhost"}, "key 'plugins.web.allow_hosts': expected an array"),
+    ({"allow_hosts": ["http://localhost"]},
+     "key 'plugins.web.allow_hosts': 'http://localhost' is not a host name"),
+    ({"allow_hosts": ["10.0.0.0/33"]},
+     "key 'plugins.web.allow_hosts': '10.0.0.0/33' is not a host name"),
+    ({"allow_hosts": ["a b"]}, "key 'plugins.web.allow_hosts': 'a b' is not a host name"),
+    ({"allow_hosts": [3]}, "key 'plugins.web.allow_hosts': item 1: expected a string, "
+                           "got integer 3"),
+    ({"max_bytes": 0}, "key 'plugins.web.max_bytes': expected a positive integer, got 0"),
+    ({"max_bytes": 1.5}, "key 'plugins.web.max_bytes': expected an integer, got float 1.5"),
+    ({"max_output": True}, "key 'plugins.web.max_output': expected an integer, got boolean"),
+    ({"timeout": -1}, "key 'plugins.web.timeout': expected a positive number, got -1"),
+    ({"timeout": "20s"}, "key 'plugins.web.timeout': expected a number, got string '20s'"),
+    ({"max_redirects": -1},
+     "key 'plugins.web.max_redirects': expected a whole number, 0 or more, got -1"),
+    ({"approve": "always"},
+     "key 'plugins.web.approve': expected \"ask\" or \"read\", got 'always'"),
 ])
 def test_bad_settings_are_config_errors_naming_the_key(tmp_path: Path, raw: dict[str, Any],
                                                        message: str) -> None:
+    """dsh validates the declared settings (dsh_web.WebSettings) when it assembles the app,
+    with its own config's messages: the key path, the nearest name, the expected type."""
     with pytest.raises(ConfigError) as err:
         _app(tmp_path, plugins={"web": raw}, agents={"a": {}}).agent("a")
-    assert "[plugins.web, agent a]" in str(err.value) and message in str(err.value), err.value
+    assert str(err.value).startswith("config: ") and message in str(err.value), err.value
+
+
+def test_an_agents_bad_overlay_names_the_agent(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        _app(tmp_path, agents={"a": {"plugin_settings": {"web": {"timeout": 0}}}}).agent("a")
+    assert "key 'agents.a.plugin_settings.web.timeout': expected a positive number, got 0" \
+        in str(err.value)
 
 
 def test_allow_hosts_are_normalised() -> None:
@@ -230,7 +241,7 @@ def test_allow_hosts_are_normalised() -> None:
     assert got.allow_hosts == ("localhost", "::1", "10.0.0.0/8", "10.0.0.0/8",
                                "xn--bcher-kva.example", "::ffff:7f00:1")
     assert parse_settings({}).enabled is False
-    with pytest.raises(ConfigError, match="timeout: expected a positive number, got nan"):
+    with pytest.raises(ConfigError, match="timeout.: expected a positive number, got nan"):
         parse_settings({"timeout": float("nan")})  # dsh's config loader refuses it first
     assert parse_settings({"max_redirects": 0}).max_redirects == 0
 

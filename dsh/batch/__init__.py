@@ -8,7 +8,7 @@ batch itself and :func:`~dsh.batch.runner.run_batch`).
 
 May import: :mod:`dsh.run` and everything below it. Never :mod:`dsh.cli` at import time.
 
-``dsh.batch`` was one module until 0.4: its names still resolve here, for one release (from
+``dsh.batch`` was one module before 0.3: its names still resolve here, deprecated (from
 ``runner``, which still gives every name it had before it was split).
 """
 

@@ -11,8 +11,8 @@ text) and ``escape`` (text made safe for a terminal), ``render`` (views of a ses
 
 May import: anything in dsh. Nothing below imports it.
 
-``dsh.cli`` was one module until 0.4: its names (``main``, ``cli``, ``State``…) still resolve
-here, from :mod:`dsh.cli.root`, for one release.
+``dsh.cli`` was one module before 0.3: its names (``main``, ``cli``, ``State``…) still resolve
+here, from :mod:`dsh.cli.root`, deprecated (CHANGELOG.md's deprecation policy).
 """
 
 from dsh._compat import package_getattr

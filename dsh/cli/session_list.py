@@ -14,8 +14,8 @@ import re
 import time
 from collections.abc import Callable
 from collections.abc import Iterable
+from datetime import UTC
 from datetime import datetime
-from datetime import timezone
 from typing import Any
 
 from dsh.cli.escape import escape_controls
@@ -41,14 +41,14 @@ def since_stamp(text: str, now: float | None = None) -> str:
     m = _AGE.fullmatch(value)
     if m:
         at = (time.time() if now is None else now) - float(m.group(1)) * _UNITS[m.group(2)]
-        when = datetime.fromtimestamp(at, timezone.utc)
+        when = datetime.fromtimestamp(at, UTC)
     else:
         try:
             when = datetime.fromisoformat(value)
         except ValueError:
             raise UsageError(f"--since {text[:80]!r}: give a date (2026-12-01), a local time "
                              "(2026-12-01T09:30) or an age (7d, 24h, 30m)") from None
-        when = when.astimezone(timezone.utc)  # a naive time is local
+        when = when.astimezone(UTC)  # a naive time is local
     return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
 
 
@@ -116,7 +116,7 @@ def chosen(app: Any, agent: str | None, accept: Any, query: str | None,
     batch: list[Any] = []
     sessions = newest_sessions(app.store, agent, on_skip=skip)
     while limit is None or len(found) < limit:
-        batch = [s for _, s in zip(range(64), sessions)]
+        batch = [s for _, s in zip(range(64), sessions, strict=False)]
         if not batch:
             break
         if accept is not None:  # the model filter looks at usage: read where it is asked
@@ -187,6 +187,16 @@ def cost_text(cost: float | None) -> str:
     return f"${cost:.2f}" if cost >= 1 else f"${cost:.4f}"
 
 
+def _local_time(ts: str) -> str:
+    """:func:`dsh.cli.render.local_time` (``2026-11-30T14:25:01.123Z`` as local
+    ``2026-11-30 15:25``; unparseable text as is), without importing the renderer of
+    ``dsh sessions show`` into every listing (about 25 ms of start-up)."""
+    try:
+        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return ts
+
+
 def sessions_table(rows: Iterable[Any], width: int | None = None, *, terminal: bool = False,
                    costs: dict[str, float | None] | None = None,
                    depths: dict[str, int] | None = None) -> str:
@@ -195,8 +205,6 @@ def sessions_table(rows: Iterable[Any], width: int | None = None, *, terminal: b
     session's cost by id (no COST column without it); ``depths``: the tree view's depth of
     each (``--tree``: ids indented under their parent). ``terminal``: controls in the cells
     are made visible (:func:`escape_controls`)."""
-    from dsh.cli.render import local_time
-
     clean: Callable[[str], str] = (
         (lambda t: escape_controls(t, newlines=False)) if terminal else (lambda t: t))
     header = ["ID", "AGENT", "MODEL", "STARTED", "TURNS"] + (["COST"] if costs is not None
@@ -211,7 +219,7 @@ def sessions_table(rows: Iterable[Any], width: int | None = None, *, terminal: b
             ident = "  " * max(0, depth - 1) + (mark if depth else "") + ident
             mark = ""
         cells.append([ident, clean(r.agent), clean(r.model),
-                      local_time(r.started) if r.started else "", str(r.turns)]
+                      _local_time(r.started) if r.started else "", str(r.turns)]
                      + ([cost_text(costs.get(r.id))] if costs is not None else [])
                      + [clean(short_cwd(getattr(r, "cwd", None))),
                         mark + clean(" ".join(r.first_prompt.split()))])
@@ -294,4 +302,5 @@ def hit_json(hit: Any, terms: list[str]) -> dict[str, Any]:
     s = hit.session
     return {"id": s.id, "turn": hit.turn, "seq": hit.seq, "kind": hit.kind, "name": hit.name,
             "snippet": snippet(hit.text, terms, 160, escape=False), "agent": s.agent,
-            "model": s.model, "started": s.started, "cwd": getattr(s, "cwd", None), "path": str(s.path)}
+            "model": s.model, "started": s.started, "cwd": getattr(s, "cwd", None),
+            "path": str(s.path)}

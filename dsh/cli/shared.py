@@ -1,5 +1,6 @@
 """What every ``dsh`` command shares: :class:`State` (``ctx.obj``: the ``--config`` path and
-the app, built on first use) with :data:`pass_state`, and dsh's voice outside the answer —
+the app, built on first use) with :data:`pass_state` and :func:`pass_app` (public as
+``dsh.pass_app``), and dsh's voice outside the answer —
 :func:`warn` (``dsh: …`` lines on stderr, controls made visible on a terminal),
 :class:`Failure` (a dsh error on its way out, with its exit code), the phrases for OS errors
 (:func:`os_reason`, :func:`io_error_message`) and :func:`_dump` (a ``--json`` view on stdout).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 class State:
     """``ctx.obj`` of every command: the ``--config`` path and the app, built on first use.
 
-    Plugin commands reach the app as ``click.get_current_context().obj.app``.
+    Plugin commands receive the app with :func:`pass_app` (``dsh.pass_app``).
     """
 
     def __init__(self, config_path: Path | None = None) -> None:
@@ -91,6 +93,29 @@ def _state(ctx: click.Context) -> State:
 
 
 pass_state = click.make_pass_decorator(State)
+
+
+def pass_app(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a plugin's click command (``dsh.pass_app``) to receive the :class:`dsh.App`
+    as its first argument, as ``click.pass_obj`` passes ``ctx.obj``::
+
+        @dsh.hookimpl
+        def register_commands(cli):
+            @cli.command("notes")
+            @dsh.pass_app
+            def notes(app, limit):
+                ...
+
+    The app is built from the command line's ``--config`` on first use, once per
+    invocation, and shared with every other command of it (the same object ``dsh run`` and
+    ``dsh config validate`` use); a plugin that failed to load is reported on stderr then."""
+    import functools
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        return fn(_state(click.get_current_context()).app, *args, **kwargs)
+
+    return command
 
 
 class Failure(click.ClickException):

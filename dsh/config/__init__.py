@@ -6,8 +6,8 @@ init|set``) and ``keys`` (the key store behind ``dsh keys``).
 May import: :mod:`dsh.core`, :mod:`dsh.host` (``Limits``). Never the ledger, a provider, the
 run or the screen.
 
-``dsh.config`` was one module until 0.4: its names (``load_config``, ``Config``…) still resolve
-here, from :mod:`dsh.config.loader`, for one release.
+``dsh.config`` was one module before 0.3: its names (``load_config``, ``Config``…) still resolve
+here, from :mod:`dsh.config.loader`, deprecated (CHANGELOG.md's deprecation policy).
 """
 
 from dsh._compat import package_getattr

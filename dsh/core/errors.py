@@ -1,5 +1,7 @@
 """Errors dsh raises on purpose, each with the process exit code the CLI maps it to.
 
+Private module: plugins import these names from :mod:`dsh` (docs/api.md).
+
 Exit codes (documented in docs/cli.md): 0 completed; 1 runtime or provider error; 2 usage or
 configuration error; 3 step or budget limit reached; 4 rejected by a plugin; 130 interrupted;
 129 / 143 ended by SIGHUP / SIGTERM.
@@ -82,6 +84,12 @@ class ProviderError(DshError):
 class NoRunContext(DshError):
     """``dsh.context()`` was called outside a run (or in a thread started without copying the
     run's context)."""
+
+
+class NoToolCall(DshError, LookupError):
+    """:func:`dsh.current_call` was called outside a tool call (or in a thread the tool
+    started without copying its context). A :class:`LookupError` too, as it was before it
+    had a name of its own."""
 
 
 class BudgetExceeded(DshError):

@@ -304,8 +304,8 @@ class RunContext:
 
     #: A random id of this run (not recorded).
     run_id: str
-    #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
-    agent: str
+    #: The agent's name (``handle`` is the agent itself: its settings, stashes, events).
+    agent_name: str
     #: The session's ledger.
     ledger: Ledger
     #: The run's cancellation signal: ``cancel.on_cancel(callback)`` to stop your work.
@@ -356,6 +356,12 @@ class RunContext:
         if self._handle is None:
             raise NoRunContext(f"run {self.run_id} was built without an agent handle")
         return self._handle
+
+    @property
+    def agent(self) -> str:
+        """Deprecated alias of :attr:`agent_name` (removed after one minor version)."""
+        deprecated_agent("RunContext")
+        return self.agent_name
 
     def observe(self, callback: Callable[[Any], None]) -> None:
         """Receive this run's events from now on (persistent and live).
@@ -426,6 +432,33 @@ class RunContext:
             except BaseException as exc:  # noqa: BLE001 - a cleanup must not stop the others
                 errors.append(exc)
         return errors
+
+
+def deprecated_agent(cls: str) -> None:
+    """The ``DeprecationWarning`` of ``.agent`` (a string beside ``.handle``, the object)."""
+    import warnings
+
+    warnings.warn(f"{cls}.agent is deprecated: use .agent_name (the agent's name) or .handle "
+                  "(the agent)", DeprecationWarning, stacklevel=3)
+
+
+def _agent_keyword(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap an attrs ``__init__`` so that the old keyword ``agent=`` still sets
+    ``agent_name`` (deprecated with the attribute)."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "agent" in kwargs:
+            if "agent_name" in kwargs:
+                raise TypeError("pass agent_name= only (agent= is its deprecated old name)")
+            kwargs["agent_name"] = kwargs.pop("agent")
+        init(self, *args, **kwargs)
+
+    __init__.__doc__ = init.__doc__
+    __init__.__wrapped__ = init  # type: ignore[attr-defined]
+    return __init__
+
+
+RunContext.__init__ = _agent_keyword(RunContext.__init__)  # type: ignore[method-assign]
 
 
 def context() -> RunContext:

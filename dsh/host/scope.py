@@ -95,7 +95,7 @@ class AgentHandle:
         plugin's own name (registered or distribution): the handle is shared by every plugin
         of the agent, and one plugin's hook or tool naming another plugin is refused with a
         :class:`~dsh.ledger.plugin_events.PluginEventError` naming both."""
-        from dsh import plugin_events  # only plugins that write events import it
+        from dsh.ledger import plugin_events  # only plugins that write events import it
 
         return plugin_events.record_event(plugin, name, data, version=version)
 
@@ -117,7 +117,7 @@ class AgentHandle:
             run = run.parent
         if run is None:
             where = ("outside any run" if ctx is None
-                     else f"in a run of another agent or App (agent {ctx.agent!r})")
+                     else f"in a run of another agent or App (agent {ctx.agent_name!r})")
             raise NotInRun(
                 f"agent {self.name!r}: {what} is only available during a run of this agent, "
                 f"and was used {where}; keep app- or agent-wide state in app_stash or stash "

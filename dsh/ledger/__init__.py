@@ -9,8 +9,8 @@ ledger into model messages) and ``plugin_events`` (``x/PLUGIN/NAME`` lines).
 May import: :mod:`dsh.core`, :mod:`dsh.host`, :mod:`dsh.hookspecs`. Never a provider
 (:mod:`dsh.llm`), the run (:mod:`dsh.run`) or a screen (:mod:`dsh.cli`).
 
-``dsh.ledger`` was one module until 0.4: its names (``JsonlStore``, ``Ledger``…) still resolve
-here, from :mod:`dsh.ledger.store`, for one release.
+``dsh.ledger`` was one module before 0.3: its names (``JsonlStore``, ``Ledger``…) still resolve
+here, from :mod:`dsh.ledger.store`, deprecated (CHANGELOG.md's deprecation policy).
 """
 
 from dsh._compat import package_getattr

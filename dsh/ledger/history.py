@@ -35,6 +35,7 @@ from dsh.ledger.events import ToolReturned
 from dsh.ledger.events import TurnEnded
 from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
+from dsh.ledger.folds import FOLDS
 from dsh.ledger.plugin_events import checked_raw
 from dsh.ledger.plugin_events import from_checked
 from dsh.ledger.serialize import check_raw
@@ -140,7 +141,10 @@ class Projection:
     def __len__(self) -> int:
         return len(self._messages)
 
-    def apply(self, event: Event, _key: object = None) -> None:
+    def apply(self, event: Event, _key: object = None,
+              calls: tuple[ToolCall, ...] | None = None) -> None:
+        """Fold ``event``; ``calls``, for an answer, the tool calls to fold in place of its
+        own (the ledger's private copies of what the line was encoded from)."""
         if self._sealed and _key is not _LEDGER:
             raise _read_only("apply")
         self.seq = event.seq
@@ -152,11 +156,13 @@ class Projection:
                                           attachments=m.attachments))
         elif t is AssistantMessage:
             e: Any = event
+            if calls is None:
+                calls = e.tool_calls
             self._messages.append(
-                Message(role="assistant", content=e.text, tool_calls=e.tool_calls,
+                Message(role="assistant", content=e.text, tool_calls=calls,
                         reasoning=e.reasoning)
             )
-            for call in e.tool_calls:
+            for call in calls:
                 self.pending[call.id] = call
             self.answers += 1
             u = e.usage
@@ -255,8 +261,16 @@ class Projection:
         """
         if self._sealed and _key is not _LEDGER:
             raise _read_only("apply_raw")
-        check_raw(d)  # what `dsh sessions show` refuses, resuming refuses too
         tag = d["type"]
+        fold = FOLDS.get(tag) if type(tag) is str else None
+        if fold is not None:  # a step's lines: checked and folded in one pass (dsh.ledger.folds)
+            seq = d["seq"]
+            if type(seq) is not int:
+                checked(seq, int)
+            if fold(self, d):
+                self.seq = seq
+                return
+        check_raw(d)  # what `dsh sessions show` refuses, resuming refuses too
         seq = d["seq"]
         if type(seq) is not int:
             checked(seq, int)

@@ -1,10 +1,13 @@
 """The one place events become JSON and back.
 
-Reading goes through a cattrs converter (validation, nested classes, readable errors via
-``transform_error``). Writing uses a small dumper generated from the attrs field lists: it
-produces the same dicts cattrs would (a round-trip test over every event type guards that),
-but avoids importing cattrs on the write path, which alone costs more than a bare interpreter's
-start-up (docs/architecture.md, "Start-up").
+Reading goes through loaders generated from the attrs field lists (every field's type
+checked), and through a cattrs converter only where they cannot: a plugin's event type with
+other annotations, and explaining a line a loader refused (readable errors via
+``transform_error``). Writing uses a small dumper generated the same way: it produces the same
+dicts cattrs would (a round-trip test over every event type guards that). cattrs is imported
+only then — never to write, nor to read the built-in types (resuming a session, listing
+sessions): importing it alone costs more than a bare interpreter's start-up
+(docs/architecture.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -23,32 +26,54 @@ from dsh.ledger.events import SCHEMA_VERSION
 from dsh.ledger.events import Event
 from dsh.ledger.events import PluginEvent
 from dsh.ledger.events import UnknownEvent
+from dsh.ledger.parts import _OPTIONAL_STR
+from dsh.ledger.parts import CHANGE_OPS as CHANGE_OPS
 from dsh.ledger.parts import InvalidLine as InvalidLine
 from dsh.ledger.parts import _Invalid
-from dsh.ledger.parts import checked as checked
-from dsh.ledger.parts import _check
-from dsh.ledger.parts import raw_tool_calls as raw_tool_calls
-from dsh.ledger.parts import dump_usage as dump_usage
-from dsh.ledger.parts import dump_reasoning as dump_reasoning
-from dsh.ledger.parts import dump_attachments as dump_attachments
-from dsh.ledger.parts import dump_fragments as dump_fragments
-from dsh.ledger.parts import dump_changes as dump_changes
-from dsh.ledger.parts import dump_messages as dump_messages
-from dsh.ledger.parts import raw_messages as raw_messages
 from dsh.ledger.parts import _usage
-from dsh.ledger.parts import _OPTIONAL_STR
-from dsh.ledger.parts import _raw_parts
-from dsh.ledger.parts import CHANGE_OPS as CHANGE_OPS
-from dsh.ledger.parts import raw_changes as raw_changes
-from dsh.ledger.parts import raw_reasoning as raw_reasoning
+from dsh.ledger.parts import checked as checked
+from dsh.ledger.parts import dump_attachments as dump_attachments
+from dsh.ledger.parts import dump_changes as dump_changes
+from dsh.ledger.parts import dump_fragments as dump_fragments
+from dsh.ledger.parts import dump_messages as dump_messages
+from dsh.ledger.parts import dump_reasoning as dump_reasoning
+from dsh.ledger.parts import dump_usage as dump_usage
 from dsh.ledger.parts import raw_attachments as raw_attachments
+from dsh.ledger.parts import raw_changes as raw_changes
 from dsh.ledger.parts import raw_fragments as raw_fragments
+from dsh.ledger.parts import raw_messages as raw_messages
+from dsh.ledger.parts import raw_reasoning as raw_reasoning
+from dsh.ledger.parts import raw_tool_calls as raw_tool_calls
 from dsh.ledger.parts import raw_tools as raw_tools
 
 if TYPE_CHECKING:
     import cattrs
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_dumps = _ENCODER.encode
+
+
+def _c_dumps() -> Callable[[Any], str] | None:
+    """``_ENCODER.encode`` without its Python layers (``encode`` → ``iterencode`` → a new C
+    encoder, a closure defined on every call): the same C encoder made with the same
+    arguments, fresh circular-reference markers each call. The same text: a test compares
+    the two on every event type."""
+    from json.encoder import c_make_encoder
+    from json.encoder import encode_basestring
+
+    if c_make_encoder is None:  # pragma: no cover - CPython has it
+        return None
+    enc, default, join = _ENCODER, _ENCODER.default, "".join
+
+    def dumps(obj: Any) -> str:
+        return join(c_make_encoder({}, default, encode_basestring, None, enc.key_separator,
+                                   enc.item_separator, False, False, True)(obj, 0))
+
+    return dumps
+
+
+#: One ledger line's text from its JSON object (compact, UTF-8 as is: ``ensure_ascii=False``).
+dumps: Callable[[Any], str] = _c_dumps() or _dumps
 
 
 def _plain(value: Any) -> Any:
@@ -186,7 +211,20 @@ def _generic_dict(event: Event) -> dict[str, Any]:
 
 def dump_event(event: Event) -> str:
     """One ledger line, without the trailing newline."""
-    return _dumps(event_to_dict(event))
+    return dumps(event_to_dict(event))
+
+
+_LINE_DUMPERS: dict[type[Event], Callable[[Event], dict[str, Any]] | None] = {}
+
+
+def line_dumper(cls: type[Event]) -> Callable[[Event], dict[str, Any]] | None:
+    """The generated dumper of ``cls`` for the writer's hot path: ``event_to_dict`` for an
+    event whose ``extra`` is empty; None for :class:`UnknownEvent` (written from ``extra``)."""
+    try:
+        return _LINE_DUMPERS[cls]
+    except KeyError:
+        dump = _LINE_DUMPERS[cls] = None if issubclass(cls, UnknownEvent) else _dumper(cls)
+        return dump
 
 
 class EventCodec:
@@ -195,22 +233,34 @@ class EventCodec:
     trip."""
 
     def __init__(self, extra_types: tuple[type[Event], ...] = ()) -> None:
-        import cattrs.preconf.json
-
         self.types: dict[str, type[Event]] = {c.type: c for c in EVENT_TYPES + extra_types}
-        # Two converters: a fast one (no detailed validation) for the normal path — resuming
-        # a 100,000-event session must stay well under a second — and a detailed one, used
-        # only to explain a line the fast one rejected.
-        self._fast: cattrs.Converter = cattrs.preconf.json.make_converter(
-            detailed_validation=False)
-        self._detailed: cattrs.Converter = cattrs.preconf.json.make_converter()
         self._known: dict[type[Event], frozenset[str]] = {
             c: frozenset(_field_names(c)) | {"seq", "ts", "session"} for c in self.types.values()
         }
         self._allowed = {c: k | {"v", "type"} for c, k in self._known.items()}
-        self._structure: dict[type[Event], Callable[[Any, Any], Any]] = {
-            c: _fast_loader(c) or self._fast.get_structure_hook(c) for c in self.types.values()
-        }
+        #: Each type's loader, made at its first line: the generated one (every built-in
+        #: type), else cattrs' (a plugin's type with other annotations).
+        self._structure: dict[type[Event], Callable[[Any, Any], Any]] = {}
+        self._converters: tuple[cattrs.Converter, cattrs.Converter] | None = None
+
+    def _cattrs(self) -> tuple[cattrs.Converter, cattrs.Converter]:
+        """Two cattrs converters, made when first needed (importing cattrs costs more than a
+        bare interpreter's start-up, and the built-in types never need it to load): a fast
+        one (no detailed validation) for a plugin type the generated loaders cannot read,
+        and a detailed one, used only to explain a line a loader rejected."""
+        if self._converters is None:
+            import cattrs.preconf.json
+
+            self._converters = (cattrs.preconf.json.make_converter(detailed_validation=False),
+                                cattrs.preconf.json.make_converter())
+        return self._converters
+
+    def _loader(self, cls: type[Event]) -> Callable[[Any, Any], Any]:
+        fn = self._structure.get(cls)
+        if fn is None:
+            fn = self._structure[cls] = (_fast_loader(cls)
+                                         or self._cattrs()[0].get_structure_hook(cls))
+        return fn
 
     def from_dict(self, d: dict[str, Any], where: str = "") -> Event:
         tag = d.get("type")
@@ -238,7 +288,7 @@ class EventCodec:
                 extra["v"] = d["v"]
             data["extra"] = extra
         try:
-            event: Event = self._structure[cls](data, cls)
+            event: Event = self._loader(cls)(data, cls)
         except Exception as exc:  # _Invalid, cattrs' errors, KeyError, TypeError…
             raise LedgerError(
                 f"{where}: invalid {tag!r} event: {self._explain(data, cls, exc)}") from None
@@ -246,7 +296,7 @@ class EventCodec:
 
     def _explain(self, data: dict[str, Any], cls: type[Event], exc: Exception) -> str:
         try:
-            self._detailed.structure(data, cls)
+            self._cattrs()[1].structure(data, cls)
         except Exception as detailed:
             return _describe(detailed)
         field = exc.args[0] if isinstance(exc, _Invalid) and exc.args else "?"

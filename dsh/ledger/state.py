@@ -4,7 +4,7 @@ A plugin's state that must survive a resume — a task list, remembered facts, a
 not a Python object that dies with a :class:`~dsh.run.session.Session` but a *fold* over the
 plugin's own events in the ledger::
 
-    from dsh.ledger.state import StateKey
+    from dsh import StateKey      # (this module is private: import the names from dsh)
 
     def count(state: int, data: Mapping[str, Any]) -> int:      # pure: no I/O, no mutation
         return state + int(data.get("by", 1))
@@ -81,7 +81,26 @@ KEYS: dict[tuple[str, str], StateKey[Any]] = {}
 
 class StateError(PluginError, ValueError):
     """A reducer that raised, returned what is not JSON or too large, or a bad update. The
-    message names the plugin, the key and, when folding a recorded event, its ``seq``."""
+    message names the plugin, the key and, when folding a recorded event, its ``seq``.
+
+    :attr:`reducer_error` is the exception the reducer itself raised (the same object as
+    ``__cause__``), for a plugin that catches its own error type::
+
+        try:
+            TASKS.update({"op": "done", "id": 7})
+        except dsh.StateError as err:
+            if isinstance(err.reducer_error, KeyError):   # the reducer's own "no task 7"
+                raise dsh.ToolError(f"no task {err.reducer_error}") from None
+            raise
+
+    It is None when dsh refused the value (not JSON, too large, not the key's owner).
+    """
+
+    def __init__(self, message: str, *, plugin: str = "", hook: str = "",
+                 reducer_error: BaseException | None = None) -> None:
+        super().__init__(message, plugin=plugin, hook=hook)
+        #: The exception the reducer raised, or None when the reducer did not raise.
+        self.reducer_error = reducer_error
 
 
 class StateKey(Generic[T]):
@@ -178,7 +197,7 @@ class StateKey(Generic[T]):
             hint = " (the state is read-only: return a new value)" \
                 if isinstance(exc, TypeError) and "read-only" in str(exc) else ""
             raise StateError(f"{where}: the reducer raised {type(exc).__name__}: {exc}{hint}",
-                             plugin=self.plugin) from exc
+                             plugin=self.plugin, reducer_error=exc) from exc
         return frozen_json(new, f"{where}: the reducer returned a value that", self.plugin)
 
     def get(self) -> T:
@@ -235,12 +254,18 @@ class StateKey(Generic[T]):
         return new
 
     def update(self, data: Mapping[str, Any] | None = None) -> T:
-        """Record an update in the current run's session; return the new value.
+        """Record an update in the current run's session and return the new value.
 
-        :raises dsh.ledger.plugin_events.OutsideRun: outside a run (use
-            ``Session.update_state`` from library code).
-        :raises StateError: the reducer raised or returned what cannot be kept.
-        :raises dsh.ledger.plugin_events.PluginEventError: ``data`` is not a JSON object."""
+        The returned value is the reducer's result for *this* update, computed under the
+        ledger's lock on a value that includes every earlier update (also those of tool calls
+        running in parallel): use it rather than calling :meth:`get` afterwards, which may
+        already include a later update of another call.
+
+        :raises dsh.OutsideRun: outside a run (use ``Session.update_state`` from library
+            code).
+        :raises dsh.StateError: the reducer raised (:attr:`StateError.reducer_error`) or
+            returned what cannot be kept; nothing was recorded.
+        :raises dsh.PluginEventError: ``data`` is not a JSON object."""
         from dsh.ledger.plugin_events import _current
 
         ctx = _current()

@@ -26,6 +26,9 @@ import attrs
 from dsh.core.errors import LedgerError
 from dsh.core.errors import UsageError
 from dsh.core.files import reason as _reason
+from dsh.core.messages import FrozenDict
+from dsh.core.messages import FrozenList
+from dsh.core.messages import ToolCall
 from dsh.core.messages import Usage
 from dsh.core.sanitize import clean_value
 from dsh.ledger.blobs import MemoryBlobs
@@ -42,7 +45,10 @@ from dsh.ledger.events import TurnStarted
 from dsh.ledger.events import UserMessage
 from dsh.ledger.history import _LEDGER
 from dsh.ledger.history import Projection
+from dsh.ledger.serialize import _LINE_DUMPERS
 from dsh.ledger.serialize import dump_event
+from dsh.ledger.serialize import dumps as _dumps
+from dsh.ledger.serialize import line_dumper
 
 E = TypeVar("E", bound=Event)
 
@@ -61,6 +67,8 @@ class _Critical:
 
 CRITICAL = _Critical()
 _MAIN = threading.main_thread()
+_MAIN_IDENT = _MAIN.ident
+_get_ident = threading.get_ident
 
 
 def interrupt_or_defer() -> None:
@@ -83,6 +91,8 @@ def new_session_id() -> str:
 
 
 _SECOND: list[Any] = [-1, ""]
+#: ``.000Z`` … ``.999Z``: the millisecond tails, formatted once.
+_MILLIS = tuple(f".{i:03d}Z" for i in range(1000))
 
 
 def _now() -> str:
@@ -92,7 +102,7 @@ def _now() -> str:
     second = int(now)
     if second != _SECOND[0]:
         _SECOND[:] = [second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))]
-    return f"{_SECOND[1]}.{int((now - second) * 1000):03d}Z"
+    return _SECOND[1] + _MILLIS[int((now - second) * 1000)]
 
 
 def sanitized(event: E) -> E:
@@ -147,6 +157,84 @@ def _exact(event: Event) -> bool:
     return False
 
 
+class _NotPlain(Exception):
+    """A value that is not made of JSON's exact built-in types (see :func:`_plain_copy`)."""
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_MAPPINGS = frozenset({dict, FrozenDict})
+_SEQUENCES = frozenset({list, tuple, FrozenList})
+#: Deeper than this is left to the decode path (json's own recursion limit decides there).
+_COPY_DEPTH = 64
+
+
+def _plain_copy(value: Any, depth: int = 0) -> Any:
+    """A private deep copy of ``value`` when it is made only of JSON's exact built-in types
+    (``str``/``int``/``float``/``bool``/``None``, ``dict`` with ``str`` keys, ``list`` and
+    ``tuple`` — dsh's own frozen ones read through the base class, so no override runs);
+    else :class:`_NotPlain`. Such a copy decodes from its own encoding to an equal value, so
+    encoding it and folding it is folding the decoded line, without the decode."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if depth > _COPY_DEPTH:
+        raise _NotPlain
+    if t in _MAPPINGS:
+        out = {}
+        for k, v in dict.items(value):
+            if type(k) is not str:
+                raise _NotPlain
+            out[k] = v if type(v) in _SCALARS else _plain_copy(v, depth + 1)
+        return out
+    if t in _SEQUENCES:
+        items = list.__iter__(value) if t is not tuple else tuple.__iter__(value)
+        return [v if type(v) in _SCALARS else _plain_copy(v, depth + 1) for v in items]
+    raise _NotPlain
+
+
+def _own_calls(event: Any) -> list[dict[str, Any]] | None:
+    """For an answer with tool calls and nothing else the projection could be lied to with
+    (exact types throughout, no reasoning): the calls' JSON objects as private plain copies,
+    which are both what the line is encoded from and what the projection folds. None when
+    the answer must take the decode path."""
+    u = event.usage
+    if not (type(event.text) is str and type(event.tool_calls) is tuple
+            and type(event.reasoning) is tuple and not event.reasoning and type(u) is Usage
+            and type(u.input_tokens) is int and type(u.output_tokens) is int):
+        return None
+    calls = []
+    try:
+        for c in tuple.__iter__(event.tool_calls):
+            if type(c) is not ToolCall or type(c.id) is not str or type(c.name) is not str:
+                return None
+            args = c.arguments
+            if type(args) not in _MAPPINGS:
+                return None
+            calls.append({"id": c.id, "name": c.name, "arguments": _plain_copy(args)})
+    except (_NotPlain, RecursionError):
+        return None
+    return calls
+
+
+def _encoded(event: Event) -> tuple[bytes, list[dict[str, Any]] | None]:
+    """The event's line as bytes (newline included), and, for an answer with tool calls the
+    projection may fold without decoding, the calls the line was encoded from
+    (:func:`_own_calls`)."""
+    calls = None
+    dump = _LINE_DUMPERS.get(type(event)) or line_dumper(type(event))
+    if dump is None or event.extra:
+        d: Any = None
+        line = dump_event(event)
+    else:
+        d = dump(event)
+        if type(event) is AssistantMessage and event.tool_calls:
+            calls = _own_calls(event)
+            if calls is not None:
+                d["tool_calls"] = calls
+        line = _dumps(d)
+    return (line + "\n").encode(), calls
+
+
 class Ledger:
     """An open session: appends events, keeps the projection, holds the lock.
 
@@ -192,6 +280,9 @@ class Ledger:
         #: went out but before the projection took the event cannot make the next line (the
         #: abort's own tool/result, turn/end) repeat its ``seq``.
         self._written = -1
+        #: True when a line was written since the step boundary's last fsync: a boundary
+        #: with nothing new to flush (closing right after a turn's end) skips its fsync.
+        self._unsynced = False
 
     @property
     def blobs(self) -> Any:
@@ -221,14 +312,14 @@ class Ledger:
     def append(self, cls: type[E], **fields: Any) -> E:
         """Build, write and project one event; return it (sanitised, if it had to be).
         Thread-safe: each event gets the next ``seq`` and is written whole."""
-        main = threading.current_thread() is _MAIN
+        main = _get_ident() == _MAIN_IDENT
         with self._lock:
             if cls is UserMessage and self._fragments:
                 fields = self._with_fragments(fields)
             if main:
                 CRITICAL.depth += 1
             try:
-                seq = self.projection.seq
+                seq = self._projection.seq
                 if self._written > seq:  # written, then interrupted before it was projected
                     seq = self._written
                 event = self._write(cls(seq=seq + 1, ts=_now(), session=self.session_id,
@@ -287,19 +378,18 @@ class Ledger:
 
     def _write(self, event: E) -> E:
         try:
-            line = dump_event(event)
-            data = (line + "\n").encode()
+            data, calls = _encoded(event)
         except UnicodeEncodeError:
             event = sanitized(event)
-            line = dump_event(event)
-            data = (line + "\n").encode()
+            data, calls = _encoded(event)
         if self._fd is not None:
             try:
                 n = os.write(self._fd, data)
                 self._written = event.seq  # no call since the write: see __init__
                 if n != len(data):  # pragma: no cover - regular files do not short-write
                     raise OSError(f"short write ({n} of {len(data)} bytes)")
-                if self.fsync == "event":
+                self._unsynced = True  # (still True after "event"'s own fsync: the boundary
+                if self.fsync == "event":  # fsyncs once more, as it always has)
                     os.fsync(self._fd)
             except OSError as exc:
                 raise LedgerError(f"cannot write session ledger {self.path}: "
@@ -310,21 +400,26 @@ class Ledger:
         # of — is fed the plain values decoded from the line just written, never the objects
         # a plugin or strategy handed over (a str subclass, a property, a lying __format__ or
         # __eq__ does not survive the trip through JSON).
-        if _exact(event):  # nothing in it can lie: folding it is folding its decoded line
+        if calls is not None:  # the line was encoded from these private plain copies
+            self._projection.apply(event, _LEDGER, tuple(
+                ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls))
+        elif _exact(event):  # nothing in it can lie: folding it is folding its decoded line
             self._projection.apply(event, _LEDGER)
         else:
-            self._projection.apply_raw(json.loads(line), _LEDGER)
+            self._projection.apply_raw(json.loads(data), _LEDGER)
         return event
 
     def step_boundary(self) -> None:
-        """Make everything written so far durable, per the fsync policy, and check that the
-        file is still there: a ledger deleted during the run (its folder removed) raises
+        """Make everything written so far durable, per the fsync policy (one ``fsync`` when a
+        line was written since the last one, none otherwise), and check that the file is
+        still there: a ledger deleted during the run (its folder removed) raises
         :class:`LedgerError` once and sets :attr:`lost`."""
         if self._fd is None:
             return
-        if self.fsync != "never":
+        if self.fsync != "never" and self._unsynced:
             try:
                 os.fsync(self._fd)
+                self._unsynced = False
             except OSError as exc:
                 raise LedgerError(f"cannot write session ledger {self.path}: "
                                   f"{_reason(exc)}") from exc

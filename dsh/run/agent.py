@@ -210,6 +210,10 @@ def configure(pm: Any, app: App) -> None:
         who = f"plugin {found[0]}" if found else "a plugin"
         raise PluginError(f"{who} raised in hook configure: {type(exc).__name__}: {exc}",
                           plugin=found[0] if found else "", hook="configure") from exc
+    if pm.hook.declare_settings.get_hookimpls():  # declared settings: validated here
+        from dsh.config.declared import check_app
+
+        check_app(app, pm)
 
 
 def check_tool_names(app: App, agent: str, allow: list[str], available: Mapping[str, Any],

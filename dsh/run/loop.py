@@ -95,7 +95,8 @@ def _run_turn(turn: Turn) -> str:
         draft = StepDraft(turn.steps, agent.name, text, list(context_items),
                           ledger.projection.view(), source, turn=turn,
                           attachments=attachments)
-        emit("agent/pre-step", step=draft.index, text=draft.text)
+        if ctx.emit is not None:  # (emit's own test, without the call: the run is ctx's)
+            emit("agent/pre-step", step=draft.index, text=draft.text)
         call_pre_step(agent.pm, draft)
         if draft.rejected is not None:
             reason = draft.rejected
@@ -278,7 +279,10 @@ def _request_fitting(turn: Turn) -> Any:
     compaction.maybe_compact(agent, ledger, turn.ctx)
     refusals = 0
     while True:
-        sent = compaction.meter_of(ledger).raw(ledger.projection)
+        # What is sent, estimated (raw), for a calibration: only a model with a known window
+        # is calibrated, so a step to one without (echo, scripted, an unknown name) skips it.
+        sent = (compaction.meter_of(ledger).raw(ledger.projection)
+                if compaction.agent_window(agent) else None)
         try:
             response = _request(turn)
         except ProviderError as exc:
@@ -294,6 +298,8 @@ def _request_fitting(turn: Turn) -> Any:
         window = compaction.agent_window(agent)
         if usage is not None and window and usage.input_tokens * 4 >= window:
             # Near enough to the window for the count to matter: calibrate (and record).
+            if sent is None:  # the window became known during the request
+                sent = compaction.meter_of(ledger).raw(ledger.projection)
             compaction.calibrate(ledger, usage.input_tokens, sent)
         return response
 

@@ -168,7 +168,7 @@ class Session:
     def update_state(self, key: Any, data: Mapping[str, Any] | None = None) -> Any:
         """Record an update of ``key`` (the event ``x/PLUGIN/NAME``) and return the new value;
         the reducer runs first, and nothing is recorded if it fails. Safe from any thread;
-        outside a turn it is made durable at once (docs/plugins.md, "Recorded state").
+        outside a turn it is made durable at once (docs/plugin-state.md).
 
         :raises dsh.ledger.state.StateError: the reducer raised or returned what cannot be
             kept, or the key's plugin is not one of this app's."""
@@ -325,7 +325,7 @@ class Session:
         if parent is not None and parent.depth >= MAX_DEPTH:
             raise UsageError(f"sub-agents nested deeper than {MAX_DEPTH} levels")
         ctx = RunContext(
-            run_id=os.urandom(6).hex(), agent=agent.name, ledger=ledger,
+            run_id=os.urandom(6).hex(), agent_name=agent.name, ledger=ledger,
             cancel=CancelToken(cancel), emit=emit,
             budget=Budget(agent.limits.merged(limits),
                           parent=parent.budget if parent else budget_parent),

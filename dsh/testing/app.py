@@ -73,6 +73,15 @@ class Result:
         """The events of one class, in order: ``result.events_of(ToolReturned)``."""
         return [e for e in self.events if isinstance(e, kind)]
 
+    def plugin_events(self, plugin: str, name: str | None = None) -> list[Mapping[str, Any]]:
+        """The ``data`` of the session's ``x/PLUGIN/NAME`` events, in ledger order (read-only
+        mappings; ``name`` None: every event of ``plugin``). A :class:`dsh.StateKey`'s
+        updates are such events: ``result.plugin_events("dsh-notes", "notes")``."""
+        from dsh.ledger.events import PluginEvent
+
+        return [e.data for e in self.events if isinstance(e, PluginEvent)
+                and e.plugin == plugin and (name is None or e.name == name)]
+
 
 class PromptResult(Result):
     """The result of :meth:`ScriptedApp.run` (the ``dsh_run`` fixture)."""
@@ -117,6 +126,19 @@ class CliResult(Result):
     def __repr__(self) -> str:
         return (f"CliResult(exit_code={self.exit_code}, stdout={self.stdout!r}, "
                 f"stderr={self.stderr!r})")
+
+
+def limits_of(value: Mapping[str, Any]) -> Any:
+    """A :class:`dsh.Limits` from a mapping (``{"steps": 3, "cost": 0.5}``); an unknown name
+    is a :class:`TypeError` naming the nearest one."""
+    from dsh.core.errors import unknown_name
+    from dsh.host.runcontext import LIMIT_NAMES
+    from dsh.host.runcontext import Limits
+
+    for name in value:
+        if name not in LIMIT_NAMES:
+            raise TypeError("limits: " + unknown_name("limit", str(name), LIMIT_NAMES, "known"))
+    return Limits(**value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +192,10 @@ class ScriptedApp:
             **kwargs: Any) -> PromptResult:
         """Run ``prompt`` as one turn with :meth:`dsh.run.app.App.run` (``session`` resumes that
         session; other keywords as ``App.run``: ``model``, ``tools``, ``max_steps``,
-        ``inject``, ``limits``, ``save``…)."""
+        ``inject``, ``limits``, ``save``…). ``limits`` may be a mapping,
+        ``{"steps": 3}``, as well as a :class:`dsh.Limits`."""
+        if isinstance(kwargs.get("limits"), Mapping):
+            kwargs["limits"] = limits_of(kwargs["limits"])
         start = len(self.script.requests)
         result = self.app.run(prompt, agent=agent, session=session, **kwargs)
         saved = bool(result.session_id) and self.app.store.exists(result.session_id)

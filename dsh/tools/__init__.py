@@ -6,7 +6,8 @@
 May import: :mod:`dsh.core`, :mod:`dsh.host`, :mod:`dsh.hookspecs`. Never a provider, the
 run or the screen.
 
-``dsh.tools`` was one module until 0.4: its names still resolve here, for one release.
+``dsh.tools`` was one module before 0.3: its names still resolve here, deprecated
+(CHANGELOG.md's deprecation policy).
 """
 
 from dsh._compat import package_getattr

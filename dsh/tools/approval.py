@@ -42,9 +42,9 @@ from dsh.tools.grants import add_grant
 from dsh.tools.grants import load_grants
 from dsh.tools.grants import matches
 
-__all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "asked", "asker_for",
-           "check_mode", "narrower", "preapprove", "prompt", "question", "refusal", "request",
-           "request_approval"]
+__all__ = ["DEFAULT_MODE", "MODES", "RULES", "Ask", "Decision", "always_scope", "asked",
+           "asker_for", "check_mode", "narrower", "preapprove", "prompt", "question",
+           "refusal", "request", "request_approval"]
 #: What each mode lets run without a question (``True``), refuses (``False``) or asks (None),
 #: per kind of action: ``read`` (files, read-only commands), ``write`` (files in the
 #: workspace), ``command`` (any other program, inside the sandbox), ``outside`` (anything
@@ -368,6 +368,11 @@ def _always_scope(ask: Ask) -> tuple[str, str]:
     if scope == "tool":
         return "tool", ask.tool
     return "command", ask.subject
+
+
+#: The scope an "always" answer grants for ``ask``: ``(scope, value)``, e.g. ``("path",
+#: "src")`` or ``("command", "git status")`` (what the terminal's ``[a]`` offers).
+always_scope = _always_scope
 
 
 def _drain(fd: int) -> None:

@@ -1,4 +1,5 @@
-"""Every change a tool makes is a diff in the ledger (docs/plugins.md, "Recording a change").
+"""Every change a tool makes is a diff in the ledger (docs/plugin-tools.md, "Recording the
+files a tool changes").
 
 A tool that writes a file calls :func:`record` with the file's bytes before and after. The
 :class:`~dsh.core.messages.Change` it builds — the unified diff, lines added and removed, the

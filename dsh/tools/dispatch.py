@@ -1,7 +1,7 @@
 """The ``pre_execute`` / ``post_execute`` layer of the tool chain (D3): :class:`HookDispatch`,
 a ``trylast`` wrapper of ``execute`` registered as ``dsh.tools:HookDispatch``, and
 :func:`call_pre_execute`, which calls ``pre_execute`` one implementation at a time so that a
-block is attributed to the plugin that made it (issue 25; docs/plugins.md, "pre_execute: the
+block is attributed to the plugin that made it (docs/plugin-hooks.md, "pre_execute: the
 rules")."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 def call_pre_execute(pm: Any, call: ToolInvocation) -> None:
     """Call ``pre_execute`` one implementation at a time, in pluggy's order (``tryfirst``
     ones first, then the last registered first, ``trylast`` ones last), so that a block is
-    attributed to the plugin that made it (docs/plugins.md, "pre_execute: the rules").
+    attributed to the plugin that made it (docs/plugin-hooks.md, "pre_execute: the rules").
 
     Every implementation runs, also after one has blocked the call: each sees
     ``call.blocked`` / ``call.blocked_by`` (the first block) and may record its own decision;

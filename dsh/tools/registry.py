@@ -31,6 +31,8 @@ from dsh.core.messages import freeze
 from dsh.core.messages import thaw
 from dsh.hookspecs import hookimpl
 from dsh.host.manager import call_impl
+from dsh.host.runcontext import _agent_keyword
+from dsh.host.runcontext import deprecated_agent
 from dsh.tools.dispatch import HookDispatch as HookDispatch  # registered as dsh.tools:HookDispatch
 from dsh.tools.dispatch import call_pre_execute as call_pre_execute
 
@@ -43,11 +45,19 @@ _current_call: contextvars.ContextVar[ToolInvocation] = contextvars.ContextVar("
 
 
 def current_call() -> ToolInvocation:
-    """The tool call being executed (inside a tool function).
+    """The tool call being executed, inside a tool function (``dsh.current_call()``): its
+    ``call.id``, ``arguments``, ``agent_name`` and ``handle``. A thread the tool starts sees
+    it only when started in ``contextvars.copy_context().run(...)``.
 
-    :raises LookupError: outside a tool call.
+    :raises dsh.NoToolCall: outside a tool call (a :class:`LookupError` too).
     """
-    return _current_call.get()
+    try:
+        return _current_call.get()
+    except LookupError:
+        from dsh.core.errors import NoToolCall
+
+        raise NoToolCall("dsh.current_call() called outside a tool call (or in a thread the "
+                         "tool started without contextvars.copy_context())") from None
 
 
 def tool(
@@ -253,63 +263,12 @@ def build_tool(
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Validation: the subset of JSON Schema that build_tool produces (plus enum/anyOf)
-# --------------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    if name in ("validate", "_json_type", "_JSON_TYPES"):  # moved to dsh.tools.validation
+        from dsh.tools import validation
 
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def validate(value: Any, schema: dict[str, Any], path: str = "arguments") -> list[str]:
-    """Problems of ``value`` against ``schema``, as readable sentences (empty when valid)."""
-    errors: list[str] = []
-    if "anyOf" in schema:
-        if all(validate(value, s, path) for s in schema["anyOf"]):
-            errors.append(f"{path}: {json.dumps(value)} matches none of the allowed shapes")
-        return errors
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{path}: must be one of {json.dumps(schema['enum'])}, got {json.dumps(value)}"]
-    types_ = schema.get("type")
-    if types_ is not None:
-        allowed = types_ if isinstance(types_, list) else [types_]
-        if not any(_JSON_TYPES[t](value) for t in allowed if t in _JSON_TYPES):
-            return [f"{path}: expected {' or '.join(allowed)}, got {_json_type(value)}"]
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", ()):
-            if key not in value:
-                errors.append(f"{path}: missing required argument {key!r}")
-        for key, item in value.items():
-            if key in props:
-                errors.extend(validate(item, props[key], f"{path}.{key}"))
-            elif schema.get("additionalProperties") is False:
-                known = ", ".join(props) or "none"
-                errors.append(f"{path}: unexpected argument {key!r} (known: {known})")
-    elif isinstance(value, list):
-        if "prefixItems" in schema:
-            if len(value) != len(schema["prefixItems"]):
-                errors.append(f"{path}: expected {len(schema['prefixItems'])} items")
-            for i, (item, s) in enumerate(zip(value, schema["prefixItems"], strict=False)):
-                errors.extend(validate(item, s, f"{path}[{i}]"))
-        elif "items" in schema:
-            for i, item in enumerate(value):
-                errors.extend(validate(item, schema["items"], f"{path}[{i}]"))
-    return errors
-
-
-def _json_type(value: Any) -> str:
-    for name, check in _JSON_TYPES.items():
-        if check(value) and name != "number":
-            return name
-    return "number" if isinstance(value, float) else type(value).__name__
+        return getattr(validation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,8 +301,8 @@ class ToolInvocation:
     tool: ToolDef | None
     #: A plain copy of the call's arguments: change it in ``pre_execute`` to rewrite them.
     arguments: dict[str, Any]
-    #: The agent's name (a string, as before issue 11; ``handle`` has the rest).
-    agent: str = ""
+    #: The agent's name (``handle`` is the agent itself: its settings, stashes, events).
+    agent_name: str = ""
     #: The reason given to the first :meth:`block`, when the call was refused.
     blocked: str | None = None
     #: The plugin that blocked the call first: in ``pre_execute``, the registered name of
@@ -369,6 +328,12 @@ class ToolInvocation:
             raise AttributeError("this ToolInvocation was built outside a turn: no handle")
         return self._handle
 
+    @property
+    def agent(self) -> str:
+        """Deprecated alias of :attr:`agent_name` (removed after one minor version)."""
+        deprecated_agent("ToolInvocation")
+        return self.agent_name
+
     def block(self, reason: str, plugin: str | None = None) -> None:
         """Refuse the call: the model receives an error result ``tool call blocked by
         PLUGIN: reason``. The first block wins; a second one (by the same or another plugin)
@@ -381,6 +346,9 @@ class ToolInvocation:
         if self.blocked is None:
             self.blocked = reason
             self.blocked_by = plugin
+
+
+ToolInvocation.__init__ = _agent_keyword(ToolInvocation.__init__)  # type: ignore[method-assign]
 
 
 def _to_text(value: Any) -> str:
@@ -399,8 +367,12 @@ def call_tool(inv: ToolInvocation) -> ToolOutcome:
     tool_ = inv.tool
     if tool_ is None:
         return ToolOutcome("error", f"unknown tool {inv.call.name!r}")
-    problems = (tool_.validator(inv.arguments) if tool_.validator is not None
-                else validate(inv.arguments, tool_.parameters))
+    if tool_.validator is not None:
+        problems = tool_.validator(inv.arguments)
+    else:
+        from dsh.tools.validation import validate  # a dict lookup once imported
+
+        problems = validate(inv.arguments, tool_.parameters)
     if problems:
         return ToolOutcome("error", "invalid arguments: " + "; ".join(problems))
     if tool_.timeout is None:

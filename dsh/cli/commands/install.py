@@ -76,7 +76,7 @@ def run_pip(args: list[str]) -> int:
         raise errors.DshError(
             f"pip is not installed in dsh's environment ({sys.executable}); install it there "
             "(python -m ensurepip), or add the plugin the way that environment was made "
-            "(uv tool install --with PKG dsh)")
+            "(uv tool install --with PKG dsh-agents)")
     cmd = [sys.executable, "-m", "pip", *args]
     try:
         out: Any = sys.stderr.fileno()

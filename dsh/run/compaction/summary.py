@@ -151,7 +151,7 @@ def _sub_run(request: CompactionRequest, prompt: str, limit: int) -> tuple[str, 
         # child, linked to it (and so never taken for the agent's latest session).
         from dsh.host.runcontext import RunContext
 
-        ctx = RunContext(run_id="compact", agent=agent.name, ledger=request.ledger)
+        ctx = RunContext(run_id="compact", agent_name=agent.name, ledger=request.ledger)
     with app.open_session(sub) as session:
         result = session.send(prompt, parent=ctx, cancel=ctx.cancel if ctx else None)
     if result.outcome != "completed" or not result.output.strip():

@@ -13,26 +13,28 @@ This module imports only the settings: httpx, httpcore, bs4 and markdownify are 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from dsh.hookspecs import hookimpl
+import dsh
 from dsh.tools.registry import parse_docstring
+from dsh_web.settings import PLUGIN
 from dsh_web.settings import WebSettings
-from dsh_web.settings import parse_settings
-
-if TYPE_CHECKING:
-    from dsh.host.scope import AgentInfo
 
 __version__ = "0.1.0"
-__all__ = ["WebSettings", "__version__", "register_tools"]
+__all__ = ["WebSettings", "__version__", "declare_settings", "register_tools"]
 
 
-@hookimpl
-def register_tools(register: Callable[..., None], agent: AgentInfo) -> None:
+@dsh.hookimpl
+def declare_settings() -> type:
+    """``[plugins.web]`` is a :class:`WebSettings`: dsh validates it (and each agent's
+    overlay) when it assembles the app."""
+    return WebSettings
+
+
+@dsh.hookimpl
+def register_tools(register: Callable[..., None], agent: dsh.AgentHandle) -> None:
     """Register ``web_fetch`` for ``agent`` if its settings enable it (validated either way,
     so a misspelt key is reported rather than read as "off")."""
-    settings = parse_settings(agent.plugin_settings("web"),
-                              where=f"plugins.web, agent {agent.name}")
+    settings = dsh.settings(WebSettings, agent, plugin=PLUGIN)
     if not settings.enabled:
         return
 

@@ -1,25 +1,60 @@
-"""``[plugins.web]`` settings, validated once per agent at assembly.
+"""``[plugins.web]`` settings: an attrs class dsh validates (``declare_settings``).
 
-A bad value is a :class:`dsh.core.errors.ConfigError` naming the key, so ``dsh`` reports it before
-any run starts instead of a fetch failing halfway through one. The settings are validated even
-while the plugin is off: ``enabeld = true`` is a typo to report, not a silent "off".
+dsh checks the table, and each agent's ``[agents.NAME.plugin_settings.web]`` overlay, when it
+assembles the app — so ``dsh`` reports a bad value before any run starts instead of a fetch
+failing halfway through one — with its own config's rules: an unknown key names the nearest
+valid one, a wrong type names the key and what was expected. The checks types alone cannot
+say (a positive number, a host name, ``ask`` or ``read``) are the validators below. The
+settings are validated even while the plugin is off: ``enabeld = true`` is a typo to report,
+not a silent "off".
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from dsh.core.errors import ConfigError
+import dsh
 
 #: The values of ``approve``: ``ask`` (a fetch leaves the sandbox: asked in every mode,
 #: refused without a terminal unless ``--yes``), ``read`` (a fetch is a read: it runs at once
 #: in every mode, ``read-only`` and ``plan`` included).
 APPROVE = ("ask", "read")
+#: The plugin's name: its entry point, its table (``[plugins.web]``).
+PLUGIN = "web"
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+
+
+def _positive(integer: bool, zero: bool = False) -> Any:
+    """A validator: a finite number > 0 (``zero``: ≥ 0); a validator's message names its
+    field first, so that dsh shows it as the key."""
+    kind = ("a whole number, 0 or more" if zero else "a positive integer") if integer \
+        else "a positive number"
+
+    def check(_: Any, attribute: Any, value: Any) -> None:
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise ValueError(f"{attribute.name}: expected {kind}, got {value!r}")
+
+    return check
+
+
+def _approve(_: Any, attribute: Any, value: str) -> None:
+    if value not in APPROVE:
+        raise ValueError(f"{attribute.name}: expected \"ask\" or \"read\", got {value!r}")
+
+
+def _tty(_: Any, attribute: Any, value: str | None) -> None:
+    if value is not None and not value:
+        raise ValueError(f"{attribute.name}: expected a non-empty string, got {value!r}")
+
+
+def _hosts(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(_host(v) for v in values)
 
 
 @attrs.frozen
@@ -38,72 +73,34 @@ class WebSettings:
     #: addresses in it, whatever name led there. Normalised: names lowercased, without a
     #: trailing dot, non-ASCII names in their IDNA form; addresses as :mod:`ipaddress`
     #: writes them.
-    allow_hosts: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = attrs.field(default=(), converter=_hosts)
     #: Bytes of the body read, after decompression; the rest is not read.
-    max_bytes: int = 2 * 1024 * 1024
+    max_bytes: int = attrs.field(default=2 * 1024 * 1024, validator=_positive(integer=True))
     #: Seconds the whole fetch may take: resolution, connections, redirects and the body.
-    timeout: float = 20.0
+    timeout: float = attrs.field(default=20.0, validator=_positive(integer=False))
     #: Redirects followed; one more is an error.
-    max_redirects: int = 5
+    max_redirects: int = attrs.field(default=5, validator=_positive(integer=True, zero=True))
     #: Characters of the page's text (Markdown) returned to the model.
-    max_output: int = 40_000
+    max_output: int = attrs.field(default=40_000, validator=_positive(integer=True))
     #: ``ask`` or ``read`` (:data:`APPROVE`).
-    approve: str = "ask"
+    approve: str = attrs.field(default="ask", validator=_approve)
     #: Where approval is asked (default ``/dev/tty``). Only tests and unusual setups change it.
-    tty: str | None = None
+    tty: str | None = attrs.field(default=None, validator=_tty)
 
 
-_FIELDS = tuple(f.name for f in attrs.fields(WebSettings))
-_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+def parse_settings(raw: Mapping[str, Any], agent: str = "-") -> WebSettings:
+    """:class:`WebSettings` from a table given directly (tests, library use), validated as
+    dsh validates ``[plugins.web]``: a bad value is a :class:`dsh.ConfigError` naming the
+    key."""
+    handle = dsh.AgentHandle(name=agent, model="", all_plugin_settings={PLUGIN: dict(raw)})
+    return dsh.settings(WebSettings, handle, plugin=PLUGIN)
 
 
-def parse_settings(raw: Mapping[str, Any], where: str = "plugins.web") -> WebSettings:
-    """Validate ``raw`` into :class:`WebSettings`; raise ConfigError naming the key."""
-    for key in raw:
-        if key not in _FIELDS:
-            import difflib  # only on an error: it costs a millisecond at start-up
-
-            near = difflib.get_close_matches(key, _FIELDS, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(_FIELDS)}"
-            raise ConfigError(f"[{where}]: unknown key {key!r}{hint}")
-    values: dict[str, Any] = {}
-    for key in ("enabled", "allow_private"):
-        if key in raw:
-            if not isinstance(raw[key], bool):
-                raise ConfigError(f"[{where}] {key}: expected true or false, got {raw[key]!r}")
-            values[key] = raw[key]
-    if "allow_hosts" in raw:
-        hosts = raw["allow_hosts"]
-        if isinstance(hosts, str) or not isinstance(hosts, list | tuple):
-            raise ConfigError(f"[{where}] allow_hosts: expected a list of host names, "
-                              f"addresses or networks such as [\"localhost\", \"10.0.0.0/8\"], "
-                              f"got {hosts!r}")
-        values["allow_hosts"] = tuple(_host(h, where) for h in hosts)
-    if "timeout" in raw:
-        values["timeout"] = _number(raw["timeout"], where, "timeout", integer=False)
-    for key in ("max_bytes", "max_output"):
-        if key in raw:
-            values[key] = int(_number(raw[key], where, key, integer=True))
-    if "max_redirects" in raw:
-        values["max_redirects"] = int(_number(raw["max_redirects"], where, "max_redirects",
-                                              integer=True, zero=True))
-    if "approve" in raw:
-        if raw["approve"] not in APPROVE:
-            raise ConfigError(f"[{where}] approve: expected \"ask\" or \"read\", "
-                              f"got {raw['approve']!r}")
-        values["approve"] = raw["approve"]
-    if "tty" in raw:
-        if not isinstance(raw["tty"], str) or not raw["tty"]:
-            raise ConfigError(f"[{where}] tty: expected a non-empty string, got {raw['tty']!r}")
-        values["tty"] = raw["tty"]
-    return WebSettings(**values)
-
-
-def _host(value: Any, where: str) -> str:
+def _host(value: Any) -> str:
     """One ``allow_hosts`` entry, normalised: an address or network as :mod:`ipaddress`
     writes it, a host name lowercased in its IDNA (ASCII) form."""
-    bad = ConfigError(f"[{where}] allow_hosts: {value!r} is not a host name, an address or a "
-                      f"network (such as \"localhost\", \"127.0.0.1\", \"::1\", \"10.0.0.0/8\")")
+    bad = ValueError(f"allow_hosts: {value!r} is not a host name, an address or a network "
+                     f"(such as \"localhost\", \"127.0.0.1\", \"::1\", \"10.0.0.0/8\")")
     if not isinstance(value, str) or not value.strip():
         raise bad
     text = value.strip()
@@ -127,13 +124,3 @@ def _host(value: Any, where: str) -> str:
     if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
         raise bad
     return name
-
-
-def _number(value: Any, where: str, key: str, *, integer: bool, zero: bool = False) -> float:
-    # bool is an int subclass; `timeout = true` is a typo, not one second.
-    number = isinstance(value, int if integer else int | float) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        kind = ("a whole number, 0 or more" if zero else "a positive integer") if integer \
-            else "a positive number"
-        raise ConfigError(f"[{where}] {key}: expected {kind}, got {value!r}")
-    return float(value)

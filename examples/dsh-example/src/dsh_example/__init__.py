@@ -1,4 +1,4 @@
-"""dsh-example: a complete dsh plugin (docs/plugins.md, "A complete plugin").
+"""dsh-example: a complete dsh plugin (docs/plugin-examples.md).
 
 For each agent that enables it (``plugins = ["example"]``):
 
