@@ -11,9 +11,11 @@ import click
 
 from dsh import StateKey
 from dsh import hookimpl
+from dsh import pass_app
 
 if TYPE_CHECKING:
-    from dsh.tools.registry import ToolInvocation
+    from dsh import App
+    from dsh import ToolInvocation
 
 PLUGIN = "dsh_warden"
 
@@ -44,9 +46,9 @@ def register_commands(cli: click.Group) -> None:
 
     @warden.command()
     @click.argument("session", default="latest")
-    def report(session: str) -> None:
+    @pass_app
+    def report(app: App, session: str) -> None:
         """Refusals recorded in SESSION (an id, a unique prefix, or latest)."""
-        app = click.get_current_context().find_root().obj.app
         reader = app.reader(session)  # read-only: no model, no key, no lock
         refused = reader.state(REFUSED)
         click.echo(f"{reader.id}: {sum(refused.values())} refusals")
