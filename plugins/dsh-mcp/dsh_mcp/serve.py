@@ -254,6 +254,10 @@ class Service:
         from dsh.ledger.reader import newest_sessions
         from dsh.ledger.reader import resolve
 
+        if not text.isprintable() or any("\ud800" <= c <= "\udfff" for c in text):
+            from dsh.core.errors import UsageError  # never a file name: no lookup at all
+
+            raise UsageError(f"no session {ascii(text[:80])}")
         if text == "latest":
             for info in newest_sessions(self.app.store, roots=True):
                 if self._serves(info):
@@ -261,7 +265,30 @@ class Service:
             from dsh.core.errors import UsageError
 
             raise UsageError(f"no sessions yet of {', '.join(self.agents)}")
-        return resolve(self.app.store, text)
+        return resolve(self._served_store(), text)
+
+    def _served_store(self) -> Any:
+        """The store as :func:`~dsh.ledger.reader.resolve` sees it: a full id is looked up as
+        is (the refusal names its agent), a prefix matches the served agents' sessions only
+        (another agent's never resolves, nor is it named in an ambiguity)."""
+        from types import SimpleNamespace
+
+        from dsh.core.errors import DshError
+
+        store = self.app.store
+
+        def served(sid: str) -> bool:
+            try:
+                return self._serves(store.info(sid))
+            except DshError:
+                return False
+
+        def matching(prefix: str) -> list[str]:
+            found = (store.matching(prefix) if callable(getattr(store, "matching", None))
+                     else [i for i in store.ids() if i.startswith(prefix)])
+            return [i for i in found if served(i)]
+
+        return SimpleNamespace(exists=getattr(store, "exists", None), matching=matching)
 
     def _send(self, session: Any, prompt: str, progress: Progress,
               cancel: Any) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def build_server(service: Service) -> Server[Any]:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         name = params.name
         if name not in service.schemas:
-            raise MCPError(types.INVALID_PARAMS, f"unknown tool {name[:100]!r} (this server "
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {ascii(name[:100])} (this server "
                                                  f"has {', '.join(service.schemas)})")
         arguments = params.arguments or {}
         try:
@@ -51,6 +51,7 @@ def build_server(service: Service) -> Server[Any]:
             return _failure(exc)
         import json
 
+        data = clean(data)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=_text(name, data, json))],
             structured_content=data)
@@ -71,8 +72,21 @@ def _text(name: str, data: dict[str, Any], json: Any) -> str:
 
 
 def _failure(exc: ToolFailure) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))],
-                                structured_content=exc.data, is_error=True)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=clean(str(exc)))],
+                                structured_content=clean(exc.data), is_error=True)
+
+
+def clean(value: Any) -> Any:
+    """``value`` with every string encodable as UTF-8: a lone surrogate (valid in JSON's
+    ``\\udcff``, echoed back from a client's argument) is written as its escape, since the
+    transport cannot encode it and the answer would be lost."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    return value
 
 
 async def _in_thread(service: Service, name: str, arguments: dict[str, Any],
