@@ -282,6 +282,13 @@ def recorded(events: list[Any]) -> tuple[str | None, str | None]:
     return agent, model
 
 
+def recorded_cwd(events: list[Any]) -> str | None:
+    """The working directory of the session's first turn that recorded one."""
+    from dsh.ledger.events import TurnStarted
+
+    return next((e.cwd for e in events if isinstance(e, TurnStarted) and e.cwd), None)
+
+
 def prompt_text(blocks: list[Any]) -> str:
     """The prompt's text: text blocks as they are, an embedded text resource as a block
     headed by its URI, a resource link by its name and URI; images and audio (not

@@ -112,12 +112,15 @@ class DshAgent:
         real = os.path.realpath(cwd)
         if not os.path.isdir(real):
             raise _refuse(f"cwd {cwd} is not an existing directory", cwd=cwd)
-        for root in self.allowed:
-            if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-                return real
+        if self.inside(real):
+            return real
         raise _refuse(f"cwd {cwd} is outside the directories dsh acp serves "
                       f"({', '.join(self.allowed)}); start dsh acp there or give --root",
                       cwd=cwd)
+
+    def inside(self, real: str) -> bool:
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep)
+                   for r in self.allowed)
 
     def _session(self, session_id: Any) -> Any:
         found = self.sessions.get(session_id) if isinstance(session_id, str) else None
@@ -209,7 +212,12 @@ class DshAgent:
             store = app.store
             if not store.exists(session_id):  # store.path refuses ids that name other files
                 raise UsageError(f"no session {session_id!r}")
-            recorded = convert.recorded(store.read(session_id))
+            events = store.read(session_id)
+            where = convert.recorded_cwd(events)
+            if where is not None and not self.inside(os.path.realpath(where)):
+                raise UsageError(f"session {session_id!r} ran in {where}, outside the "
+                                 f"directories dsh acp serves ({', '.join(self.allowed)})")
+            recorded = convert.recorded(events)
             if name is None and recorded[0] in app.config.agent_names():
                 name = recorded[0]
             model = model or recorded[1]
@@ -258,8 +266,7 @@ class DshAgent:
             where = info.cwd and os.path.realpath(info.cwd)
             if not where or (cwd is not None and where != cwd):
                 continue
-            if not any(where == r or where.startswith(r.rstrip(os.sep) + os.sep)
-                       for r in self.allowed):
+            if not self.inside(where):
                 continue
             if skipped < start:
                 skipped += 1

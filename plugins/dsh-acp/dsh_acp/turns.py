@@ -117,6 +117,11 @@ class AcpSession:
     # -- the turn, in its worker thread ---------------------------------------------------
 
     def run(self, text: str) -> Any:
+        from dsh.core.errors import UsageError
+
+        if os.path.realpath(self.cwd) != self.cwd:  # swapped for a symlink since it opened
+            raise UsageError(f"the session's cwd {self.cwd} is now a link to "
+                             f"{os.path.realpath(self.cwd)}: open a new session")
         with in_directory(self.cwd):
             self.session.agent = self.agent()
             text = self._expand(text)
