@@ -12,6 +12,7 @@ on stderr and in the response's ``_meta``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import threading
@@ -388,6 +389,24 @@ def _warn(text: str) -> None:
     sys.stderr.flush()
 
 
+class _LogFormat(logging.Formatter):
+    """The SDK's log lines on stderr: controls a client sent (a method name, a value) made
+    visible, and no traceback for what is the client's fault (an unknown notification, bad
+    params)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from pydantic import ValidationError
+
+        from dsh.core.escape import escape_controls
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, (RequestError, ValidationError)):
+            return escape_controls(super().format(record))
+        record.exc_info = record.exc_text = None
+        text = f"{super().format(record)}: {type(exc).__name__}: {exc}"
+        return escape_controls(text)
+
+
 def _config_of(state: Any) -> Any:
     """The person's config, its ``sessions_dir`` made absolute (turns change the working
     directory)."""
@@ -423,10 +442,9 @@ def serve(state: Any, *, allowed: list[str], agent: str | None, model: str | Non
     a usage or config error) before anything is served."""
     checked = _check(state, agent, model, mode)
     fd_in, fd_out = claim_stdio()
-    import logging
-
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
-                        format="dsh: acp: %(levelname)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogFormat("dsh: acp: %(levelname)s: %(message)s"))
+    logging.basicConfig(handlers=[handler], level=logging.WARNING)
 
     ended: list[int] = []
 

@@ -218,6 +218,8 @@ class AcpSession:
         except RuntimeError:
             return approval.Decision(False, "editor", "the editor is gone")
         self.pending.add(future)
+        if self.cancelled or self.server.closing:  # a cancel that came while it was sent
+            future.cancel()
         try:
             answer = future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
