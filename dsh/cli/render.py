@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 import click
@@ -37,6 +36,7 @@ from dsh.cli.inventories import plugin_rows as plugin_rows  # re-exported
 from dsh.cli.inventories import plugins_text as plugins_text  # re-exported
 from dsh.cli.inventories import tool_rows as tool_rows  # re-exported
 from dsh.cli.inventories import tools_text as tools_text  # re-exported
+from dsh.cli.timefmt import local_time as local_time  # re-exported
 from dsh.core.messages import Attachment
 from dsh.ledger.events import AssistantMessage
 from dsh.ledger.events import ContextCompacted
@@ -55,14 +55,6 @@ from dsh.ledger.events import UserMessage
 #: Lines of a tool's output shown by ``dsh sessions show`` (``--full`` shows everything).
 TOOL_OUTPUT_LINES = 12
 TOOL_OUTPUT_CHARS = 2000
-
-
-def local_time(ts: str) -> str:
-    """``2026-11-30T14:25:01.123Z`` as local ``2026-11-30 15:25``; unparseable text as is."""
-    try:
-        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return ts
 
 
 def _args(arguments: dict[str, Any]) -> str:

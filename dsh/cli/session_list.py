@@ -21,6 +21,7 @@ from typing import Any
 from dsh.cli.escape import escape_controls
 from dsh.cli.escape import one_line
 from dsh.cli.shared import warn
+from dsh.cli.timefmt import local_time
 from dsh.core import errors
 from dsh.core.errors import UsageError
 
@@ -187,16 +188,6 @@ def cost_text(cost: float | None) -> str:
     return f"${cost:.2f}" if cost >= 1 else f"${cost:.4f}"
 
 
-def _local_time(ts: str) -> str:
-    """:func:`dsh.cli.render.local_time` (``2026-11-30T14:25:01.123Z`` as local
-    ``2026-11-30 15:25``; unparseable text as is), without importing the renderer of
-    ``dsh sessions show`` into every listing (about 25 ms of start-up)."""
-    try:
-        return datetime.fromisoformat(ts).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return ts
-
-
 def sessions_table(rows: Iterable[Any], width: int | None = None, *, terminal: bool = False,
                    costs: dict[str, float | None] | None = None,
                    depths: dict[str, int] | None = None) -> str:
@@ -219,7 +210,7 @@ def sessions_table(rows: Iterable[Any], width: int | None = None, *, terminal: b
             ident = "  " * max(0, depth - 1) + (mark if depth else "") + ident
             mark = ""
         cells.append([ident, clean(r.agent), clean(r.model),
-                      _local_time(r.started) if r.started else "", str(r.turns)]
+                      local_time(r.started) if r.started else "", str(r.turns)]
                      + ([cost_text(costs.get(r.id))] if costs is not None else [])
                      + [clean(short_cwd(getattr(r, "cwd", None))),
                         mark + clean(" ".join(r.first_prompt.split()))])

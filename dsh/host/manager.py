@@ -32,7 +32,9 @@ from dsh.core.errors import PluginError
 #: chains (D3): they are ``trylast`` wrappers, and pluggy runs a later-registered ``trylast``
 #: wrapper *inside* an earlier one. Registered budget → hook dispatch → recorder, the chains
 #: read plugin wrappers → dsh.budget → [dsh.tools:HookDispatch] → dsh.recorder → core
-#: (tests/test_c3_transport.py observes it).
+#: (tests/test_c3_transport.py observes it). An unobserved run's steps call the chains without
+#: the recorder, and without the hook dispatch while no plugin implements ``pre_execute`` or
+#: ``post_execute``: there both would only yield (``dsh.tools.dispatch.lean_hook``).
 BUILTIN_MODULES: dict[str, str] = {
     "dsh.loop": "dsh.run.loop",
     "dsh.llm.builtin": "dsh.llm.builtin",

@@ -48,6 +48,7 @@ from dsh.run.turn import Inbox
 from dsh.run.turn import InboxItem
 from dsh.run.turn import StepDraft
 from dsh.run.turn import Turn
+from dsh.tools.dispatch import lean_hook
 from dsh.tools.registry import ToolInvocation
 from dsh.tools.registry import ToolOutcome
 
@@ -345,7 +346,8 @@ def _request(turn: Turn) -> Any:
     call = ModelCall(req, agent.model, agent.name, _kept(turn) if stream else None, proj,
                      agent.info)
     call.on_reasoning = turn.on_reasoning if stream else None
-    response = agent.pm.hook.request(call=call)
+    # An unobserved run leaves the recorder's wrapper out (it would only yield).
+    response = lean_hook(agent.pm, "request", observed=turn.ctx.emit is not None)(call=call)
     if response is None:
         from dsh.core.errors import PluginError
 
@@ -376,7 +378,9 @@ def run_tools(turn: Turn, calls: Sequence[ToolCall]) -> str | None:
     refusals = [budget.reserve(tool_calls=1) for _ in invocations]
     first_refusal = next((r for r in refusals if r), None)
     to_run = [inv for inv, r in zip(invocations, refusals, strict=True) if not r]
-    execute = agent.pm.hook.execute
+    # Without the recorder (unobserved) and the hook dispatch (no pre/post_execute) when
+    # they would only yield; every other layer as pluggy orders it.
+    execute = lean_hook(agent.pm, "execute", observed=turn.ctx.emit is not None)
     ran: list[ToolOutcome]
     concurrent = len(to_run) > 1 and not any(
         inv.tool is not None and inv.tool.sequential for inv in to_run

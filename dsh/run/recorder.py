@@ -8,6 +8,9 @@ Both wrappers are ``trylast`` and registered last of the framework's layers
 (``dsh.host.manager.BUILTIN_PLUGINS``), so they are the innermost: plugin wrappers → dsh.budget →
 [dsh.tools:HookDispatch] → dsh.recorder → core. ``agent/request`` and ``tools/pre-execute``
 therefore describe the request and the call as every other layer left them.
+
+An unobserved run's steps leave both out of the chain (:func:`dsh.tools.dispatch.lean_hook`):
+there they would only yield.
 """
 
 from __future__ import annotations
