@@ -91,3 +91,17 @@ async def initialized(conn: Any) -> Any:
 
 def run(coro_fn: Callable[[], Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro_fn(), 120))
+
+
+def workspace(tmp: Path) -> Path:
+    """A test's workbench workspace, holding one file of the person's: ``notes.txt``."""
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / "notes.txt").write_text("mine\n")
+    return ws
+
+
+def write_call(path: str, content: str) -> dict[str, Any]:
+    """A scripted model's answer that calls ``write_file``."""
+    return {"tool_calls": [{"name": "write_file",
+                            "arguments": {"path": path, "content": content}}]}

@@ -24,15 +24,11 @@ from tests.acp_helpers import config  # noqa: E402
 from tests.acp_helpers import initialized  # noqa: E402
 from tests.acp_helpers import run  # noqa: E402
 from tests.acp_helpers import spawn  # noqa: E402
+from tests.acp_helpers import write_call as _write  # noqa: E402
 from tests.servers import Reply  # noqa: E402
 from tests.servers import ScriptedServer  # noqa: E402
 from tests.servers import openai_chunks  # noqa: E402
 from tests.servers import openai_completion  # noqa: E402
-
-
-def _write(path: str, content: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "write_file",
-                            "arguments": {"path": path, "content": content}}]}
 
 
 def _ledger(tmp: Path, session_id: str) -> list[dict[str, Any]]:

@@ -27,6 +27,8 @@ from tests.acp_helpers import env  # noqa: E402
 from tests.acp_helpers import initialized  # noqa: E402
 from tests.acp_helpers import run  # noqa: E402
 from tests.acp_helpers import spawn  # noqa: E402
+from tests.acp_helpers import workspace  # noqa: E402
+from tests.acp_helpers import write_call as _write  # noqa: E402
 
 WAIT = 60
 #: Erase the screen, set the clipboard (OSC 52), flip the text's direction (U+202E).
@@ -35,15 +37,7 @@ HOSTILE = "\x1b[2J\x1b]52;c;cHduZWQ=\x07\u202eevil"
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "notes.txt").write_text("mine\n")
-    return ws
-
-
-def _write(path: str, content: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "write_file",
-                            "arguments": {"path": path, "content": content}}]}
+    return workspace(tmp_path)
 
 
 class _Asked(Client):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,11 +21,7 @@ from tests.acp_helpers import config  # noqa: E402
 from tests.acp_helpers import initialized  # noqa: E402
 from tests.acp_helpers import run  # noqa: E402
 from tests.acp_helpers import spawn  # noqa: E402
-
-
-def _write(path: str, content: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "write_file",
-                            "arguments": {"path": path, "content": content}}]}
+from tests.acp_helpers import write_call as _write  # noqa: E402
 
 
 def test_modes_and_a_grant_for_the_session(tmp_path: Path, script: Callable[..., str]) -> None:

@@ -23,6 +23,8 @@ pytest.importorskip("dsh_shell")
 
 from tests.acp_helpers import config  # noqa: E402
 from tests.acp_helpers import env  # noqa: E402
+from tests.acp_helpers import workspace  # noqa: E402
+from tests.acp_helpers import write_call as _write  # noqa: E402
 
 WAIT = 60
 
@@ -102,15 +104,7 @@ class Peer:
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "notes.txt").write_text("mine\n")
-    return ws
-
-
-def _write(path: str, content: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "write_file",
-                            "arguments": {"path": path, "content": content}}]}
+    return workspace(tmp_path)
 
 
 def test_garbage_on_the_wire_is_answered_and_never_ends_the_connection(

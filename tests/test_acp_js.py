@@ -11,7 +11,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,13 +19,9 @@ pytest.importorskip("dsh_shell")
 
 from tests.acp_helpers import config  # noqa: E402
 from tests.acp_helpers import env  # noqa: E402
+from tests.acp_helpers import write_call as _write  # noqa: E402
 
 JS = Path(__file__).parent / "js"
-
-
-def _write(path: str, content: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "write_file",
-                            "arguments": {"path": path, "content": content}}]}
 
 
 def test_the_typescript_sdk_client(tmp_path: Path, script: Callable[..., str]) -> None:

@@ -248,12 +248,9 @@ STEP_SYSCALLS = {
     "never": {"write": 5, "fsync": 0, "fstat": 1, "open": 0},
 }
 
-STEPS = r"""
-import json, os, sys, tempfile
-sys.path.insert(0, sys.argv[2])
-from benchmarks._common import bench_app, tool_loop_script
-from dsh.llm.builtin import ScriptedModel
-
+#: The start of a step-counting child script: ``fsync`` from argv[1], and ``calls``: the
+#: write/fsync/fstat calls on each descriptor and the files opened while ``counting``.
+SYSCALL_COUNTER = r"""
 fsync = sys.argv[1]
 calls = {"write": [], "fsync": [], "fstat": [], "open": []}
 counting = False
@@ -273,7 +270,14 @@ def hook(event, args):
     if counting and event == "open":
         calls["open"].append(str(args[0]))
 sys.addaudithook(hook)
+"""
 
+STEPS = r"""
+import json, os, sys, tempfile
+sys.path.insert(0, sys.argv[2])
+from benchmarks._common import bench_app, tool_loop_script
+from dsh.llm.builtin import ScriptedModel
+""" + SYSCALL_COUNTER + r"""
 def run(steps):
     global counting
     for v in calls.values():

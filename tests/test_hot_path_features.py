@@ -31,6 +31,7 @@ pytest.importorskip("dsh_shell")
 
 from tests.test_hot_path import PROBE  # noqa: E402
 from tests.test_hot_path import STEP_SYSCALLS  # noqa: E402
+from tests.test_hot_path import SYSCALL_COUNTER  # noqa: E402
 
 #: Each feature's modules: none may be imported by a run that does not use the feature.
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -90,27 +91,7 @@ import gc, json, os, sys, tempfile
 sys.path.insert(0, sys.argv[2])
 from benchmarks._common import bench_app, tool_loop_script
 from dsh.llm.builtin import ScriptedModel
-
-fsync = sys.argv[1]
-calls = {"write": [], "fsync": [], "fstat": [], "open": []}
-counting = False
-
-def wrap(name, key):
-    real = getattr(os, name)
-    def counted(fd, *a):
-        if counting:
-            calls[key].append(fd)
-        return real(fd, *a)
-    setattr(os, name, counted)
-
-wrap("write", "write"); wrap("fsync", "fsync"); wrap("fdatasync", "fsync")
-wrap("fstat", "fstat")
-
-def hook(event, args):
-    if counting and event == "open":
-        calls["open"].append(str(args[0]))
-sys.addaudithook(hook)
-
+""" + SYSCALL_COUNTER + r"""
 import attr._make
 built = []
 real_build = attr._make._ClassBuilder.build_class
